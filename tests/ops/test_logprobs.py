@@ -1,0 +1,97 @@
+"""The chunked log-prob/entropy kernel against a naive float64 log_softmax, values and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashrl.ops.logprobs import chunked_token_logprobs, token_logprobs_from_logits
+
+
+def _naive(hidden, weight, bias, targets, temperature):
+    logits = (hidden @ weight.T + (0 if bias is None else bias)) / temperature
+    logp = torch.log_softmax(logits, -1)
+    lp = logp.gather(-1, targets[:, None]).squeeze(-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return lp, ent
+
+
+def _inputs(n=37, h=8, v=53, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, generator=g, dtype=dtype)
+    weight = torch.randn(v, h, generator=g, dtype=dtype)
+    bias = torch.randn(v, generator=g, dtype=dtype)
+    targets = torch.randint(0, v, (n,), generator=g)
+    return hidden, weight, bias, targets
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, 16, 1000])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_linear_values_and_gradients_match_naive(chunk_size, temperature, use_bias):
+    hidden, weight, bias, targets = _inputs()
+    bias = bias if use_bias else None
+    gl, ge = torch.randn(37, dtype=torch.float64), torch.randn(37, dtype=torch.float64)
+
+    leaves = [x.clone().requires_grad_() for x in (hidden, weight)] + ([bias.clone().requires_grad_()] if use_bias else [])
+    out = chunked_token_logprobs(
+        leaves[0], leaves[1], targets, bias=leaves[2] if use_bias else None, temperature=temperature, chunk_size=chunk_size
+    )
+    ((out.logprobs.double() * gl).sum() + (out.entropy.double() * ge).sum()).backward()
+
+    ref_leaves = [x.clone().requires_grad_() for x in (hidden, weight)] + ([bias.clone().requires_grad_()] if use_bias else [])
+    lp, ent = _naive(ref_leaves[0], ref_leaves[1], ref_leaves[2] if use_bias else None, targets, temperature)
+    ((lp * gl).sum() + (ent * ge).sum()).backward()
+
+    assert out.logprobs.dtype == torch.float64  # float64 in, float64 out
+    torch.testing.assert_close(out.logprobs, lp.detach(), rtol=0, atol=1e-10)
+    torch.testing.assert_close(out.entropy, ent.detach(), rtol=0, atol=1e-10)
+    for ours, ref in zip(leaves, ref_leaves):
+        torch.testing.assert_close(ours.grad, ref.grad, rtol=0, atol=1e-10)
+
+
+def test_without_entropy():
+    hidden, weight, _, targets = _inputs(dtype=torch.float32)
+    h = hidden.clone().requires_grad_()
+    out = chunked_token_logprobs(h, weight, targets, chunk_size=7, with_entropy=False)
+    assert out.entropy is None and out.logprobs.dtype == torch.float32
+    out.logprobs.sum().backward()
+    h2 = hidden.clone().requires_grad_()
+    _naive(h2, weight, None, targets, 1.0)[0].sum().backward()
+    torch.testing.assert_close(h.grad, h2.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_size", [3, 100])
+def test_from_logits_matches_naive(chunk_size):
+    hidden, weight, _, targets = _inputs()
+    logits = (hidden @ weight.T).requires_grad_()
+    out = token_logprobs_from_logits(logits, targets, temperature=1.3, chunk_size=chunk_size)
+    (out.logprobs.sum() + 0.5 * out.entropy.sum()).backward()
+    logits2 = (hidden @ weight.T).requires_grad_()
+    logp = torch.log_softmax(logits2 / 1.3, -1)
+    lp = logp.gather(-1, targets[:, None]).squeeze(-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    (lp.sum() + 0.5 * ent.sum()).backward()
+    torch.testing.assert_close(out.logprobs, lp.detach(), rtol=0, atol=1e-10)
+    torch.testing.assert_close(logits.grad, logits2.grad, rtol=0, atol=1e-10)
+
+
+def test_bfloat16_hidden_gives_float32_outputs_close_to_float32():
+    hidden, weight, _, targets = _inputs(dtype=torch.float32)
+    out16 = chunked_token_logprobs(hidden.bfloat16(), weight.bfloat16(), targets, chunk_size=8)
+    out32 = chunked_token_logprobs(hidden.bfloat16().float(), weight.bfloat16().float(), targets, chunk_size=8)
+    assert out16.logprobs.dtype == torch.float32
+    # bf16 matmul output rounding: about 3 significant digits of the logits
+    torch.testing.assert_close(out16.logprobs, out32.logprobs, rtol=0, atol=0.15)
+
+
+def test_bad_inputs():
+    hidden, weight, _, targets = _inputs(dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"targets must lie in \[0, 53\)"):
+        chunked_token_logprobs(hidden, weight, targets + 100)
+    with pytest.raises(ValueError, match=r"targets must have shape \[37\]"):
+        chunked_token_logprobs(hidden, weight, targets[:3])
+    with pytest.raises(ValueError, match="same H"):
+        chunked_token_logprobs(hidden, weight[:, :3], targets)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        chunked_token_logprobs(hidden, weight, targets, temperature=0.0)
