@@ -182,7 +182,7 @@ class BernoulliKLSequenceTrustRegion:
     def __call__(self, logprobs, behavior_logprobs, loss_mask, *, delta: float) -> TrustDecision:
         with torch.no_grad():
             d = bernoulli_kl(behavior_logprobs, logprobs)  # [B, T]  (p = behavior, q = current)
-            d = torch.where(loss_mask, d, torch.zeros_like(d))
+            d = torch.where(loss_mask, d, torch.zeros_like(d)).clamp(min=0.0)  # KL >= 0; drop rounding
             counts = loss_mask.sum(-1)  # [B]
             drift = d.sum(-1) / counts.clamp(min=1)  # [B]
             trust = (drift <= delta) & (counts > 0)  # [B]
