@@ -26,20 +26,25 @@ from pathlib import Path
 import torch
 
 
+def _current_rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
 def _run(method: str, n: int, vocab: int, hidden: int, chunk: int, device: str, dtype: str) -> dict:
     from flashrl.ops.logprobs import chunked_token_logprobs
 
     torch.manual_seed(0)
     dt = getattr(torch, dtype)
     h = torch.randn(n, hidden, device=device, dtype=dt, requires_grad=True)
-    w = (torch.randn(vocab, hidden, device=device, dtype=dt) * hidden**-0.5).requires_grad_()
+    w = torch.randn(vocab, hidden, device=device, dtype=dt).mul_(hidden**-0.5).requires_grad_()
     targets = torch.randint(0, vocab, (n,), device=device)
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        base = _current_rss()
     start = time.perf_counter()
     if method == "naive":
         logp = torch.log_softmax((h @ w.T).float(), -1)  # [N, V] float32, kept for backward
@@ -81,7 +86,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=None, help="default: 1k..8k on CUDA, 256..2k on CPU")
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--hidden", type=int, default=1536)
-    parser.add_argument("--chunk-size", type=int, default=512)
+    parser.add_argument("--chunk-size", type=int, default=256)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/logprob_memory.json"))

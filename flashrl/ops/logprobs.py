@@ -45,7 +45,7 @@ def _row_stats(z: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
     if not with_entropy:
         return logp_target, lse, None
     p = torch.exp(z - lse.unsqueeze(-1))  # [c, V]
-    entropy = lse - (p * z).sum(-1)  # [c]
+    entropy = lse - torch.linalg.vecdot(p, z)  # [c]  H = lse - sum_v p_v z_v
     return logp_target, lse, entropy
 
 
@@ -57,15 +57,24 @@ def _logits_grad(
     grad_entropy: torch.Tensor | None,
     entropy: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Gradient w.r.t. float32 logits ``z`` [c, V] of sum(g_lp * logp_y + g_H * H)."""
-    logp = z - lse.unsqueeze(-1)  # [c, V]
-    p = torch.exp(logp)  # [c, V]
-    grad_z = torch.zeros_like(z)
-    if grad_logp is not None:
-        grad_z -= grad_logp.unsqueeze(-1) * p
-        grad_z.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
+    """Gradient w.r.t. logits ``z`` [c, V] of sum(g_lp * logp_y + g_H * H).
+
+    Overwrites ``z`` (a temporary recomputed chunk) and keeps at most two [c, V] buffers alive.
+    """
+    logp = z.sub_(lse.unsqueeze(-1))  # [c, V], in place
+    grad_z = torch.exp(logp)  # [c, V]  p
+    entropy_term = None
     if grad_entropy is not None and entropy is not None:
-        grad_z -= grad_entropy.unsqueeze(-1) * p * (logp + entropy.unsqueeze(-1))
+        # dH/dz = -p (log p + H)
+        entropy_term = logp.add_(entropy.unsqueeze(-1)).mul_(grad_z).mul_(-grad_entropy.unsqueeze(-1))
+    if grad_logp is not None:
+        # d logp_y/dz = onehot(y) - p
+        grad_z.mul_(-grad_logp.unsqueeze(-1))
+        grad_z.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
+    else:
+        grad_z.zero_()
+    if entropy_term is not None:
+        grad_z.add_(entropy_term)
     return grad_z
 
 
@@ -200,7 +209,7 @@ def chunked_token_logprobs(
     *,
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
     with_entropy: bool = True,
 ) -> TokenLogprobs:
     """Log-probs of ``targets`` and row entropies under ``softmax((hidden @ weight.T + bias) / T)``.
@@ -238,7 +247,7 @@ def token_logprobs_from_logits(
     targets: torch.Tensor,
     *,
     temperature: float = 1.0,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
     with_entropy: bool = True,
 ) -> TokenLogprobs:
     """Same as :func:`chunked_token_logprobs` for logits that already exist (``[N, V]``).
