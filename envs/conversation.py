@@ -1,0 +1,404 @@
+"""Token-exact episodes: one token sequence with a loss mask, built through the chat template.
+
+:class:`TokenizedConversation` follows one interaction and turns it into a
+:class:`flashrl.episode.Episode`:
+
+* The **prompt** (the messages ``env.reset`` returned) is rendered with the tokenizer's chat template
+  and the generation prompt, then tokenised (``loss_mask`` False).
+* A **model turn** is appended exactly as sampled: the engine's token ids and their behavior
+  log-probs (``loss_mask`` True). They are never decoded and re-encoded; they are decoded only to
+  give the environment the reply text and to keep the message list for the template.
+* An **environment turn** is tokenised as a *template delta*: the conversation is rendered without
+  and with the new messages (the latter with the generation prompt for the next model turn), the
+  former must be a prefix of the latter (else :class:`ChatTemplateError`), and the suffix is
+  tokenised and appended (``loss_mask`` False).
+
+**The end of a model turn.** The template closes an assistant message with its end-of-turn text
+(SmolLM2: ``<|im_end|>\\n``). What the model sampled is kept as is and only the missing rest is
+added, with ``loss_mask`` False, in front of the next delta:
+
+* the model stopped on the end-of-turn token (``<|im_end|>``, sampled and trained on): only the
+  rest (``\\n``) is added;
+* the model stopped on length (or was cut by the context budget, or stopped on another stop token
+  such as ``<|endoftext|>``): the whole closing (``<|im_end|>\\n``) is added. The model is never
+  trained on an end token it did not sample.
+
+After the last model turn, :meth:`TokenizedConversation.to_episode` adds that closing too (when it
+fits), so that for templates that render message content verbatim, decoding the episode's tokens
+gives exactly ``apply_chat_template(conversation.messages)``.
+
+**Context budget.** With ``max_tokens`` (the engine's context length, typically), the sequence never
+grows past it: a model turn longer than the room left is cut to fit (its kept tokens are still the
+sampled ones), an environment turn that does not fit with room for one more model token is not
+appended, and in both cases :attr:`TokenizedConversation.truncated` becomes True and the episode is
+returned with ``truncated=True`` instead of an error. A prompt that alone fills the budget gives a
+truncated conversation with no room to generate (``max_new_tokens() == 0``).
+
+Typical use in an env runner::
+
+    messages, info = env.reset(seed=seed)
+    conv = TokenizedConversation(tokenizer, messages, prompt_id=info["prompt_id"], max_tokens=4096)
+    reward, terminated, truncated, step_info = 0.0, False, False, {}
+    while conv.max_new_tokens(256) > 0:
+        out = await engine.generate(conv.token_ids, replace(sampling, max_tokens=conv.max_new_tokens(256)))
+        text = conv.add_model_turn(out.token_ids, out.logprobs, version=out.version,
+                                   finish_reason=out.finish_reason)
+        new_messages, r, terminated, truncated, step_info = env.step(text)
+        reward += r
+        if terminated or truncated or not conv.add_env_messages(new_messages):
+            break
+    episode = conv.to_episode(reward=reward, terminated=terminated, truncated=truncated, info=step_info)
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from flashrl.episode import Episode
+
+
+class ChatTemplateError(ValueError):
+    """The chat template does not render the conversation in a way that can be extended token-exactly."""
+
+
+def _message_list(messages: Any, what: str) -> list[dict[str, str]]:
+    if not isinstance(messages, (list, tuple)):
+        raise TypeError(f"{what}: expected a list of messages, got {type(messages).__name__}.")
+    out = []
+    for i, m in enumerate(messages):
+        if (
+            not isinstance(m, Mapping)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            raise TypeError(
+                f"{what}: message {i} must be a dict with str 'role' and 'content'; got {m!r:.200}."
+            )
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+class TokenizedConversation:
+    """A growing token sequence with its loss mask, behavior log-probs and chat messages.
+
+    Args:
+        tokenizer: A Hugging Face tokenizer with a chat template (the engine's ``tokenizer``).
+        messages: The initial messages (what ``env.reset`` returned).
+        prompt_id: The task key (``info["prompt_id"]`` from ``env.reset``); may instead be given to
+            :meth:`to_episode`.
+        max_tokens: Context budget in tokens for the whole sequence; ``None`` for no limit.
+        chat_template_kwargs: Extra keyword arguments for ``tokenizer.apply_chat_template``.
+        stop_token_ids: Token ids that end a model turn; by default the tokenizer's EOS token and the
+            template's end-of-turn token (see :attr:`stop_token_ids`; pass them to the sampler).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        prompt_id: str | None = None,
+        max_tokens: int | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        stop_token_ids: Iterable[int] | None = None,
+    ) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ChatTemplateError(
+                f"{type(tokenizer).__name__} has no chat_template; TokenizedConversation needs one "
+                "(load an instruct/chat model's tokenizer or set tokenizer.chat_template)."
+            )
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be None or >= 1; got {max_tokens}.")
+        self.tokenizer = tokenizer
+        self.prompt_id = prompt_id
+        self.max_tokens = max_tokens
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._messages = _message_list(messages, "TokenizedConversation(messages=...)")
+        if not self._messages:
+            raise ValueError("TokenizedConversation needs at least one initial message.")
+        self.stop_token_ids: frozenset[int] = (
+            frozenset(stop_token_ids)
+            if stop_token_ids is not None
+            else chat_stop_token_ids(tokenizer, self.chat_template_kwargs)
+        )
+        """Token ids that end a model turn (pass them to the sampler as stop tokens)."""
+        self._ids: list[int] = []
+        self._mask: list[bool] = []
+        self._logprobs: list[float] = []
+        self._versions: list[int] = []
+        self._finish_reasons: list[str] = []
+        self._pending_close = ""
+        self._truncated = False
+        self._verbatim = True
+        prompt = self._tokenize(self._render(self._messages, generation_prompt=True))
+        self._append(prompt, mask=False)
+        self.prompt_length = len(prompt)
+        """Number of prompt tokens (the start of the first model turn)."""
+        if self.max_tokens is not None and len(prompt) >= self.max_tokens:
+            self._truncated = True
+
+    # ----------------------------------------------------------------------------- read access
+    @property
+    def token_ids(self) -> list[int]:
+        """The whole sequence so far; after an env turn, the prompt for the next model turn."""
+        return list(self._ids)
+
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt for the next model turn (the whole sequence so far)."""
+        return list(self._ids)
+
+    @property
+    def loss_mask(self) -> list[bool]:
+        return list(self._mask)
+
+    @property
+    def behavior_logprobs(self) -> list[float]:
+        return list(self._logprobs)
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """The conversation as chat messages (model turns as decoded text)."""
+        return copy.deepcopy(self._messages)
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the context budget was reached (no further turn can be added)."""
+        return self._truncated
+
+    @property
+    def num_model_turns(self) -> int:
+        return len(self._versions)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def max_new_tokens(self, limit: int) -> int:
+        """How many tokens the next model turn may sample: ``limit`` capped by the budget left."""
+        if self._truncated:
+            return 0
+        if self.max_tokens is None:
+            return limit
+        return max(0, min(limit, self.max_tokens - len(self._ids)))
+
+    # ----------------------------------------------------------------------------- growth
+    def add_model_turn(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        version: int,
+        finish_reason: str = "stop",
+    ) -> str:
+        """Append the sampled tokens as they are; return the reply text to pass to ``env.step``.
+
+        Args:
+            token_ids: The ids the engine sampled, including a final stop token if it emitted one.
+            logprobs: The behavior log-prob the engine recorded for each sampled id.
+            version: Policy version that sampled this turn.
+            finish_reason: ``"stop"``, ``"length"`` or ``"abort"``, as the engine reported it (kept in
+            ``info["finish_reasons"]``; whether the turn ended on a stop token is read from the ids).
+        """
+        if self._truncated:
+            raise RuntimeError(
+                "add_model_turn after the context budget was reached; check max_new_tokens() > 0 "
+                "before sampling and end the episode with to_episode()."
+            )
+        if self._messages[-1]["role"] == "assistant":
+            raise RuntimeError("add_model_turn twice in a row; add the environment's reply in between.")
+        ids = [int(t) for t in token_ids]
+        lps = [float(x) for x in logprobs]
+        if len(ids) != len(lps):
+            raise ValueError(
+                f"add_model_turn: {len(ids)} token ids but {len(lps)} logprobs; they must align."
+            )
+        if any(math.isnan(x) or x > 1e-6 for x in lps):
+            raise ValueError("add_model_turn: behavior logprobs must be <= 0 and not NaN.")
+        room = self.max_new_tokens(len(ids))
+        if room < len(ids):
+            ids, lps = ids[:room], lps[:room]
+            self._truncated = True
+            finish_reason = "length"
+        stopped = bool(ids) and ids[-1] in self.stop_token_ids
+        content_ids = ids[:-1] if stopped else ids
+        content = self._decode(content_ids)
+        before = self._render(self._messages, generation_prompt=True)
+        self._messages.append({"role": "assistant", "content": content})
+        closing = self._closing_text(before, content)
+        if stopped:
+            stop_text = self._decode(ids[-1:])
+            closing = closing.removeprefix(stop_text)
+        self._pending_close = closing
+        self._ids.extend(ids)
+        self._mask.extend([True] * len(ids))
+        self._logprobs.extend(lps)
+        self._versions.append(int(version))
+        self._finish_reasons.append(finish_reason)
+        return content
+
+    def add_env_messages(self, messages: Sequence[Mapping[str, str]]) -> bool:
+        """Append the environment's reply turn as a template delta (``loss_mask`` False).
+
+        Returns False (and marks the conversation truncated, appending nothing) when the delta would
+        leave no room for another model token within ``max_tokens``.
+        """
+        if self._truncated:
+            return False
+        if self._messages[-1]["role"] != "assistant":
+            raise RuntimeError(
+                "add_env_messages before a model turn: the sequence ends with the generation prompt, "
+                "so the environment's reply must follow add_model_turn."
+            )
+        new = _message_list(messages, "add_env_messages")
+        if not new:
+            raise ValueError(
+                "add_env_messages got no messages; an environment returns [] only when the episode "
+                "ended, and then the conversation is finished with to_episode()."
+            )
+        before = self._render(self._messages, generation_prompt=False)
+        after = self._render(self._messages + new, generation_prompt=True)
+        if not after.startswith(before):
+            raise ChatTemplateError(
+                "The chat template does not render the conversation as a prefix of the conversation "
+                "with the new messages (it rewrites earlier turns, e.g. drops past reasoning), so the "
+                f"new turn cannot be appended token-exactly. Rendered before: {before[-200:]!r}; "
+                f"after: {after[len(before) - 200 : len(before) + 200]!r}."
+            )
+        delta = self._tokenize(self._pending_close + after[len(before) :])
+        if self.max_tokens is not None and len(self._ids) + len(delta) >= self.max_tokens:
+            self._truncated = True
+            return False
+        self._append(delta, mask=False)
+        self._messages.extend(new)
+        self._pending_close = ""
+        return True
+
+    def to_episode(
+        self,
+        *,
+        reward: float,
+        terminated: bool = True,
+        truncated: bool = False,
+        info: Mapping[str, Any] | None = None,
+        prompt_id: str | None = None,
+        close_last_turn: bool = True,
+    ) -> Episode:
+        """The finished :class:`~flashrl.episode.Episode`.
+
+        ``truncated`` is forced True when the context budget was reached. With ``close_last_turn``
+        the end-of-turn text the model did not sample is appended (``loss_mask`` False) when it fits.
+        ``prompt_id`` defaults to the one given at construction.
+        """
+        prompt_id = prompt_id if prompt_id is not None else self.prompt_id
+        if prompt_id is None:
+            raise ValueError("to_episode needs a prompt_id (give it here or to TokenizedConversation).")
+        ids, mask, lps = list(self._ids), list(self._mask), list(self._logprobs)
+        if close_last_turn and self._pending_close:
+            tail = self._tokenize(self._pending_close)
+            if self.max_tokens is None or len(ids) + len(tail) <= self.max_tokens:
+                ids += tail
+                mask += [False] * len(tail)
+                lps += [0.0] * len(tail)
+        details = dict(info or {})
+        details.update(
+            num_model_turns=len(self._versions),
+            finish_reasons=list(self._finish_reasons),
+            context_budget_exceeded=self._truncated,
+            template_verbatim=self._verbatim,
+        )
+        return Episode(
+            prompt_id=str(prompt_id),
+            token_ids=ids,
+            loss_mask=mask,
+            behavior_logprobs=lps,
+            reward=float(reward),
+            policy_versions=list(self._versions),
+            terminated=bool(terminated) and not self._truncated,
+            truncated=bool(truncated) or self._truncated,
+            info=details,
+        )
+
+    def model_token_ids(self) -> list[list[int]]:
+        """The token ids of each model turn, in order, as they lie in the sequence."""
+        turns: list[list[int]] = []
+        previous = False
+        for token, m in zip(self._ids, self._mask):
+            if m and not previous:
+                turns.append([])
+            if m:
+                turns[-1].append(token)
+            previous = m
+        return turns
+
+    # ----------------------------------------------------------------------------- internals
+    def _append(self, ids: list[int], *, mask: bool) -> None:
+        self._ids.extend(ids)
+        self._mask.extend([mask] * len(ids))
+        self._logprobs.extend([0.0] * len(ids))
+
+    def _render(self, messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
+        return render_chat(
+            self.tokenizer, messages, generation_prompt=generation_prompt, **self.chat_template_kwargs
+        )
+
+    def _tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def _closing_text(self, before: str, content: str) -> str:
+        """The text the template puts after an assistant message's content (its end of turn)."""
+        full = self._render(self._messages, generation_prompt=False)
+        if not full.startswith(before):
+            raise ChatTemplateError(
+                "The chat template's generation prompt is not a prefix of the rendered assistant "
+                f"message, so sampled tokens cannot be appended verbatim. Prompt end: {before[-120:]!r}; "
+                f"with the reply: {full[len(before) - 120 : len(before) + 120]!r}."
+            )
+        body = full[len(before) :]
+        if body.startswith(content):
+            return body[len(content) :]
+        stripped = content.strip()
+        if stripped and stripped in body:
+            # The template trims the content: the tokens stay as sampled, but the decoded sequence
+            # will differ from the rendered conversation by that whitespace.
+            self._verbatim = False
+            return body[body.index(stripped) + len(stripped) :]
+        raise ChatTemplateError(
+            "The chat template rewrites the assistant's content (rendered "
+            f"{body[:200]!r} for content {content[:200]!r}); token-exact episodes need a template "
+            "that renders assistant content verbatim (or only trims whitespace)."
+        )
+
+
+def render_chat(
+    tokenizer: Any, messages: list[dict[str, str]], *, generation_prompt: bool, **kwargs: Any
+) -> str:
+    """``apply_chat_template`` as text (transformers 5 returns a dict when tokenising)."""
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs
+    )
+
+
+def chat_stop_token_ids(
+    tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None
+) -> frozenset[int]:
+    """The EOS token id plus the template's end-of-turn token (the first token after a reply)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    kwargs = dict(chat_template_kwargs or {})
+    probe = "flashrl-probe-reply"
+    prompt = [{"role": "user", "content": "hi"}]
+    before = render_chat(tokenizer, prompt, generation_prompt=True, **kwargs)
+    full = render_chat(
+        tokenizer, prompt + [{"role": "assistant", "content": probe}], generation_prompt=False, **kwargs
+    )
+    if full.startswith(before) and probe in full:
+        closing = full[full.index(probe) + len(probe) :]
+        closing_ids = tokenizer(closing, add_special_tokens=False)["input_ids"] if closing else []
+        if closing_ids and closing_ids[0] in set(tokenizer.all_special_ids):
+            ids.add(int(closing_ids[0]))
+    return frozenset(ids)

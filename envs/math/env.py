@@ -1,0 +1,224 @@
+"""``flashrl/Math-v0``: single-turn math questions checked with math-verify."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from flashrl.envs.base import LanguageEnv, Messages, StepResult
+from flashrl.envs.math.generators import ArithmeticGenerator, WordProblemGenerator
+from flashrl.envs.math.tasks import AnswerFormat, MathTask, TaskSource, load_tasks
+from flashrl.envs.math.templates import PromptTemplate, resolve_template
+from flashrl.envs.math.verifier import verify_answer
+
+#: Built-in task presets: name -> (task source factory, default template name).
+PRESETS: dict[str, tuple[Any, str]] = {
+    # The default CPU training task: "What is a + b?" with a, b in 1..30; reward = the last number
+    # of the reply (or its boxed answer) equals a + b. SmolLM2-135M-Instruct answers about half.
+    "easy_sums": (lambda: ArithmeticGenerator(), "plain"),
+    "arithmetic": (lambda: ArithmeticGenerator.from_difficulty(3), "boxed"),
+    "word_problems": (lambda: WordProblemGenerator(), "step_by_step"),
+}
+
+Order = Literal["shuffle", "random", "sequential"]
+
+
+class MathEnv(LanguageEnv):
+    r"""Single-turn math: the model answers a question and is rewarded when the answer is right.
+
+    ## Description
+    Each episode is one question. The task source is a built-in offline generator (``preset``:
+    ``easy_sums``, ``arithmetic``, ``word_problems``; or ``difficulty=1..5`` for arithmetic), a
+    JSONL/Parquet file with configurable fields, a ``datasets.Dataset`` (or any iterable of dict
+    rows), a list of :class:`~flashrl.envs.math.tasks.MathTask`, or any
+    :class:`~flashrl.envs.math.tasks.TaskSource`.
+
+    ## Observation space
+    :class:`~flashrl.envs.spaces.ChatMessages`. ``reset`` returns the prompt: an optional system
+    message and the user message made by the prompt template. ``step`` returns ``[]`` (nothing
+    follows the answer).
+
+    ## Action space
+    :class:`~flashrl.envs.spaces.UnicodeText`: the model's reply text.
+
+    ## Reward
+    ``1.0`` when :func:`~flashrl.envs.math.verifier.verify_answer` finds the reply's answer (its
+    last ``\boxed{}``, else its last number) equal to the reference, ``0.0`` otherwise; plus
+    ``format_reward`` when the answer was given in a complete ``\boxed{}``. A verification timeout or
+    crash gives ``0.0``; the reason is in ``info["reason"]`` and ``self.verifier_failures`` counts it.
+
+    ## Episode end
+    Terminates after one step. ``step`` after that raises
+    :class:`~flashrl.envs.base.EpisodeEndedError` until the next ``reset``.
+
+    ## Info
+    ``reset``: ``prompt_id`` (stable task key), ``question``, ``answer``, ``task_index`` (finite
+    sources). ``step``: ``prompt_id``, ``answer``, ``extracted``, ``correct``, ``boxed``,
+    ``reason``, ``verifier_failed``, ``turn``.
+
+    ## Reset options
+    ``{"task_index": i}`` picks task ``i`` of a finite source; ``{"task": {"question": ...,
+    "answer": ...}}`` (or a ``MathTask``) plays the given task.
+
+    ## Arguments
+    ``tasks``, ``preset`` (default ``"easy_sums"`` when ``tasks`` is None), ``difficulty``,
+    ``question_field``/``answer_field``/``id_field``/``answer_format`` (file and row sources),
+    ``template`` (name in ``TEMPLATES``, a format string with ``{question}``, or a
+    ``PromptTemplate``), ``system_prompt`` (overrides the template's), ``format_reward``,
+    ``verify_timeout_s``, ``order`` (finite sources: ``shuffle`` each epoch, ``random`` with
+    replacement, or ``sequential``), ``render_mode`` (``None`` or ``"ansi"``).
+
+    ## Version history
+    * v0: initial version.
+    """
+
+    def __init__(
+        self,
+        tasks: str | os.PathLike[str] | TaskSource | Sequence[MathTask] | Any | None = None,
+        *,
+        preset: str | None = None,
+        difficulty: int | None = None,
+        question_field: str = "question",
+        answer_field: str = "answer",
+        id_field: str | None = None,
+        answer_format: AnswerFormat = "plain",
+        template: PromptTemplate | str | None = None,
+        system_prompt: str | None = None,
+        format_reward: float = 0.0,
+        verify_timeout_s: float = 5.0,
+        order: Order = "shuffle",
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(max_turns=1, render_mode=render_mode)
+        chosen = [
+            name
+            for name, v in (("tasks", tasks), ("preset", preset), ("difficulty", difficulty))
+            if v is not None
+        ]
+        if len(chosen) > 1:
+            raise ValueError(f"Give at most one of tasks, preset and difficulty; got {chosen}.")
+        default_template = "boxed"
+        if tasks is not None:
+            self.tasks = load_tasks(
+                tasks,
+                question_field=question_field,
+                answer_field=answer_field,
+                id_field=id_field,
+                answer_format=answer_format,
+            )
+        elif difficulty is not None:
+            self.tasks = ArithmeticGenerator.from_difficulty(difficulty)
+        else:
+            preset = preset or "easy_sums"
+            if preset not in PRESETS:
+                raise ValueError(f"Unknown preset {preset!r}; expected one of {sorted(PRESETS)}.")
+            factory, default_template = PRESETS[preset]
+            self.tasks = factory()
+        self.template = resolve_template(template, default_template)
+        if system_prompt is not None:
+            self.template = PromptTemplate(self.template.user, system_prompt)
+        if order not in ("shuffle", "random", "sequential"):
+            raise ValueError(f"order must be 'shuffle', 'random' or 'sequential'; got {order!r}.")
+        if not verify_timeout_s > 0:
+            raise ValueError(f"verify_timeout_s must be > 0; got {verify_timeout_s}.")
+        if format_reward < 0:
+            raise ValueError(f"format_reward must be >= 0; got {format_reward}.")
+        self.order = order
+        self.format_reward = float(format_reward)
+        self.verify_timeout_s = float(verify_timeout_s)
+        self.verifier_failures = 0
+        """Number of steps whose verification timed out or crashed (reward 0 was given)."""
+        self.task: MathTask | None = None
+        self._permutation: np.ndarray | None = None
+        self._cursor = 0
+
+    @property
+    def finite(self) -> bool:
+        """Whether the task source is a finite, indexable dataset."""
+        return hasattr(self.tasks, "__len__") and hasattr(self.tasks, "__getitem__")
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Messages, dict[str, Any]]:
+        if seed is not None:
+            self._permutation, self._cursor = None, 0  # a new seed restarts the epoch order
+        return super().reset(seed=seed, options=options)
+
+    def _reset_task(self, options: dict[str, Any]) -> tuple[Messages, dict[str, Any]]:
+        unknown = set(options) - {"task", "task_index"}
+        if unknown:
+            raise ValueError(
+                f"Unknown reset options {sorted(unknown)}; MathEnv accepts 'task' and 'task_index'."
+            )
+        index: int | None = None
+        if "task" in options:
+            self.task = _as_task(options["task"])
+        elif "task_index" in options:
+            if not self.finite:
+                raise ValueError("reset(options={'task_index': ...}) needs a finite task source (a dataset).")
+            index = int(options["task_index"])
+            if not 0 <= index < len(self.tasks):  # type: ignore[arg-type]
+                raise IndexError(f"task_index {index} is out of range for {len(self.tasks)} tasks.")  # type: ignore[arg-type]
+            self.task = self.tasks[index]  # type: ignore[index]
+        elif self.finite:
+            index = self._next_index()
+            self.task = self.tasks[index]  # type: ignore[index]
+        else:
+            self.task = self.tasks.sample(self.np_random)
+        info: dict[str, Any] = {
+            "prompt_id": self.task.prompt_id,
+            "question": self.task.question,
+            "answer": self.task.answer,
+        }
+        if index is not None:
+            info["task_index"] = index
+        return self.template.messages(self.task), info
+
+    def _next_index(self) -> int:
+        n = len(self.tasks)  # type: ignore[arg-type]
+        if self.order == "random":
+            return int(self.np_random.integers(n))
+        if self.order == "sequential":
+            index = self._cursor % n
+        else:
+            if self._permutation is None or self._cursor % n == 0:
+                self._permutation = self.np_random.permutation(n)
+            index = int(self._permutation[self._cursor % n])
+        self._cursor += 1
+        return index
+
+    def _step_action(self, action: str) -> StepResult:
+        assert self.task is not None
+        result = verify_answer(action, self.task.answer, timeout_s=self.verify_timeout_s)
+        if result.failed:
+            self.verifier_failures += 1
+        reward = result.reward + (self.format_reward if result.boxed else 0.0)
+        info = {
+            "prompt_id": self.task.prompt_id,
+            "answer": self.task.answer,
+            "extracted": result.extracted,
+            "correct": result.correct,
+            "boxed": result.boxed,
+            "reason": result.reason,
+            "verifier_failed": result.failed,
+        }
+        return [], reward, True, False, info
+
+
+def _as_task(task: Any) -> MathTask:
+    if isinstance(task, MathTask):
+        return task
+    if isinstance(task, dict) and isinstance(task.get("question"), str) and "answer" in task:
+        answer = str(task["answer"])
+        return MathTask(
+            question=task["question"],
+            answer=answer,
+            prompt_id=str(task.get("prompt_id", f"custom:{task['question']}")),
+        )
+    raise TypeError(
+        "reset(options={'task': ...}) expects a MathTask or a dict with 'question' (str) and "
+        f"'answer'; got {task!r:.200}."
+    )

@@ -1,0 +1,287 @@
+"""Math tasks and where they come from: JSONL and Parquet files, Hugging Face datasets, lists.
+
+Every source yields :class:`MathTask` objects. A finite source is a :class:`TaskList`; the offline
+generators (:mod:`flashrl.envs.math.generators`) are infinite sources. Both satisfy
+:class:`TaskSource`: ``sample(rng)`` draws one task with the environment's random generator.
+
+Fields are configurable (``question_field``, ``answer_field``, ``id_field``) and may be dotted paths
+into nested records (``"reward_model.ground_truth"``). A malformed row raises :class:`DatasetError`
+naming the file and line (JSONL) or row (Parquet, datasets), what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+AnswerFormat = Literal["plain", "gsm8k"]
+
+
+class DatasetError(ValueError):
+    """A dataset file or row does not have the expected shape."""
+
+
+@dataclass(frozen=True)
+class MathTask:
+    """One question with its reference answer."""
+
+    question: str
+    """The question text shown to the model (before the prompt template is applied)."""
+    answer: str
+    """Reference answer, LaTeX or plain text, as math-verify parses it."""
+    prompt_id: str
+    """Stable key of the task (the same question always gets the same id)."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """Source-specific details (operands, template name, file and line)."""
+
+
+@runtime_checkable
+class TaskSource(Protocol):
+    """Anything that can draw a task with a NumPy random generator."""
+
+    name: str
+
+    def sample(self, rng: np.random.Generator) -> MathTask: ...
+
+
+class TaskList(Sequence[MathTask]):
+    """A finite, indexable list of tasks (a loaded dataset)."""
+
+    def __init__(self, tasks: Iterable[MathTask], *, name: str = "tasks") -> None:
+        self.tasks: list[MathTask] = list(tasks)
+        self.name = name
+        if not self.tasks:
+            raise DatasetError(f"Task source {name!r} is empty; expected at least one task.")
+        for i, task in enumerate(self.tasks):
+            if not isinstance(task, MathTask):
+                raise TypeError(f"{name}: item {i} is a {type(task).__name__}, expected MathTask.")
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __getitem__(self, index: int) -> MathTask:  # type: ignore[override]
+        return self.tasks[index]
+
+    def sample(self, rng: np.random.Generator) -> MathTask:
+        return self.tasks[int(rng.integers(len(self.tasks)))]
+
+    def __repr__(self) -> str:
+        return f"TaskList({self.name!r}, {len(self.tasks)} tasks)"
+
+
+# --------------------------------------------------------------------------------------- rows
+def _lookup(row: Mapping[str, Any], path: str) -> Any:
+    value: Any = row
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            raise KeyError(path)
+        value = value[part]
+    return value
+
+
+def normalize_answer(raw: str, answer_format: AnswerFormat) -> str:
+    """The reference answer from a raw answer field (``gsm8k``: the text after ``####``)."""
+    if answer_format == "plain":
+        return raw.strip()
+    if answer_format == "gsm8k":
+        if "####" not in raw:
+            raise ValueError("expected a GSM8K-style answer ending in '#### <number>'")
+        return raw.rsplit("####", 1)[1].strip().replace(",", "")
+    raise ValueError(f"answer_format must be 'plain' or 'gsm8k'; got {answer_format!r}")
+
+
+def task_from_row(
+    row: Any,
+    *,
+    where: str,
+    default_id: str,
+    question_field: str = "question",
+    answer_field: str = "answer",
+    id_field: str | None = None,
+    answer_format: AnswerFormat = "plain",
+) -> MathTask:
+    """Build a task from one record; ``where`` (``"file.jsonl:12"``) prefixes every error."""
+    if not isinstance(row, Mapping):
+        raise DatasetError(f"{where}: expected an object with fields, got {type(row).__name__}.")
+    values: dict[str, str] = {}
+    for role, path in (("question", question_field), ("answer", answer_field), ("id", id_field)):
+        if path is None:
+            continue
+        try:
+            value = _lookup(row, path)
+        except KeyError:
+            raise DatasetError(
+                f"{where}: missing field {path!r} (the {role}); the row has fields {sorted(row)}. "
+                f"Set {role}_field= to the right name."
+            ) from None
+        if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
+            raise DatasetError(
+                f"{where}: field {path!r} (the {role}) must be a string or a number; got "
+                f"{type(value).__name__}."
+            )
+        text = str(value).strip()
+        if not text:
+            raise DatasetError(f"{where}: field {path!r} (the {role}) is empty.")
+        values[role] = text
+    try:
+        answer = normalize_answer(values["answer"], answer_format)
+    except ValueError as exc:
+        raise DatasetError(f"{where}: field {answer_field!r}: {exc}.") from None
+    if not answer:
+        raise DatasetError(f"{where}: field {answer_field!r} holds no answer after '####'.")
+    return MathTask(
+        question=values["question"],
+        answer=answer,
+        prompt_id=values.get("id", default_id),
+        metadata={"source": where},
+    )
+
+
+# --------------------------------------------------------------------------------------- loaders
+def load_jsonl(
+    path: str | os.PathLike[str],
+    *,
+    question_field: str = "question",
+    answer_field: str = "answer",
+    id_field: str | None = None,
+    answer_format: AnswerFormat = "plain",
+) -> TaskList:
+    """Tasks from a JSON Lines file, one object per line (blank lines are skipped)."""
+    path = os.fspath(path)
+    name = os.path.basename(path)
+    tasks = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}).") from None
+            tasks.append(
+                task_from_row(
+                    row,
+                    where=where,
+                    default_id=f"{name}:{lineno}",
+                    question_field=question_field,
+                    answer_field=answer_field,
+                    id_field=id_field,
+                    answer_format=answer_format,
+                )
+            )
+    return TaskList(tasks, name=name)
+
+
+def load_parquet(
+    path: str | os.PathLike[str],
+    *,
+    question_field: str = "question",
+    answer_field: str = "answer",
+    id_field: str | None = None,
+    answer_format: AnswerFormat = "plain",
+) -> TaskList:
+    """Tasks from a Parquet file (rows numbered from 1 in errors and default ids)."""
+    import pyarrow.parquet as pq
+
+    path = os.fspath(path)
+    name = os.path.basename(path)
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises several unrelated types for unreadable files
+        raise DatasetError(f"{path}: not a readable Parquet file ({exc}).") from exc
+    return TaskList(
+        (
+            task_from_row(
+                row,
+                where=f"{path}: row {i}",
+                default_id=f"{name}:{i}",
+                question_field=question_field,
+                answer_field=answer_field,
+                id_field=id_field,
+                answer_format=answer_format,
+            )
+            for i, row in enumerate(rows, start=1)
+        ),
+        name=name,
+    )
+
+
+def from_records(
+    records: Iterable[Mapping[str, Any]],
+    *,
+    name: str = "dataset",
+    question_field: str = "question",
+    answer_field: str = "answer",
+    id_field: str | None = None,
+    answer_format: AnswerFormat = "plain",
+) -> TaskList:
+    """Tasks from any iterable of dict rows, e.g. a Hugging Face ``datasets.Dataset`` split."""
+    return TaskList(
+        (
+            task_from_row(
+                row,
+                where=f"{name}: row {i}",
+                default_id=f"{name}:{i}",
+                question_field=question_field,
+                answer_field=answer_field,
+                id_field=id_field,
+                answer_format=answer_format,
+            )
+            for i, row in enumerate(records, start=1)
+        ),
+        name=name,
+    )
+
+
+def load_tasks(
+    source: Any,
+    *,
+    question_field: str = "question",
+    answer_field: str = "answer",
+    id_field: str | None = None,
+    answer_format: AnswerFormat = "plain",
+) -> TaskSource:
+    """Any supported source as a :class:`TaskSource`.
+
+    ``source`` may be a ``.jsonl``/``.parquet`` path, a :class:`TaskSource` (returned as is), a
+    sequence of :class:`MathTask`, a pandas ``DataFrame``, or an iterable of dict rows such as a
+    ``datasets.Dataset``.
+    """
+    fields = {
+        "question_field": question_field,
+        "answer_field": answer_field,
+        "id_field": id_field,
+        "answer_format": answer_format,
+    }
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"Math task file {path!r} does not exist.")
+        if path.endswith((".jsonl", ".jsonl.txt", ".ndjson")):
+            return load_jsonl(path, **fields)  # type: ignore[arg-type]
+        if path.endswith((".parquet", ".pq")):
+            return load_parquet(path, **fields)  # type: ignore[arg-type]
+        raise DatasetError(
+            f"Math task file {path!r}: expected a .jsonl or .parquet file; load other formats "
+            "yourself and pass a list of MathTask or dict rows."
+        )
+    if isinstance(source, TaskSource):
+        return source
+    if isinstance(source, Sequence) and source and all(isinstance(t, MathTask) for t in source):
+        return TaskList(source)
+    if hasattr(source, "columns") and hasattr(source, "to_dict"):  # a pandas DataFrame
+        return from_records(source.to_dict("records"), name="dataframe", **fields)  # type: ignore[arg-type]
+    if isinstance(source, Iterable) and not isinstance(source, Mapping):
+        name = str(getattr(source, "info", None) and getattr(source.info, "dataset_name", None) or "dataset")
+        return from_records(source, name=name, **fields)  # type: ignore[arg-type]
+    raise TypeError(
+        "tasks must be a .jsonl/.parquet path, a TaskSource, a list of MathTask or an iterable of "
+        f"dict rows (e.g. a datasets.Dataset); got {type(source).__name__}."
+    )

@@ -1,0 +1,110 @@
+"""In-sandbox entry point: confine this very process, then run the untrusted code read from stdin.
+
+Run as ``python -I -S -B _launcher.py CONFIG_HEX`` by :mod:`flashrl.envs.sandbox.runner` (never
+imported as part of the package, and importing only the standard library and its two sibling
+modules). Order: read the seccomp program and the code from stdin, set resource limits, drop
+capabilities, apply Landlock, load the seccomp filter, remove this folder from ``sys.path``, then
+execute the code as ``__main__``. If any requested layer fails the process exits with
+:data:`SETUP_FAILED_EXIT` before a single line of untrusted code runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import marshal
+import os
+import resource
+import sys
+
+SETUP_FAILED_EXIT = 121
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PR_SET_PDEATHSIG = 1
+_SIGKILL = 9  # Linux; `import signal` would import enum, a tenth of the start-up
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAP_LAST = 63
+_SYS_CAPSET = 126
+
+
+def _drop_capabilities() -> None:
+    """Empty the bounding, ambient, effective, permitted and inheritable capability sets."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    for cap in range(_CAP_LAST + 1):
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last cap; EPERM if none
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()  # two __user_cap_data_struct, all zero
+    if libc.syscall(_SYS_CAPSET, header, data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"capset failed: {os.strerror(err)}")
+
+
+def _confine(config: dict, expected_pid: int, bpf: bytes) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)  # die with the parent, like bwrap's child
+    for name, (soft, hard) in config["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+    _drop_capabilities()
+    sys.path.insert(0, _HERE)
+    try:
+        if config["landlock"]:
+            import _landlock
+
+            _landlock.restrict(config["writable_dirs"], config["writable_files"], config["readable"])
+        if config["seccomp"]:
+            import _seccomp_policy
+
+            if os.getpid() != expected_pid:  # the filter's "signal only yourself" rule names this pid
+                raise OSError(f"seccomp filter compiled for pid {expected_pid}, running as {os.getpid()}")
+            _seccomp_policy.load_bpf(bpf)
+    finally:
+        sys.path.remove(_HERE)
+
+
+def main() -> None:
+    config = marshal.loads(bytes.fromhex(sys.argv[1]))
+    # Started with -S (site's .pth processing costs more than everything else here): use the
+    # interpreter's normal module path, found once by the parent, and restore exit()/quit()/help().
+    sys.path[:] = config["sys_path"]
+    import site
+
+    site.setquit()
+    site.sethelper()
+    # stdin: b"<pid> <n>\n", the n-byte seccomp BPF program the parent compiled for that pid, the code.
+    header, _, rest = sys.stdin.buffer.read().partition(b"\n")
+    expected_pid, bpf_len = (int(x) for x in header.split())
+    bpf, code = rest[:bpf_len], rest[bpf_len:]
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.chdir(config["workdir"])
+    try:
+        _confine(config, expected_pid, bpf)
+    except BaseException as exc:  # noqa: BLE001 - any failure must stop before untrusted code runs
+        sys.stderr.write(f"sandbox setup failed: {type(exc).__name__}: {exc}\n")
+        sys.stderr.flush()
+        os._exit(SETUP_FAILED_EXIT)
+    _run(code.decode("utf-8", errors="replace"))
+
+
+def _run(source: str) -> None:
+    filename = "<main>"
+    sys.argv = [filename]
+    sys.path.insert(0, os.getcwd())
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__, "__file__": filename}
+    try:
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - this is the sandbox
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - report like the interpreter, without our frame
+        import linecache  # imported only now: it costs more than the rest of the start-up
+        import traceback
+
+        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The seccomp system-call policy of the sandbox (built with the ``pyseccomp`` bindings of libseccomp).
+
+The parent compiles the policy to a BPF program (:func:`compile_bpf`, needs pyseccomp); the
+in-sandbox launcher imports this file by path and loads the program (:func:`load_bpf`, standard
+library only) before any untrusted code runs.
+
+Default action: allow. Denied (EPERM unless noted) because sandboxed code never needs them and each
+one is an escape or a resource-exhaustion route:
+
+- ``socket``: every address family (TCP, UDP, raw, netlink, unix); ``socketpair`` stays allowed.
+- process creation: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD``, ``clone3`` (ENOSYS, so
+  libc falls back to ``clone`` for threads). Threads stay allowed; the address-space limit caps them.
+  This is what caps a fork bomb even when running as root, where RLIMIT_NPROC is not enforced.
+- signals to any process but the sandboxed one: ``kill``/``tgkill``/``rt_(tg)sigqueueinfo`` whose
+  target is not the caller's own pid, ``tkill``, ``pidfd_open``, ``pidfd_send_signal``.
+- raising resource limits: ``setrlimit``, ``prlimit64`` with a new limit.
+- changing metadata of files Landlock does not cover: ``chmod``/``chown``/``*xattr``/``utime*``.
+- kernel attack surface and namespace/ptrace tricks: ``ptrace``, ``process_vm_*``, ``mount``,
+  ``unshare``, ``setns``, ``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring_*`` (it would
+  bypass this filter), ``keyctl``, module loading, ``kexec``, ``reboot``, ...
+Syscalls of a foreign architecture (32-bit entry points) kill the process (libseccomp's default).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+CLONE_THREAD = 0x00010000
+
+DENIED_SYSCALLS: tuple[str, ...] = (
+    "socket", "fork", "vfork", "tkill", "pidfd_open", "pidfd_send_signal", "setrlimit",
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
+    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
+    "utime", "utimes", "utimensat", "futimesat",
+    "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot",
+    "unshare", "setns", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load",
+    "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct",
+    "syslog", "quotactl", "name_to_handle_at", "open_by_handle_at", "fanotify_init",
+    "move_mount", "open_tree", "fsopen", "fsmount", "fspick", "mount_setattr",
+)
+SIGNAL_SYSCALLS: tuple[str, ...] = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
+
+
+def build_filter(self_pid: int):  # -> pyseccomp.SyscallFilter
+    """The filter for a sandboxed process whose pid (as it sees itself) is ``self_pid``.
+
+    Raises ImportError when pyseccomp is missing and OSError when libseccomp refuses a rule.
+    """
+    import pyseccomp as seccomp
+
+    flt = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+    deny = seccomp.ERRNO(errno.EPERM)
+    arch = seccomp.system_arch()
+
+    def add(action: int, name: str, *args: object) -> None:
+        if seccomp.resolve_syscall(arch, name) < 0:  # not a syscall on this architecture
+            return
+        flt.add_rule(action, name, *args)
+
+    for name in DENIED_SYSCALLS:
+        add(deny, name)
+    add(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))
+    add(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    for name in SIGNAL_SYSCALLS:
+        add(deny, name, seccomp.Arg(0, seccomp.NE, self_pid))
+    add(deny, "prlimit64", seccomp.Arg(2, seccomp.NE, 0))
+    return flt
+
+
+def compile_bpf(self_pid: int) -> bytes:
+    """The filter as a classic-BPF program (``struct sock_filter`` array), ready for :func:`load_bpf`."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as f:
+        build_filter(self_pid).export_bpf(f)
+        f.seek(0)
+        return f.read()
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_bpf(program: bytes) -> None:
+    """Install a compiled filter into the calling thread's process for good (standard library only).
+
+    The sandboxed process loads what the parent compiled, so it never imports pyseccomp (whose import
+    would cost more than the rest of the start-up).
+    """
+    if not program or len(program) % 8:
+        raise OSError(f"seccomp: expected a BPF program of 8-byte instructions, got {len(program)} bytes")
+    libc = ctypes.CDLL(None, use_errno=True)
+    buffer = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_SECCOMP) failed: {os.strerror(err)}")
