@@ -140,7 +140,7 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[sl] = (grad_z @ weight.to(dt)).to(hidden.dtype)  # [c, H]
             if grad_w is not None:
-                grad_w += grad_z.t() @ h.to(dt)  # [V, H]
+                grad_w.addmm_(grad_z.t(), h.to(dt))  # [V, H], accumulated without a temporary
             if grad_b is not None:
                 grad_b += grad_z.sum(0)
         return (
