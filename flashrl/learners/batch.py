@@ -1,0 +1,242 @@
+"""The learner's input: B finished episodes as right-padded tensors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from flashrl.episode import Episode
+
+__all__ = ["TrainBatch"]
+
+LOGPROB_TOLERANCE = 1e-4
+"""Largest recorded log-prob accepted (engines round to tiny positive values; more means a bug)."""
+
+UNKNOWN_POLICY_VERSION = -1
+"""``policy_versions`` entry of an episode that recorded no generated segment."""
+
+
+@dataclass(kw_only=True)
+class TrainBatch:
+    """B finished episodes, right-padded to a common length T.
+
+    Row ``i`` is one episode; column ``t`` is its ``t``-th token. ``behavior_logprobs[i, t]`` is the
+    log-prob the inference engine recorded when it sampled ``token_ids[i, t]`` (aligned with the token,
+    not shifted), so it lines up with ``flashrl.models.compute_token_logprobs``, whose column ``t`` is
+    ``log p(token_ids[:, t] | token_ids[:, :t])``. Padding has ``attention_mask = loss_mask = False``.
+
+    The constructor checks shapes, dtypes and masks; finiteness is left to the learner, which skips and
+    counts a non-finite batch instead of failing. ``from_episodes`` rejects non-finite episodes outright.
+    """
+
+    token_ids: torch.Tensor
+    """[B, T] long: prompt, model and environment tokens, right-padded."""
+    attention_mask: torch.Tensor
+    """[B, T] bool: True on real tokens, False on padding."""
+    loss_mask: torch.Tensor
+    """[B, T] bool: True on tokens the policy sampled (the ones the loss trains)."""
+    behavior_logprobs: torch.Tensor
+    """[B, T] float32: recorded sampling log-probs; 0.0 where ``loss_mask`` is False."""
+    rewards: torch.Tensor
+    """[B] float32: scalar return of each episode."""
+    group_ids: torch.Tensor | None = None
+    """[B] long or None: which rollouts share a prompt (only the synchronous group baseline uses it)."""
+    policy_versions: torch.Tensor
+    """[B] long: oldest policy version that generated a segment of the episode (-1 if unknown)."""
+    prompt_ids: list[str]
+    """The prompt/task key of each episode."""
+
+    def __post_init__(self) -> None:
+        if self.token_ids.dim() != 2:
+            raise ValueError(f"token_ids must be [B, T]; got shape {tuple(self.token_ids.shape)}.")
+        b, t = self.token_ids.shape
+        if b < 1 or t < 1:
+            raise ValueError(f"A TrainBatch needs at least one episode and one token; got shape [{b}, {t}].")
+        expected = {
+            "token_ids": ((b, t), (torch.int64,)),
+            "attention_mask": ((b, t), (torch.bool,)),
+            "loss_mask": ((b, t), (torch.bool,)),
+            "behavior_logprobs": ((b, t), (torch.float32,)),
+            "rewards": ((b,), (torch.float32,)),
+            "policy_versions": ((b,), (torch.int64,)),
+        }
+        if self.group_ids is not None:
+            expected["group_ids"] = ((b,), (torch.int64,))
+        for name, (shape, dtypes) in expected.items():
+            value = getattr(self, name)
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"TrainBatch.{name} must be a torch.Tensor; got {type(value).__name__}.")
+            if tuple(value.shape) != shape or value.dtype not in dtypes:
+                raise ValueError(
+                    f"TrainBatch.{name} must have shape {list(shape)} and dtype {dtypes[0]}; got "
+                    f"{list(value.shape)} and {value.dtype}. Build batches with TrainBatch.from_episodes."
+                )
+        if len(self.prompt_ids) != b:
+            raise ValueError(f"prompt_ids must have one entry per episode ({b}); got {len(self.prompt_ids)}.")
+        if bool((self.loss_mask & ~self.attention_mask).any()):
+            raise ValueError("loss_mask is True on a padding position (attention_mask False); it must not be.")
+        if bool(self.loss_mask[:, 0].any()):
+            raise ValueError(
+                "loss_mask is True at position 0; the first token has no context to be sampled from. "
+                "An episode must start with at least one prompt token."
+            )
+        sampled = self.behavior_logprobs[self.loss_mask]  # [N]
+        if sampled.numel() and bool((sampled > LOGPROB_TOLERANCE).any()):
+            raise ValueError(
+                f"behavior_logprobs are log-probabilities and must be <= 0 on sampled tokens; got a maximum "
+                f"of {float(sampled.nan_to_num(nan=0.0).max()):.4g}. Did the engine record probabilities or logits?"
+            )
+        lengths = self.attention_mask.sum(-1)  # [B]
+        positions = torch.arange(t, device=self.attention_mask.device)  # [T]
+        if not torch.equal(self.attention_mask, positions.unsqueeze(0) < lengths.unsqueeze(1)):
+            raise ValueError("attention_mask must be right-padded: True on a prefix of each row, then False.")
+
+    # ------------------------------------------------------------------------------------------
+    @classmethod
+    def from_episodes(
+        cls,
+        episodes: Sequence[Episode],
+        *,
+        pad_token_id: int,
+        group_ids: Sequence[int] | torch.Tensor | None = None,
+    ) -> TrainBatch:
+        """Pad ``episodes`` into one batch.
+
+        Raises ``ValueError`` for an empty list, an empty episode, an episode whose first token is in
+        the loss mask, a non-finite reward or recorded log-prob (EnvRunners are expected to drop and
+        count those), or ``group_ids`` of the wrong length.
+        """
+        if len(episodes) == 0:
+            raise ValueError("TrainBatch.from_episodes needs at least one episode; got an empty list.")
+        if pad_token_id < 0:
+            raise ValueError(f"pad_token_id must be a token id >= 0; got {pad_token_id}.")
+        for i, ep in enumerate(episodes):
+            if not isinstance(ep, Episode):
+                raise TypeError(f"episodes[{i}] must be a flashrl.episode.Episode; got {type(ep).__name__}.")
+            if len(ep.token_ids) == 0:
+                raise ValueError(f"episodes[{i}] (prompt {ep.prompt_id!r}) has no tokens.")
+            if ep.loss_mask[0]:
+                raise ValueError(
+                    f"episodes[{i}] (prompt {ep.prompt_id!r}) has loss_mask True at position 0; the first "
+                    "token must be a prompt token."
+                )
+            if not math.isfinite(ep.reward):
+                raise ValueError(
+                    f"episodes[{i}] (prompt {ep.prompt_id!r}) has a non-finite reward {ep.reward!r}; drop "
+                    "non-finite episodes (Episode.is_finite) before batching."
+                )
+            if not ep.is_finite:
+                raise ValueError(
+                    f"episodes[{i}] (prompt {ep.prompt_id!r}) has a non-finite behavior log-prob on a "
+                    "sampled token; drop non-finite episodes (Episode.is_finite) before batching."
+                )
+        b = len(episodes)
+        t = max(len(ep.token_ids) for ep in episodes)
+        token_ids = torch.full((b, t), pad_token_id, dtype=torch.long)  # [B, T]
+        attention_mask = torch.zeros(b, t, dtype=torch.bool)  # [B, T]
+        loss_mask = torch.zeros(b, t, dtype=torch.bool)  # [B, T]
+        behavior_logprobs = torch.zeros(b, t, dtype=torch.float32)  # [B, T]
+        for i, ep in enumerate(episodes):
+            n = len(ep.token_ids)
+            token_ids[i, :n] = torch.tensor(ep.token_ids, dtype=torch.long)
+            attention_mask[i, :n] = True
+            loss_mask[i, :n] = torch.tensor(ep.loss_mask, dtype=torch.bool)
+            behavior_logprobs[i, :n] = torch.tensor(ep.behavior_logprobs, dtype=torch.float32)
+        # Unused positions carry 0.0 whatever the episode stored there.
+        behavior_logprobs = torch.where(loss_mask, behavior_logprobs, torch.zeros_like(behavior_logprobs))
+        rewards = torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32)  # [B]
+        versions = [ep.min_policy_version for ep in episodes]
+        policy_versions = torch.tensor(
+            [UNKNOWN_POLICY_VERSION if v is None else v for v in versions], dtype=torch.long
+        )  # [B]
+        groups = None
+        if group_ids is not None:
+            groups = torch.as_tensor(group_ids, dtype=torch.long).reshape(-1)  # [B]
+            if groups.shape[0] != b:
+                raise ValueError(f"group_ids must have one entry per episode ({b}); got {groups.shape[0]}.")
+        return cls(
+            token_ids=token_ids,
+            attention_mask=attention_mask,
+            loss_mask=loss_mask,
+            behavior_logprobs=behavior_logprobs,
+            rewards=rewards,
+            group_ids=groups,
+            policy_versions=policy_versions,
+            prompt_ids=[ep.prompt_id for ep in episodes],
+        )
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def non_finite_reason(self) -> str | None:
+        """Why the batch must not be trained on (a non-finite reward or recorded log-prob), or None."""
+        if not bool(torch.isfinite(self.rewards).all()):
+            return "non_finite_rewards"
+        sampled = self.behavior_logprobs[self.loss_mask]  # [N]
+        if not bool(torch.isfinite(sampled).all()):
+            return "non_finite_behavior_logprobs"
+        return None
+
+    def shard_bounds(self, rank: int, world_size: int) -> tuple[int, int]:
+        """Rows ``[start, stop)`` that data-parallel rank ``rank`` of ``world_size`` trains on."""
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"Expected 0 <= rank < world_size and world_size >= 1; got rank={rank}, "
+                             f"world_size={world_size}.")
+        b = self.batch_size
+        if b < world_size:
+            raise ValueError(
+                f"A batch of {b} episodes cannot be split over {world_size} learners (each needs at least "
+                f"one); use train_batch_size >= num_learners."
+            )
+        # Contiguous, balanced split: the first (b % world_size) ranks get one extra row.
+        base, extra = divmod(b, world_size)
+        start = rank * base + min(rank, extra)
+        return start, start + base + (1 if rank < extra else 0)
+
+    def shard(self, rank: int, world_size: int) -> TrainBatch:
+        """The rows of data-parallel rank ``rank``, with padding trimmed to the shard's longest row.
+
+        Shards are contiguous and balanced (sizes differ by at most one) and, over all ranks, cover every
+        row exactly once in order. Batch-global quantities (the baseline's advantages, the 1/B of the
+        loss) must be computed on the whole batch, not on a shard: see ``flashrl.learners.Learner``.
+        """
+        start, stop = self.shard_bounds(rank, world_size)
+        t = int(self.attention_mask[start:stop].sum(-1).max())
+        return self.rows(slice(start, stop), max_length=t)
+
+    def rows(self, index: slice, *, max_length: int | None = None) -> TrainBatch:
+        """A sub-batch of the rows in ``index`` (optionally keeping only the first ``max_length`` columns)."""
+        cols = slice(0, max_length)
+        return replace(
+            self,
+            token_ids=self.token_ids[index, cols],
+            attention_mask=self.attention_mask[index, cols],
+            loss_mask=self.loss_mask[index, cols],
+            behavior_logprobs=self.behavior_logprobs[index, cols],
+            rewards=self.rewards[index],
+            group_ids=None if self.group_ids is None else self.group_ids[index],
+            policy_versions=self.policy_versions[index],
+            prompt_ids=list(self.prompt_ids[index]),
+        )
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        """The same batch with every tensor on ``device``."""
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)

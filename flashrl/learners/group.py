@@ -1,0 +1,323 @@
+"""A group of learners: one in-process ``Learner`` or data-parallel ``Learner`` Ray actors.
+
+With ``num_learners = N > 1`` every actor is rank ``r`` of a ``torch.distributed`` process group
+(gloo on CPU, NCCL on GPU). Rank 0's actor picks a free TCP port on its own node for the rendezvous.
+Each update sends the whole batch to every rank once through the object store; each rank trains on its
+shard and gradients are all-reduced (see ``flashrl.learners.learner`` for why that is exact).
+
+A dead actor is fatal for the group (its process group is broken): the call raises
+``LearnerGroupError`` naming the rank, the other actors are stopped, and later calls raise too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from flashrl.learners import distributed as ddp
+from flashrl.learners.batch import TrainBatch
+from flashrl.learners.learner import Learner
+from flashrl.learners.spec import LearnerSpec
+
+if TYPE_CHECKING:
+    from typing import Self
+
+__all__ = ["LearnerActor", "LearnerGroup", "LearnerGroupError"]
+
+
+class LearnerGroupError(RuntimeError):
+    """A learner actor died, timed out or the group was used after it broke or shut down."""
+
+
+class LearnerActor:
+    """The body of a learner Ray actor: builds its ``Learner`` once the process group exists."""
+
+    def __init__(self, spec: LearnerSpec, rank: int, world_size: int) -> None:
+        self.spec = spec
+        self.rank = rank
+        self.world_size = world_size
+        self.learner: Learner | None = None
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This node's IP and a free port on it (asked of rank 0)."""
+        import ray
+
+        return ray.util.get_node_ip_address(), ddp.find_free_port()
+
+    def setup(self, master_addr: str, master_port: int, timeout_s: float) -> int:
+        if self.world_size > 1:
+            device = self.spec.resolve_device()
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            ddp.init_process_group(
+                master_addr=master_addr,
+                master_port=master_port,
+                rank=self.rank,
+                world_size=self.world_size,
+                backend=ddp.default_backend(device),
+                timeout_s=timeout_s,
+            )
+        self.learner = Learner(self.spec, rank=self.rank, world_size=self.world_size)
+        return os.getpid()
+
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        return self._learner.update(batch)
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        return self._learner.get_weights()
+
+    def get_state(self) -> dict[str, Any]:
+        return self._learner.get_state()
+
+    def set_state(self, state: dict[str, Any]) -> int:
+        self._learner.set_state(state)
+        return self._learner.version
+
+    def save_policy(self, path: str) -> str:
+        return self._learner.save_policy(path)
+
+    def version(self) -> int:
+        return self._learner.version
+
+    def shutdown(self) -> None:
+        if ddp.is_distributed():
+            torch.distributed.destroy_process_group()
+
+    @property
+    def _learner(self) -> Learner:
+        if self.learner is None:
+            raise RuntimeError("LearnerActor.setup() has not run yet.")
+        return self.learner
+
+
+class LearnerGroup:
+    """The learner side of training, with one API whether it runs in-process or as Ray actors.
+
+    Args:
+        spec: model, optimizer and loss settings shared by every learner.
+        num_learners: data-parallel replicas (Ray actors); 1 with ``local=True``.
+        num_cpus_per_learner: CPUs each actor reserves (fractions allowed; see the 2-core notes).
+        num_gpus_per_learner: GPUs each actor reserves (> 0 puts the policy on that GPU, NCCL between ranks).
+        local: run one ``Learner`` in this process (tests, debugging); no Ray needed.
+        timeout_s: upper bound on any single call to the actors (seconds); None waits forever.
+    """
+
+    def __init__(
+        self,
+        spec: LearnerSpec,
+        *,
+        num_learners: int = 1,
+        num_cpus_per_learner: float = 1.0,
+        num_gpus_per_learner: float = 0.0,
+        local: bool = False,
+        timeout_s: float | None = 1800.0,
+    ) -> None:
+        if num_learners < 1:
+            raise ValueError(f"num_learners must be >= 1; got {num_learners}.")
+        if local and num_learners != 1:
+            raise ValueError(
+                f"local=True runs exactly one in-process learner; got num_learners={num_learners}. Use "
+                "local=False for data-parallel Ray actors."
+            )
+        if num_cpus_per_learner < 0 or num_gpus_per_learner < 0:
+            raise ValueError(
+                f"Resources per learner must be >= 0; got num_cpus_per_learner={num_cpus_per_learner}, "
+                f"num_gpus_per_learner={num_gpus_per_learner}."
+            )
+        if num_gpus_per_learner > 0 and spec.device == "cpu":
+            raise ValueError(
+                f"num_gpus_per_learner={num_gpus_per_learner} but LearnerSpec.device='cpu'; use device='auto' "
+                "(or 'cuda') to train on the reserved GPU, or num_gpus_per_learner=0."
+            )
+        if num_learners > 1 and 0 < num_gpus_per_learner < 1:
+            raise ValueError(
+                f"num_gpus_per_learner={num_gpus_per_learner} with num_learners={num_learners}: NCCL needs a "
+                "whole GPU per rank. Use num_gpus_per_learner=1, or one learner."
+            )
+        self.spec = spec
+        self.num_learners = num_learners
+        self.local = local
+        self.timeout_s = timeout_s
+        self._local: Learner | None = None
+        self._actors: list[Any] = []
+        self._broken: str | None = None
+        self._version = 0
+        self._num_skipped = 0
+        if local:
+            self._local = Learner(spec)
+        else:
+            self._start_actors(num_cpus_per_learner, num_gpus_per_learner)
+
+    def _start_actors(self, num_cpus: float, num_gpus: float) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            raise LearnerGroupError(
+                "LearnerGroup(local=False) needs a running Ray cluster; call ray.init() first (or use local=True)."
+            )
+        actor_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(LearnerActor)
+        self._actors = [actor_cls.remote(self.spec, rank, self.num_learners) for rank in range(self.num_learners)]
+        try:
+            addr, port = self._call("find a rendezvous port", [self._actors[0].rendezvous_address.remote()])[0]
+            setup_timeout = self.timeout_s if self.timeout_s is not None else 1800.0
+            self._call(
+                "set up the learners",
+                [actor.setup.remote(addr, port, setup_timeout) for actor in self._actors],
+            )
+        except BaseException:
+            self._kill_actors()
+            raise
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """Number of updates applied so far (skipped batches do not count)."""
+        return self._version
+
+    @property
+    def num_skipped_batches(self) -> int:
+        return self._num_skipped
+
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        """One FlashREINFORCE update on ``batch``: exactly one optimizer step, or a counted skip."""
+        self._check_usable()
+        if not isinstance(batch, TrainBatch):
+            raise TypeError(f"LearnerGroup.update expects a TrainBatch; got {type(batch).__name__}.")
+        if batch.batch_size < self.num_learners:
+            raise ValueError(
+                f"A batch of {batch.batch_size} episodes cannot be split over {self.num_learners} learners; "
+                "use train_batch_size >= num_learners."
+            )
+        if self._local is not None:
+            metrics = self._local.update(batch)
+        else:
+            import ray
+
+            ref = ray.put(batch)
+            results = self._call("update", [actor.update.remote(ref) for actor in self._actors])
+            versions = {int(m["version"]) for m in results}
+            if len(versions) != 1:
+                self._broken = f"learner replicas disagree on the version after an update: {sorted(versions)}"
+                self._kill_actors()
+                raise LearnerGroupError(f"LearnerGroup is inconsistent: {self._broken}.")
+            metrics = results[0]
+        self._version = int(metrics["version"])
+        self._num_skipped = int(metrics["num_skipped_batches"])
+        return metrics
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's weights (CPU tensors, Hugging Face names) from rank 0."""
+        self._check_usable()
+        if self._local is not None:
+            return self._local.get_weights()
+        return self._call("get_weights", [self._actors[0].get_weights.remote()])[0]
+
+    def get_weights_ref(self) -> Any:
+        """A Ray ObjectRef of ``get_weights()``: hand one ref to every EnvRunner without a driver copy."""
+        import ray
+
+        self._check_usable()
+        if self._local is not None:
+            if not ray.is_initialized():
+                raise LearnerGroupError("get_weights_ref() needs a running Ray cluster; call ray.init() first.")
+            return ray.put(self._local.get_weights())
+        return self._actors[0].get_weights.remote()
+
+    def get_state(self) -> dict[str, Any]:
+        """Rank 0's ``Learner.get_state()`` (all replicas are identical)."""
+        self._check_usable()
+        if self._local is not None:
+            return self._local.get_state()
+        return self._call("get_state", [self._actors[0].get_state.remote()])[0]
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Load ``state`` into every replica."""
+        self._check_usable()
+        if self._local is not None:
+            self._local.set_state(state)
+            self._version = self._local.version
+        else:
+            import ray
+
+            ref = ray.put(state)
+            self._version = int(self._call("set_state", [a.set_state.remote(ref) for a in self._actors])[0])
+        self._num_skipped = sum(state.get("skip_counts", {}).values())
+
+    def save_policy(self, path: str | os.PathLike[str]) -> str:
+        """Write the policy as a Hugging Face folder (from rank 0, on rank 0's node)."""
+        self._check_usable()
+        if self._local is not None:
+            return self._local.save_policy(path)
+        return self._call("save_policy", [self._actors[0].save_policy.remote(os.fspath(path))])[0]
+
+    def shutdown(self) -> None:
+        """Stop the actors (idempotent). The group cannot be used afterwards."""
+        if self._actors and self._broken is None:
+            try:
+                self._call("shut down", [actor.shutdown.remote() for actor in self._actors], timeout_s=60.0)
+            except LearnerGroupError:
+                pass  # the actors are killed below either way
+        self._kill_actors()
+        self._local = None
+        if self._broken is None:
+            self._broken = "it was shut down"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise LearnerGroupError(f"This LearnerGroup cannot be used: {self._broken}. Build a new one.")
+
+    def _call(self, what: str, refs: Sequence[Any], *, timeout_s: float | None = None) -> list[Any]:
+        """Results of ``refs`` (in order), failing fast on the first actor death, error or timeout."""
+        import ray
+
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}  # calls to one actor only go to rank 0
+        pending = list(refs)
+        while pending:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+            if not ready:
+                self._fail(
+                    f"learner call '{what}' did not finish within {timeout_s:.0f} s (ranks "
+                    f"{sorted(rank_of[r] for r in pending)} still running). Raise LearnerGroup(timeout_s=...) "
+                    "if updates are legitimately slow, or check that the cluster has the CPUs/GPUs the "
+                    "learners asked for"
+                )
+            try:
+                ray.get(ready[0], timeout=0 if deadline is None else max(deadline - time.monotonic(), 0.0))
+            except ray.exceptions.RayActorError as error:
+                self._fail(f"learner actor rank {rank_of[ready[0]]} died during '{what}': {error}", error)
+            except ray.exceptions.RayTaskError:
+                if len(self._actors) > 1:
+                    # Its partners may now wait forever inside a collective: the group is unusable.
+                    self._broken = f"learner rank {rank_of[ready[0]]} raised during '{what}'"
+                    self._kill_actors()
+                raise  # the actor's own exception (also an instance of its original type)
+        return ray.get(list(refs))
+
+    def _fail(self, message: str, cause: BaseException | None = None) -> None:
+        self._broken = message
+        self._kill_actors()
+        raise LearnerGroupError(
+            f"{message}. The learner group is stopped (its replicas can no longer stay in sync); build a "
+            "new LearnerGroup and restore the last checkpoint."
+        ) from cause
+
+    def _kill_actors(self) -> None:
+        import ray
+
+        for actor in self._actors:
+            ray.kill(actor, no_restart=True)  # a no-op for an actor that is already dead
+        self._actors = []

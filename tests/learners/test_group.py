@@ -1,0 +1,93 @@
+"""LearnerGroup: local mode, Ray actors, 2 data-parallel learners == 1, actor death."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashrl.learners import Learner, LearnerGroup, LearnerGroupError
+
+pytestmark = pytest.mark.ray
+
+# Shards of the 6-episode batch are 3 + 3 rows, of the 5-episode batch 3 + 2: uneven shards are covered.
+DP_OPTIONS = {
+    "optimizer": "sgd",
+    "lr": 1e-2,
+    "grad_clip": 0.5,  # the clip must use the global norm
+    "delta": 0.012,  # some trajectories rejected, some accepted
+    "failure_entropy_quantile": 0.5,  # needs the global advantages' signs
+}
+COMPARED = (
+    "loss", "grad_norm", "accepted_fraction", "num_rejected", "drift_mean", "drift_max", "ratio_mean",
+    "ratio_max", "ratio_min", "advantage_mean", "advantage_std", "reward_mean", "entropy_mean",
+    "tokens_valid", "tokens_kept", "tokens_total", "episodes", "version", "applied",
+)
+
+
+@pytest.fixture(scope="module")
+def two_learners(ray_cluster, tiny_llama_path):
+    from flashrl.learners import LearnerSpec
+
+    spec = LearnerSpec(model=tiny_llama_path, device="cpu", **DP_OPTIONS)
+    group = LearnerGroup(spec, num_learners=2, num_cpus_per_learner=1.0, timeout_s=240.0)
+    yield group
+    group.shutdown()
+
+
+def _assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert list(actual) == list(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_two_learners_give_the_same_updates_as_one(two_learners, make_spec, batch, next_batch):
+    single = Learner(make_spec(**DP_OPTIONS))
+    for b in (batch, next_batch):
+        expected = single.update(b)
+        metrics = two_learners.update(b)
+        assert 0 < expected["accepted_fraction"] <= 1
+        for key in COMPARED:
+            assert metrics[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+        _assert_same_weights(two_learners.get_weights(), single.get_weights())
+    assert two_learners.version == single.version == 2
+    assert metrics["grad_norm"] > DP_OPTIONS["grad_clip"]  # clipping was active
+
+
+def test_state_weights_ref_and_policy_through_actors(two_learners, make_spec, batch, tmp_path, ray_cluster):
+    local = LearnerGroup(make_spec(**DP_OPTIONS), local=True)
+    state = local.get_state()
+    two_learners.set_state(state)  # both replicas
+    assert two_learners.version == 0
+    _assert_same_weights(ray_cluster.get(two_learners.get_weights_ref(), timeout=60), local.get_weights())
+    expected = local.update(batch)
+    metrics = two_learners.update(batch)
+    assert metrics["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    _assert_same_weights(two_learners.get_weights(), local.get_weights())
+    path = two_learners.save_policy(tmp_path / "policy")
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    _assert_same_weights(loaded.state_dict(), local.get_weights())
+    local.shutdown()
+    with pytest.raises(LearnerGroupError, match="shut down"):
+        local.update(batch)
+
+
+def test_bad_requests_are_refused_clearly(two_learners, make_spec, batch):
+    with pytest.raises(ValueError, match="cannot be split over 2 learners"):
+        two_learners.update(batch.rows(slice(0, 1)))
+    with pytest.raises(ValueError, match="local=True runs exactly one"):
+        LearnerGroup(make_spec(), num_learners=2, local=True)
+    with pytest.raises(ValueError, match="device='cpu'"):
+        LearnerGroup(make_spec(device="cpu"), num_gpus_per_learner=1.0)
+    with pytest.raises(ValueError, match="whole GPU per rank"):
+        LearnerGroup(make_spec(device="auto"), num_learners=2, num_gpus_per_learner=0.5)
+
+
+def test_actor_death_is_a_clear_error_never_swallowed(two_learners, ray_cluster, batch):
+    # Runs last in this module: it breaks the shared group on purpose.
+    ray_cluster.kill(two_learners._actors[1], no_restart=True)
+    with pytest.raises(LearnerGroupError, match=r"learner actor rank 1 died during 'update'"):
+        two_learners.update(batch)
+    with pytest.raises(LearnerGroupError, match="cannot be used"):
+        two_learners.get_weights()

@@ -1,0 +1,274 @@
+"""Learner: the update follows the loss, one optimizer step, skips, state round-trip, saved policy."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from flashrl.algorithms.flash_reinforce.loss import flash_reinforce_loss
+from flashrl.learners import Learner, TrainBatch
+from flashrl.models import compute_token_logprobs
+
+TIME_KEYS = {"update_time_s", "logprob_time_s"}
+
+
+def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+def _reference(model_path: str, batch: TrainBatch, **loss_kwargs):
+    """Loss and gradients computed directly with transformers + the loss function, no Learner."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    logprobs, entropy = compute_token_logprobs(model, batch.token_ids, batch.attention_mask)  # [B, T]
+    out = flash_reinforce_loss(
+        logprobs, batch.behavior_logprobs, batch.rewards, batch.loss_mask, entropy=entropy, **loss_kwargs
+    )
+    out.loss.backward()
+    return out, {name: p.grad.clone() for name, p in model.named_parameters()}, logprobs.detach()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"aggregation": "token_mean"},
+        {"failure_entropy_quantile": 0.5, "baseline": "leave_one_out"},
+    ],
+    ids=["sample_mean", "token_mean", "entropy_filter_loo"],
+)
+def test_update_is_one_sgd_step_along_minus_the_loss_gradient(make_spec, tiny_llama_path, batch, options):
+    delta = 0.012  # rejects some of the fixture's drifting trajectories, accepts others
+    learner = Learner(make_spec(optimizer="sgd", lr=1e-3, delta=delta, **options))
+    before = _weights(learner.model)
+    metrics = learner.update(batch)
+
+    ref, grads, _ = _reference(tiny_llama_path, batch, delta=delta, **options)
+    assert 0 < ref.metrics["accepted_fraction"] < 1  # both accepted and rejected trajectories present
+    after = _weights(learner.model)
+    for name, grad in grads.items():
+        torch.testing.assert_close(after[name], before[name] - 1e-3 * grad, rtol=1e-5, atol=1e-7)
+    assert any(float(g.abs().max()) > 0 for g in grads.values())
+    assert metrics["loss"] == pytest.approx(float(ref.loss.detach()), rel=1e-5)
+    for key in ("accepted_fraction", "drift_mean", "drift_max", "ratio_mean", "ratio_max", "advantage_mean",
+                "advantage_std", "tokens_valid", "tokens_kept"):
+        assert metrics[key] == pytest.approx(ref.metrics[key], rel=1e-5, abs=1e-7), key
+    assert metrics["grad_norm"] == pytest.approx(
+        math.sqrt(sum(float(g.pow(2).sum()) for g in grads.values())), rel=1e-5
+    )
+    assert (metrics["applied"], metrics["version"], learner.version) == (1.0, 1.0, 1)
+    assert metrics["episodes"] == batch.batch_size and metrics["tokens_total"] == batch.num_tokens
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"aggregation": "token_mean", "baseline": "leave_one_out", "failure_entropy_quantile": 0.5}],
+    ids=["sample_mean", "token_mean_loo_filter"],
+)
+def test_shard_losses_add_up_to_the_global_loss_and_gradient(make_spec, batch, options):
+    """The data-parallel decomposition, checked in one process: sum over 3 shards == the whole batch."""
+    learner = Learner(make_spec(delta=0.012, **options))
+    advantages = learner._advantages(batch)  # [B]
+    _, _, full, _ = learner._shard_loss(batch, batch, advantages)
+    full.loss.backward()
+    expected = {name: p.grad.clone() for name, p in learner.model.named_parameters()}
+    learner.model.zero_grad(set_to_none=True)
+
+    total = 0.0
+    for rank in range(3):
+        learner.rank, learner.world_size = rank, 3  # what rank `rank` of 3 would compute
+        _, _, part, _ = learner._shard_loss(batch, batch.shard(rank, 3), advantages)
+        part.loss.backward()  # gradients accumulate over the shards, as the all-reduce sums them
+        total += float(part.loss.detach())
+    assert total == pytest.approx(float(full.loss.detach()), rel=1e-5, abs=1e-7)
+    for name, p in learner.model.named_parameters():
+        scale = float(expected[name].abs().max())  # float32 sums in another order: relative to the scale
+        assert scale > 0, name
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-5, atol=1e-5 * scale, msg=name)
+
+
+def test_update_raises_the_surrogate_objective(make_spec, tiny_llama_path, batch):
+    """After the step, accepted trajectories' log-probs moved the way their advantages say, on balance."""
+    learner = Learner(make_spec(optimizer="sgd", lr=1e-3, delta=0.012))
+    ref, _, logq_old = _reference(tiny_llama_path, batch, delta=0.012)
+    learner.update(batch)
+    with torch.no_grad():
+        logq_new, _ = compute_token_logprobs(learner.model, batch.token_ids, batch.attention_mask)  # [B, T]
+    mask = batch.loss_mask
+    counts = mask.sum(-1).clamp(min=1)  # [B]
+    ratio = torch.exp(logq_old - batch.behavior_logprobs)  # [B, T]  (fixed at the old policy)
+    weights = (ref.trust_mask * ref.advantages / counts).unsqueeze(-1) * ratio * mask  # [B, T]
+    objective_old = float((weights * logq_old).sum())
+    objective_new = float((weights * logq_new).sum())
+    assert objective_new > objective_old
+    rejected = ~ref.trust_mask
+    assert bool(rejected.any())
+
+
+def test_exactly_one_optimizer_step_per_update(make_spec, batch, next_batch):
+    learner = Learner(make_spec(optimizer="adamw", lr=1e-4, grad_clip=1.0))
+    steps = []
+    learner.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: steps.append(1))
+    learner.update(batch)
+    assert len(steps) == 1
+    learner.update(next_batch)
+    assert len(steps) == 2 and learner.version == 2
+    assert {int(s["step"]) for s in learner.optimizer.state.values()} == {2}
+
+
+def _assert_unchanged(learner: Learner, before: dict[str, torch.Tensor]) -> None:
+    for name, p in learner.model.named_parameters():
+        torch.testing.assert_close(p.detach(), before[name], rtol=0, atol=0, equal_nan=True)
+    assert learner.optimizer.state == {} or all(int(s["step"]) == 0 for s in learner.optimizer.state.values())
+
+
+def test_non_finite_batches_are_skipped_counted_and_never_applied(make_spec, batch):
+    learner = Learner(make_spec(optimizer="adamw", lr=1e-2))
+    before = _weights(learner.model)
+
+    rewards = batch.rewards.clone()
+    rewards[2] = math.nan
+    m = learner.update(replace(batch, rewards=rewards))
+    assert (m["applied"], m["skipped/non_finite_rewards"], m["num_skipped_batches"]) == (0.0, 1.0, 1.0)
+
+    logprobs = batch.behavior_logprobs.clone()
+    logprobs[batch.loss_mask.nonzero()[0].tolist()] = -math.inf
+    m = learner.update(replace(batch, behavior_logprobs=logprobs))
+    assert m["skipped/non_finite_behavior_logprobs"] == 1.0 and m["num_skipped_batches"] == 2.0
+
+    # A gradient that turns non-finite inside backward.
+    handle = learner.model.get_output_embeddings().weight.register_hook(lambda g: g * math.inf)
+    m = learner.update(batch)
+    handle.remove()
+    assert m["skipped/non_finite_gradients"] == 1.0 and m["num_skipped_batches"] == 3.0
+    _assert_unchanged(learner, before)
+    assert all(p.grad is None for p in learner.model.parameters())
+
+    # Non-finite recomputed log-probs (a corrupted weight).
+    with torch.no_grad():
+        learner.model.model.norm.weight[0] = math.nan
+    before = _weights(learner.model)
+    m = learner.update(batch)
+    assert m["skipped/non_finite_logprobs"] == 1.0 and m["num_skipped_batches"] == 4.0
+    _assert_unchanged(learner, before)
+    assert learner.version == 0
+    assert dict(learner.skip_counts) == {
+        "non_finite_rewards": 1, "non_finite_behavior_logprobs": 1, "non_finite_gradients": 1,
+        "non_finite_logprobs": 1,
+    }
+
+
+def test_state_round_trip_reproduces_the_next_update_exactly(make_spec, batch, next_batch, tmp_path):
+    spec = make_spec(optimizer="adamw", lr=1e-3, grad_clip=0.5)
+    first = Learner(spec)
+    first.update(batch)
+    torch.save(first.get_state(), tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)  # plain tensors and Python values only
+    expected_metrics = first.update(next_batch)
+    expected = _weights(first.model)
+
+    second = Learner(replace(spec, seed=123))
+    second.set_state(state)
+    assert second.version == 1
+    metrics = second.update(next_batch)
+    for name, p in second.model.named_parameters():
+        assert torch.equal(p.detach(), expected[name]), name
+    assert {k: v for k, v in metrics.items() if k not in TIME_KEYS} == {
+        k: v for k, v in expected_metrics.items() if k not in TIME_KEYS
+    }
+    # Without the optimizer state the same update would differ: the round trip carried real information.
+    third = Learner(spec)
+    third.model.load_state_dict(state["model"])
+    third.update(next_batch)
+    assert not all(torch.equal(p.detach(), expected[n]) for n, p in third.model.named_parameters())
+
+    with pytest.raises(ValueError, match="missing"):
+        second.set_state({"model": state["model"]})
+
+
+def test_get_weights_are_cpu_copies_under_hf_names(make_spec):
+    learner = Learner(make_spec())
+    weights = learner.get_weights()
+    state = learner.model.state_dict()
+    assert list(weights) == list(state)
+    for name, tensor in weights.items():
+        assert tensor.device.type == "cpu" and torch.equal(tensor, state[name])
+    weights["model.norm.weight"].add_(1.0)
+    assert not torch.equal(weights["model.norm.weight"], learner.model.model.norm.weight)
+
+
+def test_saved_policy_loads_with_transformers_and_gives_identical_logits(make_spec, batch, tmp_path):
+    learner = Learner(make_spec(optimizer="sgd", lr=1e-2))
+    learner.update(batch)
+    path = Path(learner.save_policy(tmp_path / "policy"))
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in path.iterdir()
+    }
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = learner.model(batch.token_ids, attention_mask=batch.attention_mask.long()).logits
+        actual = loaded(batch.token_ids, attention_mask=batch.attention_mask.long()).logits
+    assert torch.equal(actual, expected)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert tokenizer.chat_template and tokenizer.encode("2 + 3 =") == AutoTokenizer.from_pretrained(
+        learner.spec.model
+    ).encode("2 + 3 =")
+
+    learner.update(batch)
+    learner.save_policy(path)  # replacing a saved policy is allowed
+    reloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    assert torch.equal(reloaded.model.norm.weight, learner.model.model.norm.weight)
+    assert [p.name for p in tmp_path.iterdir()] == ["policy"]  # no temporary folders left behind
+
+    other = tmp_path / "not_a_policy"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a saved policy"):
+        learner.save_policy(other)
+
+
+def test_gradient_checkpointing_gives_the_same_update(make_spec, batch):
+    plain = Learner(make_spec(optimizer="sgd"))
+    checkpointed = Learner(make_spec(optimizer="sgd", gradient_checkpointing=True))
+    assert all(
+        layer.gradient_checkpointing and layer.training for layer in checkpointed.model.model.layers
+    )
+    assert not checkpointed.model.model.layers[0].self_attn.training  # no dropout
+    plain.update(batch)
+    checkpointed.update(batch)
+    for (name, a), b in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_bfloat16_trains_float32_master_weights(make_spec, batch, next_batch):
+    learner = Learner(make_spec(dtype="bfloat16", optimizer="adamw", lr=1e-5))
+    initial = [p.detach().clone() for p in learner.master_params]
+    assert {p.dtype for p in learner.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in learner.master_params} == {torch.float32}
+    metrics = learner.update(batch)
+    assert metrics["applied"] == 1.0 and math.isfinite(metrics["loss"])
+    # Steps of lr = 1e-5 are far below bf16's resolution (~0.4%) but accumulate in the masters.
+    moved = [bool((m.detach() != i).any()) for m, i in zip(learner.master_params, initial)]
+    assert all(moved)
+    for p, m in zip(learner.params, learner.master_params):
+        assert torch.equal(p.detach(), m.detach().to(torch.bfloat16))
+    assert {t.dtype for t in learner.get_weights().values()} == {torch.bfloat16}
+
+    state = learner.get_state()
+    expected = learner.update(next_batch)
+    other = Learner(make_spec(dtype="bfloat16", optimizer="adamw", lr=1e-5))
+    other.set_state(state)
+    assert other.update(next_batch)["loss"] == expected["loss"]
+    for a, b in zip(other.master_params, learner.master_params):
+        assert torch.equal(a, b)
+
+
+def test_distributed_learner_needs_a_process_group(make_spec):
+    with pytest.raises(RuntimeError, match="not initialised"):
+        Learner(make_spec(), rank=0, world_size=2)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        Learner(replace(make_spec(), model="/nonexistent/model"))
