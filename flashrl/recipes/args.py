@@ -1,0 +1,135 @@
+"""The command line every tuned example shares (RLlib's tuned-example flags plus the key hyperparameters).
+
+A flag left out keeps the preset's value; a flag given overrides the matching config field. There is
+no config language: the flags are config field names with dashes, and `--env-config` takes a JSON
+object that is merged into the environment's keyword arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from flashrl.recipes.preset import NodePlan, Preset
+
+__all__ = ["OVERRIDES", "apply_overrides", "node_plan_from_args", "recipe_parser"]
+
+# flag dest -> (config field, type, help). Builder-method routing is not needed: the config's
+# `update_from_dict` sets any field by name and rejects unknown ones.
+OVERRIDES: dict[str, tuple[str, Any, str]] = {
+    "num_env_runners": ("num_env_runners", int, "EnvRunner actors (each hosts one inference engine)"),
+    "num_learners": ("num_learners", int, "Learner actors (0 = one learner in the driver process)"),
+    "num_gpus_per_learner": ("num_gpus_per_learner", float, "GPUs per learner"),
+    "num_gpus_per_env_runner": ("num_gpus_per_env_runner", float, "GPUs per env runner (its engine)"),
+    "num_cpus_per_env_runner": ("num_cpus_per_env_runner", float, "CPUs per env runner"),
+    "num_cpus_per_learner": ("num_cpus_per_learner", float, "CPUs per learner"),
+    "model": ("model", str, "policy: flashrl model name, local HF folder or hub id"),
+    "engine": ("engine", str, "inference engine: vllm or torch"),
+    "dtype": ("dtype", str, "learner dtype: float32 or bfloat16"),
+    "lr": ("lr", float, "learning rate"),
+    "delta": ("delta", float, "Sequence Trust Region threshold on the mean token drift"),
+    "train_batch_size": ("train_batch_size", int, "B: trajectories per update"),
+    "temperature": ("temperature", float, "sampling temperature"),
+    "max_new_tokens": ("max_new_tokens", int, "tokens per model turn"),
+    "max_episode_tokens": ("max_episode_tokens", int, "context budget of an episode"),
+    "episodes_in_flight": ("episodes_in_flight_per_env_runner", int, "concurrent episodes per env runner"),
+    "trust_region": ("trust_region", str, "ablation: bernoulli_kl (the method) or none"),
+    "aggregation": ("aggregation", str, "ablation: sample_mean (the method) or token_mean"),
+    "baseline": ("baseline", str, "advantage baseline: batch_mean, none, leave_one_out, group_mean"),
+    "rollout_mode": ("rollout_mode", str, "async (the method) or sync_group (the GRPO-style baseline)"),
+    "group_size": ("group_size", int, "rollouts per prompt in sync_group mode"),
+    "failure_entropy_quantile": ("failure_entropy_quantile", float, "failure-token entropy filter quantile"),
+    "evaluation_interval": ("evaluation_interval", int, "evaluate every N iterations"),
+    "evaluation_num_episodes": ("evaluation_num_episodes", int, "episodes per evaluation"),
+    "seed": ("seed", int, "seed of learner, engines and prompt stream"),
+    "checkpoint_frequency": ("checkpoint_frequency", int, "save a checkpoint every N iterations"),
+}
+
+
+def recipe_parser(preset: Preset, *, description: str | None = None) -> argparse.ArgumentParser:
+    """The shared parser; a script may add its own arguments before parsing."""
+    parser = argparse.ArgumentParser(
+        description=description or preset.description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    run = parser.add_argument_group("run")
+    run.add_argument("--stop-iters", type=int, default=preset.stop_iters, help="stop after this many updates")
+    run.add_argument(
+        "--stop-reward",
+        type=float,
+        default=preset.success_threshold,
+        help=f"stop once {preset.success_metric} reaches this value",
+    )
+    run.add_argument(
+        "--as-test",
+        action="store_true",
+        help="exit non-zero unless --stop-reward was reached (a learning test)",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (config, actors, memory, versions, prerequisites) and exit; "
+        "starts no worker and downloads nothing",
+    )
+    run.add_argument(
+        "--strict",
+        action="store_true",
+        help="with --dry-run: also exit non-zero (3) on a missing prerequisite or a memory warning",
+    )
+    run.add_argument(
+        "--output",
+        default=f"runs/{preset.name}",
+        help="log dir: TensorBoard, progress.jsonl, checkpoints, curves.png",
+    )
+    config = parser.add_argument_group("config overrides (default: the preset's value)")
+    for dest, (_, type_, help_) in OVERRIDES.items():
+        config.add_argument("--" + dest.replace("_", "-"), dest=dest, type=type_, default=None, help=help_)
+    config.add_argument(
+        "--env-config",
+        type=json.loads,
+        default=None,
+        help='JSON object merged into env_config, e.g. \'{"tasks": "data/train.jsonl"}\'',
+    )
+    plan = preset.node_plan
+    nodes = parser.add_argument_group("node plan (what --dry-run checks the placement against)")
+    nodes.add_argument("--num-nodes", type=int, default=plan.num_nodes, help="nodes in the cluster")
+    nodes.add_argument("--gpus-per-node", type=int, default=plan.gpus_per_node, help="GPUs per node")
+    nodes.add_argument("--cpus-per-node", type=int, default=plan.cpus_per_node, help="CPUs per node")
+    nodes.add_argument("--gpu-memory-gib", type=float, default=plan.gpu_memory_gib, help="memory of one GPU")
+    nodes.add_argument("--host-memory-gib", type=float, default=plan.host_memory_gib, help="RAM of one node")
+    return parser
+
+
+def apply_overrides(config: Any, args: argparse.Namespace) -> Any:
+    """Set every config field whose flag was given; returns the same config."""
+    changes = {}
+    for dest, (field_name, _, _) in OVERRIDES.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            changes[field_name] = value
+    env_config = getattr(args, "env_config", None)
+    if env_config is not None:
+        if not isinstance(env_config, dict):
+            print(f"error: --env-config: expected a JSON object, got {env_config!r}.", file=sys.stderr)
+            raise SystemExit(2)
+        changes["env_config"] = {**config.env_config, **env_config}
+    if changes:
+        config.update_from_dict(changes)
+    return config
+
+
+def node_plan_from_args(args: argparse.Namespace) -> NodePlan:
+    """The node plan of `--num-nodes` & co; a bad value exits with status 2 and the reason."""
+    try:
+        return NodePlan(
+            num_nodes=args.num_nodes,
+            gpus_per_node=args.gpus_per_node,
+            cpus_per_node=args.cpus_per_node,
+            gpu_memory_gib=args.gpu_memory_gib,
+            host_memory_gib=args.host_memory_gib,
+        )
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from err

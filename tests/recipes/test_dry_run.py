@@ -1,0 +1,139 @@
+"""Every tuned example's --dry-run: a coherent plan exits 0; an incoherent override does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flashrl.cli import main
+from flashrl.recipes.plan import _first_fit
+from flashrl.recipes.preset import NodePlan
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "tuned_examples"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
+
+
+def dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["train", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_every_tuned_example_is_covered() -> None:
+    names = preset_names()
+    for expected in (
+        "qwen25_math_1p5b",
+        "r1_distill_qwen_1p5b_long_cot",
+        "python_tool_qwen25_7b",
+        "python_tool_qwen3_30b_a3b",
+        "alfworld_qwen25_7b",
+        "tune_delta_batch_sweep",
+    ):
+        assert expected in names
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_dry_run_prints_a_coherent_plan(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = dry_run(capsys, name, "--dry-run")
+    assert code == 0, out + err
+    for section in (
+        "-- resolved config --",
+        "-- actors and resources --",
+        "-- memory estimate --",
+        "-- pinned versions --",
+        "-- prerequisites (this machine) --",
+    ):
+        assert section in out
+    assert "VERDICT: COHERENT PLAN" in out
+    assert "exit code 0" in out
+
+
+def test_tiny_sweep_dry_run_shows_the_grid(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = dry_run(
+        capsys,
+        "tune_delta_batch_sweep",
+        "--dry-run",
+        "--tiny",
+        "--deltas",
+        "0.01",
+        "0.1",
+        "--batch-sizes",
+        "4",
+        "8",
+        "16",
+    )
+    assert code == 0
+    assert "delta: [0.01, 0.1]" in out and "train_batch_size: [4, 8, 16]" in out and "trials: 6" in out
+    assert 'engine = "torch"' in out
+
+
+def test_memory_plan_of_the_math_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = dry_run(capsys, "qwen25_math_1p5b", "--dry-run")
+    # 1,543,714,304 parameters x 2 bytes = 2.88 GiB; 32 rows x 4096 tokens per learner
+    assert "weights 2.88 GiB + gradients 2.88 GiB" in out
+    assert "131072 padded tokens per forward" in out
+    assert "64 episodes x 4096 tokens x 28.0 KiB/token" in out
+
+
+def test_the_moe_preset_states_its_learner_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = dry_run(capsys, "python_tool_qwen3_30b_a3b", "--dry-run")
+    assert code == 0
+    assert "3.35B active per token, 128 experts" in out
+    assert "split over 4" in out
+    assert "this model needs a sharded learner" in out
+
+
+def test_negative_delta_fails_with_the_config_message(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = dry_run(capsys, "qwen25_math_1p5b", "--dry-run", "--delta", "-0.1")
+    assert code == 2
+    assert "delta: expected a finite number > 0, got -0.1" in err
+    assert "VERDICT" not in out
+
+
+def test_more_gpus_than_the_node_plan_is_incoherent(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = dry_run(capsys, "qwen25_math_1p5b", "--dry-run", "--num-env-runners", "9")
+    assert code == 1
+    assert "GPU: the run asks for 13 in total" in out and "but the cluster has 8" in out
+    assert "VERDICT: INCOHERENT" in out
+
+
+def test_an_actor_larger_than_a_node_is_incoherent(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = dry_run(
+        capsys,
+        "qwen25_math_1p5b",
+        "--dry-run",
+        "--num-learners",
+        "1",
+        "--num-gpus-per-learner",
+        "16",
+        "--num-nodes",
+        "3",
+    )
+    assert code == 1
+    assert "one actor asks for 16 but the largest node has 8" in out
+
+
+def test_engine_parallelism_must_match_runner_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = dry_run(
+        capsys, "qwen25_math_1p5b", "--dry-run", "--num-env-runners", "2", "--num-gpus-per-env-runner", "2"
+    )
+    assert code == 1
+    assert "tensor_parallel_size" in out and "reserves 2 GPUs" in out
+
+
+def test_strict_turns_missing_prerequisites_into_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = dry_run(capsys, "alfworld_qwen25_7b", "--dry-run", "--strict")
+    assert code == 3  # no GPU and no model here
+    assert "[FAIL] GPUs visible" in out and "exit code 3 (--strict)" in out
+
+
+def test_first_fit_packs_or_refuses() -> None:
+    two_nodes = NodePlan(num_nodes=2, gpus_per_node=8, cpus_per_node=16)
+    fives = [(f"runner {i}", {"CPU": 1.0, "GPU": 5.0}) for i in range(3)]
+    assert _first_fit(fives, two_nodes) is None  # 15 <= 16 GPUs in total, but 5 + 5 > 8 on one node
+    fours = [(f"runner {i}", {"CPU": 1.0, "GPU": 4.0}) for i in range(4)]
+    assert _first_fit(fours, two_nodes) == [["runner 0", "runner 1"], ["runner 2", "runner 3"]]
