@@ -152,9 +152,18 @@ def make_plan(
     return plan
 
 
+def _shorten(value: Any) -> Any:
+    """Inline task lists and other long sequences are shown as their first items and a count."""
+    if isinstance(value, dict):
+        return {k: _shorten(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and len(json.dumps(value, default=str)) > 200:
+        return [*value[:2], f"... {len(value)} items in all"]
+    return value
+
+
 def _config_lines(config: Any) -> list[str]:
     data = config.to_dict()
-    return [f"  {key} = {json.dumps(value, default=str)}" for key, value in data.items()]
+    return [f"  {key} = {json.dumps(_shorten(value), default=str)}" for key, value in data.items()]
 
 
 # ------------------------------------------------------------------------------------ placement
