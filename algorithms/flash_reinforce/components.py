@@ -160,11 +160,13 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
 def bernoulli_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     """Bernoulli KL ``p log(p/q) + (1-p) log((1-p)/(1-q))`` from log-probabilities, elementwise.
 
-    Works in log space so that it stays finite and accurate when p or q is close to 1. A log-prob of
-    exactly 0 (probability 1 in floating point) is moved to the largest value below 0 that still has a
-    finite ``log(1 - p)``; the resulting error is below 1e-30 in the term it touches.
+    Works in log space so that it stays finite and accurate when p or q is close to 1. Log-probs are
+    capped at ``-eps/2`` of their dtype (float32: -6e-8): a log-softmax in that precision returns
+    exactly 0 for any probability above 1 - 6e-8, so ``1 - p`` is only known to be below that bound and
+    the cap keeps ``log(1 - p)`` finite at the dtype's own resolution instead of at an arbitrary
+    tiny number (which would inflate the drift of a confident token).
     """
-    ceiling = -torch.finfo(logp.dtype).tiny * 2**20  # about -1e-32 in float32
+    ceiling = -torch.finfo(logp.dtype).eps / 2
     logp = logp.clamp(max=ceiling)
     logq = logq.clamp(max=ceiling)
     p = torch.exp(logp)

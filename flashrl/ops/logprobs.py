@@ -39,13 +39,13 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def _row_stats(z: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-    """Log-prob of the targets, log-sum-exp and entropy of float32 logits ``z`` [c, V]."""
+    """Log-prob of the targets, log-sum-exp and entropy of logits ``z`` [c, V] (overwrites ``z``)."""
     lse = torch.logsumexp(z, dim=-1)  # [c]
     logp_target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # [c]
     if not with_entropy:
         return logp_target, lse, None
-    p = torch.exp(z - lse.unsqueeze(-1))  # [c, V]
-    entropy = lse - torch.linalg.vecdot(p, z)  # [c]  H = lse - sum_v p_v z_v
+    logp = z.sub_(lse.unsqueeze(-1))  # [c, V] in place; H = -sum p log p avoids lse - sum p z cancellation
+    entropy = -torch.linalg.vecdot(torch.exp(logp), logp)  # [c]
     return logp_target, lse, entropy
 
 

@@ -1,0 +1,14 @@
+"""Models: obtaining them (offline built-ins, local folders, hub ids) and learner-side log-probs."""
+
+from flashrl.models.logprobs import compute_token_logprobs
+from flashrl.models.resolve import BUILTIN_MODELS, cache_dir, dequantize_gguf, resolve_model
+from flashrl.models.tiny import build_tiny_llama
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "build_tiny_llama",
+    "cache_dir",
+    "compute_token_logprobs",
+    "dequantize_gguf",
+    "resolve_model",
+]

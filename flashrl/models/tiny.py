@@ -1,0 +1,66 @@
+"""Tiny random-weight Llama models for tests: real architecture, real tokenizer, seconds to build."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_tiny_llama"]
+
+_TINY_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,  # a head size every vLLM attention backend supports, CPU included
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+    "initializer_range": 0.2,  # logits with std ~2: peaked distributions, unlike the near-uniform 0.02
+}
+
+
+def build_tiny_llama(
+    out_dir: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    tokenizer_source: str | os.PathLike[str] = "smollm2-135m-instruct",
+    **config_overrides: Any,
+) -> str:
+    """Save a random-weight ``LlamaForCausalLM`` with the tokenizer of ``tokenizer_source``.
+
+    Args:
+        out_dir: folder to write (created; an existing model there is overwritten).
+        seed: seed of the weight initialisation; the same seed gives the same weights.
+        tokenizer_source: model spec (see ``resolve_model``) whose tokenizer and chat template are
+            copied; the vocabulary size follows it.
+        **config_overrides: ``LlamaConfig`` fields replacing the tiny defaults (2 layers, hidden 128).
+
+    Returns:
+        The folder, as a string.
+    """
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from flashrl.models.resolve import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer_source))
+    fields = {**_TINY_DEFAULTS, **config_overrides}
+    fields.setdefault("vocab_size", len(tokenizer))
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(tokenizer, attr)
+        if value is not None:
+            fields.setdefault(attr, value)
+    config = LlamaConfig(**fields)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)

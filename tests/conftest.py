@@ -1,0 +1,32 @@
+"""Shared test fixtures: the small real model and a tiny random-weight Llama.
+
+Both are session-scoped and cached on disk (`FLASHRL_CACHE` or the user cache dir), so only the
+first session on a machine pays for the download and the dequantization.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Imported before any vLLM engine starts: hypothesis' pytest plugin imports it lazily at the end of
+# the session, and on CPython 3.11 that late import (through pytest's assertion rewriter) can fail
+# with "SystemError: AST constructor recursion depth mismatch" after vLLM has run in the process.
+import hypothesis  # noqa: F401
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """Local Hugging Face folder of SmolLM2-135M-Instruct (obtained offline, float32 safetensors)."""
+    from flashrl.models import resolve_model
+
+    return resolve_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random-weight Llama (2 layers, hidden 64) with SmolLM2's tokenizer and chat template."""
+    from flashrl.models import build_tiny_llama
+
+    out = Path(tmp_path_factory.mktemp("tiny_llama")) / "model"
+    return build_tiny_llama(out, seed=0, tokenizer_source=smollm2_path)
