@@ -1,0 +1,397 @@
+"""`FlashReinforce`: the algorithm driver, a Ray Tune `Trainable`.
+
+One `train()` call is one iteration of the method (DESIGN §1, §3)::
+
+    episodes = next B finished episodes, B distinct prompts, as they arrive   # never wait for stragglers
+    metrics  = learner_group.update(TrainBatch.from_episodes(episodes))     # exactly one optimizer step
+    env_runner_group.broadcast_weights(version, one object-store ref)       # runners keep sampling
+
+The EnvRunners play episodes the whole time; the learner only waits when fewer than B finished
+episodes are buffered (`learners/idle_fraction`). `rollout_mode="sync_group"` is the GRPO-style
+comparison: B/G prompts x G rollouts, wait for all, a group-mean baseline, weights loaded before the
+next round.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections import Counter, deque
+from typing import Any
+
+from ray.tune import Trainable
+from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
+from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
+from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError, RunnerReport
+from flashrl.episode import Episode
+from flashrl.metrics import TensorBoardLogger, Window, lag_histogram, mean, policy_lags, progress_line
+
+logger = logging.getLogger("flashrl")
+
+TOKEN_RATE_WINDOW = 10
+"""Iterations behind `env_runners/generated_tokens_per_s`."""
+WAIT_SLICE_S = 5.0
+"""Longest single wait on the episode stream (the overall limit is sample_timeout_s)."""
+
+
+class FlashReinforce(Trainable):
+    """FlashREINFORCE on Ray: EnvRunner actors stream episodes, a learner group takes one step per batch.
+
+    Build it from a config (`config.build_algo()`), or let Ray Tune build it from
+    `param_space=config` (a dict of the config's fields, grid searches allowed).
+    """
+
+    def __init__(self, config: FlashReinforceConfig | dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if isinstance(config, FlashReinforceConfig):
+            config = config.to_dict()
+        super().__init__(config=dict(config or {}), **kwargs)
+
+    # ------------------------------------------------------------------------------------------
+    # Tune hooks
+    # ------------------------------------------------------------------------------------------
+    @classmethod
+    def default_resource_request(cls, config: dict[str, Any] | FlashReinforceConfig) -> PlacementGroupFactory:
+        """One bundle for this process (and a local learner), one per learner, one per env runner."""
+        algo_config = _as_config(config)
+        return PlacementGroupFactory(algo_config.resource_bundles(), strategy="PACK")
+
+    def setup(self, config: dict[str, Any]) -> None:
+        from flashrl.learners import LearnerGroup, LearnerSpec
+        from flashrl.models import resolve_model
+        from flashrl.ray_utils import check_resources, init_or_join
+
+        self.algo_config = _as_config(config)
+        self.algo_config.validate()
+        logging.getLogger("flashrl").setLevel(self.algo_config.log_level)
+        init_or_join()
+        check_resources(self.algo_config)
+        cfg = self.algo_config
+        self.model_path = resolve_model(cfg.model)
+        spec = LearnerSpec(
+            model=self.model_path,
+            dtype=cfg.dtype,
+            lr=cfg.lr,
+            optimizer=cfg.optimizer,
+            betas=tuple(cfg.betas),
+            weight_decay=cfg.weight_decay,
+            grad_clip=cfg.grad_clip,
+            delta=cfg.delta,
+            baseline=cfg.effective_baseline,
+            trust_region=cfg.trust_region,
+            aggregation=cfg.aggregation,
+            failure_entropy_quantile=cfg.failure_entropy_quantile,
+            temperature=cfg.temperature,
+            logprob_chunk_size=cfg.logprob_chunk_size,
+            seed=cfg.seed,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+        )
+        self.env_runner_group: EnvRunnerGroup | None = None
+        self.learner_group = LearnerGroup(
+            spec,
+            num_learners=max(1, cfg.num_learners),
+            num_cpus_per_learner=cfg.num_cpus_per_learner,
+            num_gpus_per_learner=cfg.num_gpus_per_learner,
+            local=cfg.num_learners == 0,
+        )
+        self.env_runner_group = EnvRunnerGroup(cfg, model_path=self.model_path)
+        facts = self.env_runner_group.setup()
+        self.pad_token_id = int(facts["pad_token_id"])
+        self._pending: deque[Episode] = deque()
+        self._cursor = 0  # sync_group: next prompt index
+        self._returns = Window(cfg.metrics_num_episodes_for_smoothing)
+        self._lengths = Window(cfg.metrics_num_episodes_for_smoothing)
+        self._totals: Counter[str] = Counter()
+        # (generated tokens, seconds) of recent iterations: an iteration served from already
+        # collected episodes receives no runner report, so tokens/s is averaged over a window.
+        self._token_rate: deque[tuple[int, float]] = deque(maxlen=TOKEN_RATE_WINDOW)
+        self._tensorboard: TensorBoardLogger | None = None
+        if cfg.tensorboard:
+            self._tensorboard = TensorBoardLogger(cfg.log_dir or os.path.join(self.logdir, "tensorboard"))
+
+    def step(self) -> dict[str, Any]:
+        """One iteration: collect a batch, one learner update, broadcast the new weights."""
+        cfg = self.algo_config
+        start = time.perf_counter()
+        if cfg.rollout_mode == "async":
+            episodes, group_ids, reports, wait_s = self._collect_async()
+        else:
+            episodes, group_ids, reports, wait_s = self._collect_sync()
+        from flashrl.learners import TrainBatch
+
+        version_before = self.learner_group.version
+        lags = policy_lags(version_before, [ep.min_policy_version for ep in episodes])
+        batch = TrainBatch.from_episodes(episodes, pad_token_id=self.pad_token_id, group_ids=group_ids)
+        update_start = time.perf_counter()
+        learner_metrics = self.learner_group.update(batch)
+        update_s = time.perf_counter() - update_start
+        del batch  # one update, then the batch is gone
+        sync_s = 0.0
+        if self.learner_group.version != version_before:
+            sync_s = self.env_runner_group.broadcast_weights(
+                self.learner_group.version,
+                self.learner_group.get_weights_ref(),
+                wait=cfg.rollout_mode == "sync_group",
+            )
+        iteration_s = time.perf_counter() - start
+        metrics = self._metrics(episodes, reports, lags, learner_metrics, wait_s, update_s, sync_s, iteration_s)
+        if cfg.evaluation_interval and (self.iteration + 1) % cfg.evaluation_interval == 0:
+            metrics.update(self.evaluate())
+        self._report(metrics, episodes, lags, learner_metrics)
+        return metrics
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        self.save_to_path(checkpoint_dir)
+
+    def load_checkpoint(self, checkpoint: str | dict[str, Any]) -> None:
+        if isinstance(checkpoint, dict):
+            raise TypeError("FlashReinforce checkpoints are folders; got a dict.")
+        self.restore_from_path(checkpoint)
+
+    def cleanup(self) -> None:
+        if getattr(self, "env_runner_group", None) is not None:
+            self.env_runner_group.stop()
+            self.env_runner_group = None
+        if getattr(self, "learner_group", None) is not None:
+            self.learner_group.shutdown()
+            self.learner_group = None
+        if getattr(self, "_tensorboard", None) is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+
+    # ------------------------------------------------------------------------------------------
+    # batches
+    # ------------------------------------------------------------------------------------------
+    def _collect_async(self) -> tuple[list[Episode], None, list[RunnerReport], float]:
+        """The next B finished episodes of B distinct prompts, in arrival order."""
+        cfg = self.algo_config
+        if not self.env_runner_group.streaming:
+            self.env_runner_group.start_streaming()
+        batch: list[Episode] = []
+        prompts: set[str] = set()
+        later: deque[Episode] = deque()
+
+        def offer(episode: Episode) -> None:
+            if len(batch) < cfg.train_batch_size and episode.prompt_id not in prompts:
+                batch.append(episode)
+                prompts.add(episode.prompt_id)
+            else:  # a repeated prompt or an overflow: it opens the next batch
+                later.append(episode)
+
+        while self._pending:
+            offer(self._pending.popleft())
+        reports: list[RunnerReport] = []
+        wait_start = time.perf_counter()
+        last_progress = wait_start
+        while len(batch) < cfg.train_batch_size:
+            new = self.env_runner_group.next_reports(timeout_s=WAIT_SLICE_S)
+            reports.extend(new)
+            got = sum(len(r.episodes) for r in new)
+            for report in new:
+                for episode in report.episodes:
+                    offer(episode)
+            now = time.perf_counter()
+            if got:
+                last_progress = now
+            elif now - last_progress > cfg.sample_timeout_s:
+                raise EnvRunnerGroupError(
+                    f"No finished episode arrived for {cfg.sample_timeout_s:g} s (sample_timeout_s); "
+                    f"{len(batch)}/{cfg.train_batch_size} collected, {self.env_runner_group.in_flight} in "
+                    f"flight. Raise sample_timeout_s for slow environments, or lower max_new_tokens."
+                )
+        wait_s = time.perf_counter() - wait_start
+        self._pending = later
+        return batch, None, reports, wait_s
+
+    def _collect_sync(self) -> tuple[list[Episode], list[int], list[RunnerReport], float]:
+        """B/G prompts x G rollouts, waiting for all of them (the comparison baseline)."""
+        cfg = self.algo_config
+        prompts = cfg.prompts_per_batch
+        indices = list(range(self._cursor, self._cursor + prompts))
+        self._cursor += prompts
+        start = time.perf_counter()
+        reports = self.env_runner_group.sample(indices, group_size=cfg.group_size)
+        wait_s = time.perf_counter() - start
+        episodes = [ep for report in reports for ep in report.episodes]
+        episodes.sort(key=lambda ep: (ep.info["episode_index"], ep.info["replica"]))
+        if not episodes:
+            raise EnvRunnerGroupError(
+                f"Every one of the {prompts * cfg.group_size} episodes of this round was dropped "
+                f"(see env_runners/num_skipped/*); check the environment and max_episode_tokens."
+            )
+        group_ids = [int(ep.info["episode_index"]) for ep in episodes]
+        return episodes, group_ids, reports, wait_s
+
+    # ------------------------------------------------------------------------------------------
+    # evaluation
+    # ------------------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Play `evaluation_num_episodes` evaluation episodes (same prompts every time)."""
+        cfg = self.algo_config
+        start = time.perf_counter()
+        reports = self.env_runner_group.sample(
+            list(range(cfg.evaluation_num_episodes)), group_size=1, evaluation=True
+        )
+        episodes = [ep for report in reports for ep in report.episodes]
+        return {
+            "evaluation/episode_return_mean": mean([ep.reward for ep in episodes]),
+            "evaluation/episode_len_mean": mean([len(ep.token_ids) for ep in episodes]),
+            "evaluation/num_episodes": float(len(episodes)),
+            "evaluation/num_skipped": float(sum(sum(r.skipped.values()) for r in reports)),
+            "timers/evaluation_s": time.perf_counter() - start,
+        }
+
+    # ------------------------------------------------------------------------------------------
+    # metrics
+    # ------------------------------------------------------------------------------------------
+    def _metrics(self, episodes, reports, lags, learner_metrics, wait_s, update_s, sync_s, iteration_s):
+        group = self.env_runner_group
+        returns = [ep.reward for ep in episodes]
+        lengths = [len(ep.token_ids) for ep in episodes]
+        self._returns.extend(returns)
+        self._lengths.extend(lengths)
+        generated = sum(r.generated_tokens for r in reports)
+        self._token_rate.append((generated, iteration_s))
+        window_tokens = sum(t for t, _ in self._token_rate)
+        window_s = sum(s for _, s in self._token_rate)
+        skipped: Counter[str] = Counter()
+        for report in reports:
+            skipped.update(report.skipped)
+        self._totals["episodes"] += len(episodes)
+        self._totals["generated_tokens"] += generated
+        self._totals["env_steps"] += sum(r.env_steps for r in reports)
+        self._totals.update({f"skipped/{k}": v for k, v in skipped.items()})
+        out: dict[str, Any] = {
+            "env_runners/episode_return_mean": self._returns.mean(),
+            "env_runners/episode_len_mean": self._lengths.mean(),
+            "env_runners/batch_episode_return_mean": mean(returns),
+            "env_runners/batch_episode_return_max": max(returns),
+            "env_runners/batch_episode_return_min": min(returns),
+            "env_runners/batch_episode_len_mean": mean(lengths),
+            "env_runners/batch_num_distinct_prompts": float(len({ep.prompt_id for ep in episodes})),
+            "env_runners/policy_lag_mean": mean(lags),
+            "env_runners/policy_lag_max": float(max(lags)),
+            "env_runners/generated_tokens_per_s": window_tokens / window_s if window_s > 0 else 0.0,
+            "env_runners/num_episodes_lifetime": float(self._totals["episodes"]),
+            "env_runners/num_generated_tokens_lifetime": float(self._totals["generated_tokens"]),
+            "env_runners/num_env_steps_sampled_lifetime": float(self._totals["env_steps"]),
+            "env_runners/num_lost_episodes_lifetime": float(group.num_lost_episodes),
+            "env_runners/num_restarts_lifetime": float(group.num_restarts),
+            "env_runners/num_started_lifetime": float(sum(group.started_counters)),
+            "env_runners/num_in_flight": float(group.in_flight),
+            "env_runners/num_pending_episodes": float(len(self._pending)),
+            "learners/idle_fraction": wait_s / iteration_s if iteration_s > 0 else 0.0,
+            "learners/trajectories_per_s": len(episodes) / iteration_s if iteration_s > 0 else 0.0,
+            "learners/version": float(self.learner_group.version),
+            "timers/sample_wait_s": wait_s,
+            "timers/learner_update_s": update_s,
+            "timers/weight_sync_s": sync_s,
+            "timers/iteration_s": iteration_s,
+            "num_episodes": len(episodes),
+        }
+        from flashrl.env_runners import SKIP_REASONS
+
+        for reason in SKIP_REASONS:
+            out[f"env_runners/num_skipped_{reason}_lifetime"] = float(self._totals[f"skipped/{reason}"])
+        for bucket, fraction in lag_histogram(lags).items():
+            out[f"env_runners/policy_lag_hist/{bucket}"] = fraction
+        for key, value in learner_metrics.items():
+            if isinstance(value, (int, float)):  # per-trajectory lists go to the histograms
+                out[f"learners/{key}"] = value
+        return out
+
+    def _report(self, metrics, episodes, lags, learner_metrics) -> None:
+        cfg = self.algo_config
+        iteration = self.iteration + 1
+        if self._tensorboard is not None:
+            self._tensorboard.log(
+                iteration,
+                metrics,
+                {
+                    "hist/episode_len": [len(ep.token_ids) for ep in episodes],
+                    "hist/generated_len": [ep.num_generated_tokens for ep in episodes],
+                    "hist/policy_lag": lags,
+                    "hist/episode_return": [ep.reward for ep in episodes],
+                    "hist/drift": learner_metrics.get("drift_values", []),
+                },
+            )
+        if cfg.console_every and iteration % cfg.console_every == 0:
+            print(progress_line(iteration, metrics), flush=True)
+        if cfg.checkpoint_frequency and iteration % cfg.checkpoint_frequency == 0:
+            self._periodic_checkpoint(iteration)
+
+    def _periodic_checkpoint(self, iteration: int) -> None:
+        cfg = self.algo_config
+        folder = cfg.checkpoint_dir or os.path.join(self.logdir, "checkpoints")
+        self.save_to_path(os.path.join(folder, f"checkpoint_{iteration:06d}"))
+        if cfg.num_checkpoints_to_keep:
+            found = sorted(d for d in os.listdir(folder) if d.startswith("checkpoint_"))
+            for old in found[: -cfg.num_checkpoints_to_keep]:
+                shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------------
+    # checkpoints
+    # ------------------------------------------------------------------------------------------
+    def save_to_path(self, path: str | os.PathLike[str] | None = None) -> str:
+        """Write a checkpoint folder (policy as an HF folder, optimizer, RNG, data cursor, config)."""
+        if path is None:
+            path = os.path.join(self.logdir, f"checkpoint_{self.iteration:06d}")
+        state = {
+            "iteration": self.iteration,
+            "sync_cursor": self._cursor,
+            "runner_cursors": self.env_runner_group.started_counters,
+            "learner_version": self.learner_group.version,
+            "totals": dict(self._totals),
+            "num_lost_episodes": self.env_runner_group.num_lost_episodes + self.env_runner_group.in_flight,
+            "num_restarts": self.env_runner_group.num_restarts,
+        }
+        return write_checkpoint(
+            path, config=self.algo_config.to_dict(), learner_group=self.learner_group, algorithm_state=state
+        )
+
+    def restore_from_path(self, path: str | os.PathLike[str]) -> None:
+        """Load a checkpoint into this algorithm: learner state, weights on every runner, cursors."""
+        checkpoint = read_checkpoint(path)
+        state = checkpoint.algorithm_state
+        self.learner_group.set_state(checkpoint.learner_state)
+        group = self.env_runner_group
+        lost = group.num_lost_episodes
+        if group.streaming:  # running episodes belong to the old weights and cursor: start over
+            lost += group.in_flight
+            group.stop()
+            group = self.env_runner_group = EnvRunnerGroup(self.algo_config, model_path=self.model_path)
+            group.setup()
+        group.set_counters(state["runner_cursors"])
+        group.num_lost_episodes = lost + int(state.get("num_lost_episodes", 0))
+        group.num_restarts = int(state.get("num_restarts", 0))
+        if self.learner_group.version > 0:
+            group.broadcast_weights(self.learner_group.version, self.learner_group.get_weights_ref(), wait=True)
+        self._pending.clear()
+        self._cursor = int(state["sync_cursor"])
+        self._totals = Counter(state.get("totals", {}))
+        self._iteration = int(state["iteration"])
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike[str], **config_overrides: Any) -> FlashReinforce:
+        """A new algorithm built from a checkpoint's config (optionally overridden) and state."""
+        from flashrl.ray_utils import init_or_join
+
+        config = FlashReinforceConfig.from_dict(read_config(path)).update_from_dict(config_overrides)
+        init_or_join()
+        algo = cls(config=config)
+        algo.restore_from_path(path)
+        return algo
+
+    def stop(self) -> None:
+        """Release the actors and the engines (Tune calls this at the end of a trial)."""
+        super().stop()
+
+
+def _as_config(config: dict[str, Any] | FlashReinforceConfig) -> FlashReinforceConfig:
+    if isinstance(config, FlashReinforceConfig):
+        return config.copy()
+    # Tune adds private keys such as "__trial_info__"; they are not part of the config.
+    return FlashReinforceConfig.from_dict({k: v for k, v in config.items() if not k.startswith("__")})

@@ -1,0 +1,20 @@
+"""EnvRunner actors: engines + environments that stream finished episodes to the learner."""
+
+from flashrl.env_runners.env_runner import EnvRunner
+from flashrl.env_runners.group import EnvRunnerGroup, EnvRunnerGroupError
+from flashrl.env_runners.rollout import EnvError, play_episode, skip_reason
+from flashrl.env_runners.types import EVAL_STREAM, SKIP_REASONS, TRAIN_STREAM, RunnerReport, stream_seed
+
+__all__ = [
+    "EVAL_STREAM",
+    "SKIP_REASONS",
+    "TRAIN_STREAM",
+    "EnvError",
+    "EnvRunner",
+    "EnvRunnerGroup",
+    "EnvRunnerGroupError",
+    "RunnerReport",
+    "play_episode",
+    "skip_reason",
+    "stream_seed",
+]

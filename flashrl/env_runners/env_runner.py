@@ -1,0 +1,343 @@
+"""`EnvRunner`: one inference engine, many environment instances, a stream of finished episodes.
+
+An EnvRunner keeps up to K episodes in flight at once (asyncio tasks; the engine batches their
+generation requests) and buffers every finished episode until the algorithm polls for it. One episode
+per prompt, no groups: an episode is delivered as soon as it ends, whatever the others do. New
+weights are loaded while sampling goes on; each model turn records the policy version that produced
+it (`Episode.policy_versions`), so the learner knows the lag of every trajectory.
+
+Episodes that cannot be trained on are dropped and counted, never silently: non-finite rewards or
+log-probs, no generated token, longer than the context budget, a request the engine rejects, an
+environment that raised. An engine failure is fatal: the next `poll` raises it and the
+`EnvRunnerGroup` restarts the actor.
+
+The class is a plain Python class (tests drive it in-process); `EnvRunnerGroup` wraps it in a Ray
+actor (`ray.remote(EnvRunner)`; all its public methods are coroutines, so it is an async actor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from flashrl.env_runners.rollout import EnvError, play_episode, skip_reason
+from flashrl.env_runners.types import EVAL_STREAM, TRAIN_STREAM, RunnerReport, stream_seed
+from flashrl.episode import Episode
+
+logger = logging.getLogger("flashrl.env_runners")
+
+
+class EnvRunner:
+    """Hosts one engine and up to K concurrent episodes; see the module docstring.
+
+    Args:
+        config: `FlashReinforceConfig.to_dict()` of the run.
+        runner_index: stable index of this runner (its seeds and its share of the prompt stream).
+        num_runners: how many runners share the training prompt stream.
+        model_path: local Hugging Face folder of the initial policy.
+        start_counter: training episodes this runner index already started (resume / restart).
+        env_spec: the driver's `gymnasium.EnvSpec` of `config.env`; lets envs registered only in the
+            driver script (e.g. a class defined in `__main__`) be made in the actor.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        runner_index: int,
+        num_runners: int,
+        model_path: str,
+        start_counter: int = 0,
+        env_spec: gym.envs.registration.EnvSpec | None = None,
+    ) -> None:
+        from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
+
+        self.config = FlashReinforceConfig.from_dict(dict(config))
+        logging.getLogger("flashrl").setLevel(self.config.log_level)
+        self.runner_index = int(runner_index)
+        self.num_runners = int(num_runners)
+        self.model_path = model_path
+        self._counter = int(start_counter)
+        self._context = self.config.max_episode_tokens
+        self._env_spec = env_spec
+        self._engine: Any = None
+        self._pools: dict[int, list[gym.Env]] = {TRAIN_STREAM: [], EVAL_STREAM: []}
+        self._executor = ThreadPoolExecutor(
+            max_workers=max(2, self.config.episodes_in_flight_per_env_runner),
+            thread_name_prefix=f"env-runner-{runner_index}",
+        )
+        self._buffer: deque[Episode] = deque()
+        self._tasks: set[asyncio.Task[_Outcome]] = set()
+        self._stream_task: asyncio.Task[None] | None = None
+        self._changed: asyncio.Event | None = None
+        self._arrived: asyncio.Event | None = None
+        self._fatal: BaseException | None = None
+        self._weights_lock: asyncio.Lock | None = None
+        self._pending_weights: tuple[int, Mapping[str, torch.Tensor]] | None = None
+        self._accounts = _Accounts()  # the stream's, since the last poll
+
+    # ------------------------------------------------------------------------------------------
+    # lifecycle
+    # ------------------------------------------------------------------------------------------
+    async def setup(self) -> dict[str, Any]:
+        """Start the engine (idempotent); returns facts the algorithm needs (pad id, context length)."""
+        if self._engine is None:
+            from flashrl.engines import make_engine
+
+            self._changed = asyncio.Event()
+            self._arrived = asyncio.Event()
+            self._weights_lock = asyncio.Lock()
+            self._engine = make_engine(
+                self.config.engine,
+                self.model_path,
+                seed=stream_seed(self.config.seed, 7, self.runner_index),
+                **self.config.engine_options,
+            )
+        self._context = min(self.config.max_episode_tokens, int(self._engine.max_model_len))
+        tok = self._engine.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return {
+            "pad_token_id": int(pad if pad is not None else 0),
+            "max_model_len": int(self._engine.max_model_len),
+            "engine_version": int(self._engine.version),
+        }
+
+    async def start(self) -> None:
+        """Begin streaming training episodes (async mode)."""
+        await self.setup()
+        if self._stream_task is None:
+            self._stream_task = asyncio.get_running_loop().create_task(self._stream())
+
+    async def stop(self) -> None:
+        """Cancel in-flight episodes and release the engine."""
+        if self._stream_task is not None:
+            self._stream_task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+        for pool in self._pools.values():
+            for env in pool:
+                env.close()
+            pool.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def ping(self) -> int:
+        return self.runner_index
+
+    async def set_counter(self, counter: int) -> None:
+        """Move the training prompt cursor (resume); only before streaming starts."""
+        if self._stream_task is not None:
+            raise RuntimeError("set_counter() must come before start(): the stream is already running.")
+        self._counter = int(counter)
+
+    # ------------------------------------------------------------------------------------------
+    # weights
+    # ------------------------------------------------------------------------------------------
+    async def set_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> int:
+        """Load new weights while sampling goes on; returns the version now served.
+
+        Calls coalesce: if several versions arrive while one is loading, only the newest is loaded
+        next, and a version not newer than the served one is ignored.
+        """
+        await self.setup()
+        self._pending_weights = (int(version), weights)
+        async with self._weights_lock:
+            if self._pending_weights is not None:
+                version, weights = self._pending_weights
+                self._pending_weights = None
+                if version > self._engine.version:
+                    await self._engine.update_weights(weights, version)
+        return int(self._engine.version)
+
+    # ------------------------------------------------------------------------------------------
+    # the async stream
+    # ------------------------------------------------------------------------------------------
+    async def poll(self, max_episodes: int, timeout_s: float) -> RunnerReport:
+        """Finished episodes (up to `max_episodes`, waiting up to `timeout_s` for the first one)."""
+        await self.setup()
+        assert self._arrived is not None and self._changed is not None
+        if self._fatal is not None:
+            raise self._fatal
+        if not self._buffer:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout=timeout_s)
+            except TimeoutError:
+                pass
+            if self._fatal is not None:
+                raise self._fatal
+        episodes = [self._buffer.popleft() for _ in range(min(max_episodes, len(self._buffer)))]
+        self._changed.set()  # buffer space freed: the stream may start new episodes
+        report = self._report(episodes, self._accounts)
+        self._accounts = _Accounts()
+        return report
+
+    def _report(self, episodes: list[Episode], accounts: _Accounts) -> RunnerReport:
+        return RunnerReport(
+            runner_index=self.runner_index,
+            episodes=episodes,
+            in_flight=len(self._tasks),
+            buffered=len(self._buffer),
+            started=self._counter,
+            skipped=accounts.skipped,
+            generated_tokens=accounts.generated_tokens,
+            engine_version=int(self._engine.version),
+            env_steps=accounts.env_steps,
+        )
+
+    async def _stream(self) -> None:
+        assert self._changed is not None
+        limit = self.config.episodes_in_flight_per_env_runner
+        max_buffered = self.config.effective_max_buffered_episodes
+        sampling = self._sampling(self.config.temperature)
+        while self._fatal is None:
+            self._changed.clear()
+            # Back-pressure: no new episode while the buffer is full (bounds the policy lag).
+            while len(self._tasks) < limit and len(self._buffer) < max_buffered:
+                index = self._counter * self.num_runners + self.runner_index
+                self._counter += 1
+                task = asyncio.get_running_loop().create_task(
+                    self._play(index, TRAIN_STREAM, 0, sampling)
+                )
+                self._tasks.add(task)
+                task.add_done_callback(self._on_done)
+            await self._changed.wait()
+
+    def _on_done(self, task: asyncio.Task[_Outcome]) -> None:
+        assert self._changed is not None and self._arrived is not None
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        err = task.exception()
+        if err is not None:
+            logger.error("EnvRunner %d: episode failed fatally: %r", self.runner_index, err)
+            self._fatal = err
+            self._arrived.set()
+        else:
+            episode = self._accounts.book(task.result())
+            if episode is not None:
+                self._buffer.append(episode)
+                self._arrived.set()
+        self._changed.set()
+
+    # ------------------------------------------------------------------------------------------
+    # on-demand sampling (sync_group mode, evaluation)
+    # ------------------------------------------------------------------------------------------
+    async def sample(
+        self, indices: list[int], *, group_size: int = 1, evaluation: bool = False
+    ) -> RunnerReport:
+        """Play `group_size` episodes of each prompt index and wait for all of them."""
+        await self.setup()
+        stream = EVAL_STREAM if evaluation else TRAIN_STREAM
+        temperature = self.config.evaluation_temperature if evaluation else self.config.temperature
+        sampling = self._sampling(temperature)
+        gate = asyncio.Semaphore(self.config.episodes_in_flight_per_env_runner)
+        accounts = _Accounts()  # kept apart from the stream's books
+
+        async def one(index: int, replica: int) -> Episode | None:
+            async with gate:
+                return accounts.book(await self._play(index, stream, replica, sampling))
+
+        results = await asyncio.gather(*(one(i, r) for i in indices for r in range(group_size)))
+        return self._report([ep for ep in results if ep is not None], accounts)
+
+    # ------------------------------------------------------------------------------------------
+    # one episode
+    # ------------------------------------------------------------------------------------------
+    def _sampling(self, temperature: float) -> dict[str, Any]:
+        return {
+            "temperature": float(temperature),
+            "top_p": float(self.config.top_p),
+            "top_k": int(self.config.top_k),
+            "max_tokens": int(self.config.max_new_tokens),
+        }
+
+    def _make_env(self, stream: int) -> gym.Env:
+        import flashrl.envs  # noqa: F401 - registers the flashrl/* ids
+
+        env_config = dict(self.config.env_config)
+        if stream == EVAL_STREAM:
+            env_config |= self.config.evaluation_env_config
+        return gym.make(self._env_spec if self._env_spec is not None else self.config.env, **env_config)
+
+    async def _play(self, index: int, stream: int, replica: int, sampling: dict[str, Any]) -> _Outcome:
+        """Play one episode; the caller books the outcome (atomically with its in-flight count)."""
+        pool = self._pools[stream]
+        env = pool.pop() if pool else self._make_env(stream)
+        start = time.perf_counter()
+        try:
+            episode = await play_episode(
+                env,
+                self._engine,
+                reset_seed=stream_seed(self.config.seed, stream, index),
+                sampling_seed=lambda turn: stream_seed(self.config.seed, stream, index, replica, turn),
+                sampling=sampling,
+                max_episode_tokens=self._context,
+                executor=self._executor,
+            )
+        except EnvError as err:
+            logger.warning("EnvRunner %d: environment error in episode %d: %s", self.runner_index, index, err)
+            env.close()  # a broken env is not reused
+            return _Outcome(None, "env_error")
+        except ValueError as err:
+            from flashrl.engines import RequestError
+
+            if not isinstance(err, RequestError):
+                raise
+            logger.warning("EnvRunner %d: request rejected in episode %d: %s", self.runner_index, index, err)
+            pool.append(env)
+            return _Outcome(None, "request_error")
+        pool.append(env)
+        tokens, turns = episode.num_generated_tokens, len(episode.policy_versions)
+        reason = skip_reason(episode, max_episode_tokens=self.config.max_episode_tokens)
+        if reason is not None:
+            return _Outcome(None, reason, tokens, turns)
+        episode.info.update(
+            {
+                "episode_index": index,
+                "replica": replica,
+                "runner_index": self.runner_index,
+                "duration_s": time.perf_counter() - start,
+            }
+        )
+        return _Outcome(episode, None, tokens, turns)
+
+
+
+@dataclass
+class _Outcome:
+    """How one episode ended: delivered, or dropped with a reason."""
+
+    episode: Episode | None
+    skip_reason: str | None
+    generated_tokens: int = 0
+    env_steps: int = 0
+
+
+@dataclass
+class _Accounts:
+    """Counts behind one report: dropped episodes by reason, generated tokens, env steps."""
+
+    skipped: Counter[str] = field(default_factory=Counter)
+    generated_tokens: int = 0
+    env_steps: int = 0
+
+    def book(self, outcome: _Outcome) -> Episode | None:
+        self.generated_tokens += outcome.generated_tokens
+        self.env_steps += outcome.env_steps
+        if outcome.skip_reason is not None:
+            self.skipped[outcome.skip_reason] += 1
+        return outcome.episode

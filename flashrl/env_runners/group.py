@@ -1,0 +1,316 @@
+"""`EnvRunnerGroup`: the EnvRunner actors, their episode stream, weight broadcasts and restarts.
+
+The algorithm sees one stream of finished episodes. Each runner always has one outstanding `poll`
+call; `next_reports()` returns whichever replies are ready (each reply carries a batch of episodes,
+so the stream costs one round trip per batch, not per episode). A runner that dies is replaced at
+once (the others keep sampling meanwhile); the episodes it was playing or holding are counted in
+`num_lost_episodes`, never dropped from the books silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from flashrl.env_runners.env_runner import EnvRunner
+from flashrl.env_runners.types import RunnerReport
+
+logger = logging.getLogger("flashrl.env_runners")
+
+POLL_TIMEOUT_S = 1.0
+"""How long a runner holds a poll open waiting for its first finished episode (a heartbeat)."""
+
+
+class EnvRunnerGroupError(RuntimeError):
+    """The env runners cannot go on (too many restarts, no episode within the timeout)."""
+
+
+@dataclass
+class _RunnerSlot:
+    actor: Any
+    started: int = 0
+    """Last reported data cursor (training episodes started)."""
+    in_flight: int = 0
+    buffered: int = 0
+    poll: Any = None
+
+
+class EnvRunnerGroup:
+    """Start, poll, update and restart the EnvRunner actors of one run.
+
+    Args:
+        config: the run's `FlashReinforceConfig`.
+        model_path: local Hugging Face folder of the initial policy.
+        start_counters: per runner index, training episodes already started (resume).
+    """
+
+    def __init__(self, config: Any, *, model_path: str, start_counters: Sequence[int] | None = None) -> None:
+        self.config = config
+        self.model_path = model_path
+        self.num_runners = int(config.num_env_runners)
+        counters = list(start_counters or [])
+        counters += [0] * (self.num_runners - len(counters))
+        self._actor_cls = ray.remote(
+            num_cpus=config.num_cpus_per_env_runner,
+            num_gpus=config.num_gpus_per_env_runner,
+            max_restarts=0,
+        )(EnvRunner)
+        self._env_spec = _driver_env_spec(config.env)
+        self._slots: dict[int, _RunnerSlot] = {}
+        for index in range(self.num_runners):
+            self._slots[index] = _RunnerSlot(actor=self._new_actor(index, counters[index]), started=counters[index])
+        self._streaming = False
+        self._weights: tuple[int, Any] | None = None
+        self._weight_calls: dict[Any, tuple[int, Any]] = {}
+        """Pending async weight updates: ref -> (runner index, the actor it went to)."""
+        self.num_restarts = 0
+        self.num_lost_episodes = 0
+        self.facts: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------------------------------
+    def _new_actor(self, index: int, start_counter: int) -> Any:
+        return self._actor_cls.options(name=None).remote(
+            self.config.to_dict(),
+            runner_index=index,
+            num_runners=self.num_runners,
+            model_path=self.model_path,
+            start_counter=start_counter,
+            env_spec=self._env_spec,
+        )
+
+    def _get(self, refs: Any, what: str, timeout_s: float | None = None) -> Any:
+        timeout = self.config.sample_timeout_s if timeout_s is None else timeout_s
+        try:
+            return ray.get(refs, timeout=timeout)
+        except GetTimeoutError as err:
+            raise EnvRunnerGroupError(
+                f"EnvRunners did not {what} within {timeout:g} s. If the cluster is small, check that "
+                f"the actors' CPU requests fit (num_cpus_per_env_runner={self.config.num_cpus_per_env_runner}); "
+                f"otherwise raise sample_timeout_s."
+            ) from err
+
+    def setup(self) -> dict[str, Any]:
+        """Start every runner's engine; returns the first runner's facts (pad id, context length)."""
+        facts = self._get([slot.actor.setup.remote() for slot in self._slots.values()], "start their engines")
+        self.facts = facts[0]
+        return self.facts
+
+    @property
+    def actors(self) -> list[Any]:
+        return [slot.actor for slot in self._slots.values()]
+
+    @property
+    def started_counters(self) -> list[int]:
+        """Per runner index, the training episodes started so far (the async data cursor)."""
+        return [self._slots[i].started for i in range(self.num_runners)]
+
+    @property
+    def in_flight(self) -> int:
+        return sum(slot.in_flight + slot.buffered for slot in self._slots.values())
+
+    def set_counters(self, counters: Sequence[int]) -> None:
+        """Move every runner's prompt cursor (resume); only before `start_streaming()`."""
+        if self._streaming:
+            raise EnvRunnerGroupError("set_counters() must come before start_streaming().")
+        if len(counters) != self.num_runners:
+            raise EnvRunnerGroupError(
+                f"Expected one prompt cursor per env runner ({self.num_runners}); got {len(counters)}. "
+                "Resume with the same num_env_runners as the checkpoint."
+            )
+        self._get([self._slots[i].actor.set_counter.remote(int(c)) for i, c in enumerate(counters)], "reset")
+        for i, c in enumerate(counters):
+            self._slots[i].started = int(c)
+
+    @property
+    def streaming(self) -> bool:
+        return self._streaming
+
+    # ------------------------------------------------------------------------------------------
+    # weights
+    # ------------------------------------------------------------------------------------------
+    def broadcast_weights(self, version: int, weights_ref: Any, *, wait: bool = False) -> float:
+        """Send one object-store ref of the weights to every runner; returns seconds spent.
+
+        With `wait=False` (async mode) the runners load the weights while they keep sampling and this
+        returns at once; errors surface at the next call. `wait=True` blocks until all have loaded.
+        """
+        start = time.perf_counter()
+        self._weights = (int(version), weights_ref)
+        self._check_weight_calls()
+        calls = [slot.actor.set_weights.remote(int(version), weights_ref) for slot in self._slots.values()]
+        if wait:
+            self._settle(calls, "load new weights")
+        else:
+            self._weight_calls.update(
+                {ref: (index, slot.actor) for ref, (index, slot) in zip(calls, self._slots.items())}
+            )
+        return time.perf_counter() - start
+
+    def _check_weight_calls(self) -> None:
+        """Restart the runners whose earlier weight update failed (a dead actor shows up here first)."""
+        if not self._weight_calls:
+            return
+        refs = list(self._weight_calls)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in done:
+            index, actor = self._weight_calls.pop(ref)
+            try:
+                ray.get(ref, timeout=0)
+            except (RayActorError, RayTaskError) as err:
+                if self._slots[index].actor is actor:  # not yet replaced through a failed poll
+                    self._restart(index, err)
+
+    def _settle(self, calls: list[Any], what: str) -> None:
+        """Wait for `calls` (one per runner index); restart runners whose call failed."""
+        indices = list(self._slots)
+        for index, ref in zip(indices, calls):
+            try:
+                self._get(ref, what)
+            except (RayActorError, RayTaskError) as err:
+                self._restart(index, err)
+                if self._weights is not None:
+                    self._get(self._slots[index].actor.set_weights.remote(*self._weights), what)
+
+    # ------------------------------------------------------------------------------------------
+    # the async stream
+    # ------------------------------------------------------------------------------------------
+    def start_streaming(self) -> None:
+        """Every runner starts playing episodes and keeps K in flight."""
+        self._streaming = True
+        for index in self._slots:
+            self._start_slot(index)
+
+    def _start_slot(self, index: int) -> None:
+        slot = self._slots[index]
+        slot.actor.start.remote()
+        slot.poll = slot.actor.poll.remote(self.config.train_batch_size, POLL_TIMEOUT_S)
+
+    def next_reports(self, timeout_s: float) -> list[RunnerReport]:
+        """Reports of the runners that have answered, waiting up to `timeout_s` for the first."""
+        if not self._streaming:
+            raise EnvRunnerGroupError("start_streaming() first (sync_group mode uses sample()).")
+        polls = {slot.poll: index for index, slot in self._slots.items()}
+        ready, _ = ray.wait(list(polls), num_returns=1, timeout=timeout_s)
+        if ready:
+            ready, _ = ray.wait(list(polls), num_returns=len(polls), timeout=0)
+        reports = []
+        for ref in ready:
+            index = polls[ref]
+            try:
+                report = ray.get(ref, timeout=timeout_s)
+            except (RayActorError, RayTaskError) as err:
+                self._restart(index, err)
+                continue
+            self._book(index, report)
+            reports.append(report)
+            slot = self._slots[index]
+            slot.poll = slot.actor.poll.remote(self.config.train_batch_size, POLL_TIMEOUT_S)
+        return reports
+
+    def _book(self, index: int, report: RunnerReport) -> None:
+        slot = self._slots[index]
+        slot.started = report.started
+        slot.in_flight = report.in_flight
+        slot.buffered = report.buffered
+
+    # ------------------------------------------------------------------------------------------
+    # on-demand sampling (sync_group, evaluation)
+    # ------------------------------------------------------------------------------------------
+    def sample(self, indices: Sequence[int], *, group_size: int, evaluation: bool = False) -> list[RunnerReport]:
+        """Play `group_size` episodes for each prompt index, spread over the runners; wait for all."""
+        shares = {index: list(indices[k :: self.num_runners]) for k, index in enumerate(self._slots)}
+        calls = {
+            index: self._slots[index].actor.sample.remote(share, group_size=group_size, evaluation=evaluation)
+            for index, share in shares.items()
+            if share
+        }
+        reports = []
+        for index, ref in calls.items():
+            try:
+                reports.append(self._get(ref, "finish their episodes"))
+            except (RayActorError, RayTaskError) as err:
+                self._restart(index, err, lost=len(shares[index]) * group_size)
+                if self._weights is not None:
+                    self._get(self._slots[index].actor.set_weights.remote(*self._weights), "load weights")
+                reports.append(
+                    self._get(
+                        self._slots[index].actor.sample.remote(
+                            shares[index], group_size=group_size, evaluation=evaluation
+                        ),
+                        "finish their episodes",
+                    )
+                )
+        return reports
+
+    # ------------------------------------------------------------------------------------------
+    # failures
+    # ------------------------------------------------------------------------------------------
+    def _restart(self, index: int, err: BaseException, *, lost: int | None = None) -> None:
+        slot = self._slots[index]
+        lost = slot.in_flight + slot.buffered if lost is None else lost
+        self.num_lost_episodes += lost
+        if not self.config.restart_failed_env_runners:
+            raise EnvRunnerGroupError(
+                f"EnvRunner {index} failed ({err!r}); restart_failed_env_runners is False."
+            ) from err
+        if self.num_restarts >= self.config.max_num_env_runner_restarts:
+            raise EnvRunnerGroupError(
+                f"EnvRunner {index} failed ({err!r}) after {self.num_restarts} restarts "
+                f"(max_num_env_runner_restarts={self.config.max_num_env_runner_restarts})."
+            ) from err
+        self.num_restarts += 1
+        logger.warning(
+            "EnvRunner %d died (%s); restarting it, %d in-flight episodes lost (%d restarts so far).",
+            index, type(err).__name__, lost, self.num_restarts,
+        )
+        ray.kill(slot.actor, no_restart=True)
+        new = _RunnerSlot(actor=self._new_actor(index, slot.started), started=slot.started)
+        self._slots[index] = new
+        if self._weights is not None:
+            new.actor.set_weights.remote(*self._weights)  # queued before start: loaded first
+        if self._streaming:
+            self._start_slot(index)
+
+    def kill(self, index: int) -> None:
+        """Kill runner `index` (fault-injection for tests and drills); the group restarts it."""
+        ray.kill(self._slots[index].actor, no_restart=True)
+
+    def skipped_total(self, reports: Sequence[RunnerReport]) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for report in reports:
+            total.update(report.skipped)
+        return total
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop every runner (engines closed) and kill the actors."""
+        self._streaming = False
+        stops = [slot.actor.stop.remote() for slot in self._slots.values()]
+        try:
+            ray.get(stops, timeout=timeout_s)
+        except (GetTimeoutError, RayActorError, RayTaskError) as err:
+            logger.warning("Some env runners did not stop cleanly: %s", err)
+        for slot in self._slots.values():
+            ray.kill(slot.actor, no_restart=True)
+        self._slots.clear()
+
+
+def _driver_env_spec(env_id: str) -> Any:
+    """The driver's EnvSpec of `env_id` when its entry point is a Python object, else None.
+
+    Ids whose entry point is a "module:Class" string are made from the id in the actor (the module
+    registers them there); an id registered with a class object, e.g. one defined in the driver
+    script, travels to the actors as its spec (Ray pickles `__main__` classes by value).
+    """
+    import gymnasium as gym
+
+    import flashrl.envs  # noqa: F401 - registers the flashrl/* ids
+
+    spec = gym.spec(env_id)
+    return None if isinstance(spec.entry_point, str) else spec

@@ -1,0 +1,95 @@
+"""Play one episode: env.reset -> engine.generate -> env.step ... -> a token-exact `Episode`.
+
+The conversation is kept token-exact by `flashrl.envs.conversation.TokenizedConversation`: the model's
+sampled ids (with the log-probs and the policy version the engine recorded) are appended as sampled,
+environment turns are tokenised as chat-template deltas. Environment calls run in a thread pool, so
+a slow verifier or tool never blocks the other episodes' generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from typing import Any
+
+import gymnasium as gym
+
+from flashrl.episode import Episode
+
+
+class EnvError(RuntimeError):
+    """The environment raised during reset or step; the episode is dropped and counted."""
+
+
+def skip_reason(episode: Episode, *, max_episode_tokens: int) -> str | None:
+    """Why an episode must not reach the learner, or None if it is fine."""
+    if not episode.is_finite:
+        return "non_finite"
+    if episode.num_generated_tokens == 0:
+        return "empty"
+    if len(episode.token_ids) > max_episode_tokens:
+        return "over_long"
+    return None
+
+
+async def _in_thread(executor: Executor, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
+    except Exception as err:  # the env's own failure: reported as such, not as an engine failure
+        raise EnvError(f"{type(err).__name__}: {err}") from err
+
+
+async def play_episode(
+    env: gym.Env,
+    engine: Any,
+    *,
+    reset_seed: int,
+    sampling_seed: Callable[[int], int],
+    sampling: Mapping[str, Any],
+    max_episode_tokens: int,
+    executor: Executor,
+) -> Episode:
+    """Run `env` to the end with `engine` as the policy.
+
+    Args:
+        env: a `LanguageEnv` (chat messages in, reply text out).
+        engine: a `flashrl.engines.Engine`.
+        reset_seed: seed of `env.reset` (picks the task).
+        sampling_seed: turn number -> seed of that turn's sampling request.
+        sampling: `SamplingConfig` fields except `seed` (max_tokens is capped by the context budget).
+        max_episode_tokens: context budget of the whole episode.
+        executor: where the env's blocking calls run.
+    """
+    from flashrl.engines import SamplingConfig
+    from flashrl.envs.conversation import TokenizedConversation
+
+    messages, info = await _in_thread(executor, env.reset, seed=reset_seed)
+    conversation = TokenizedConversation(
+        engine.tokenizer, messages, prompt_id=str(info["prompt_id"]), max_tokens=max_episode_tokens
+    )
+    stop_ids = tuple(sorted(conversation.stop_token_ids))
+    total_reward = 0.0
+    terminated = truncated = False
+    step_info: dict[str, Any] = {}
+    turn = 0
+    while (budget := conversation.max_new_tokens(int(sampling["max_tokens"]))) > 0:
+        request = SamplingConfig(
+            **{**sampling, "max_tokens": budget, "seed": sampling_seed(turn), "stop_token_ids": stop_ids}
+        )
+        completion = await engine.generate(conversation.token_ids, request)
+        text = conversation.add_model_turn(
+            completion.token_ids, completion.logprobs, version=completion.version,
+            finish_reason=completion.finish_reason,
+        )
+        new_messages, reward, terminated, truncated, step_info = await _in_thread(executor, env.step, text)
+        total_reward += float(reward)
+        turn += 1
+        if terminated or truncated or not conversation.add_env_messages(new_messages):
+            break
+    if turn == 0:
+        truncated = True  # the prompt alone filled the context budget (dropped as 'empty')
+    return conversation.to_episode(
+        reward=total_reward, terminated=terminated, truncated=truncated, info=step_info
+    )

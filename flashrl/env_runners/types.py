@@ -1,0 +1,52 @@
+"""Typed records that EnvRunners send to the algorithm, and the seeding of the prompt stream."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flashrl.episode import Episode
+
+TRAIN_STREAM = 0
+"""Seed stream of training episodes."""
+EVAL_STREAM = 1
+"""Seed stream of evaluation episodes (the same prompts at every evaluation)."""
+
+SKIP_REASONS = ("non_finite", "empty", "over_long", "request_error", "env_error")
+"""Why an EnvRunner drops a finished episode instead of streaming it (each one is counted)."""
+
+
+def stream_seed(base_seed: int, *keys: int) -> int:
+    """A 32-bit seed that depends only on ``base_seed`` and ``keys`` (order matters).
+
+    Episode ``i`` of the training stream resets its env with ``stream_seed(seed, TRAIN_STREAM, i)`` and
+    samples turn ``t`` of replica ``r`` with ``stream_seed(seed, TRAIN_STREAM, i, r, t)``, so an episode is
+    a function of its index and the weights, whichever runner plays it and whenever.
+    """
+    return int(np.random.SeedSequence([int(base_seed), *(int(k) for k in keys)]).generate_state(1)[0])
+
+
+@dataclass
+class RunnerReport:
+    """What one EnvRunner delivered since its previous report."""
+
+    runner_index: int
+    """Which runner (stable across restarts)."""
+    episodes: list[Episode]
+    """Finished, valid episodes, oldest first."""
+    in_flight: int
+    """Episodes being played right now (lost if the runner dies)."""
+    buffered: int
+    """Finished episodes still held by the runner after this report."""
+    started: int
+    """Training episodes this runner has started in its lifetime (its data cursor)."""
+    skipped: Counter[str] = field(default_factory=Counter)
+    """Episodes dropped since the last report, by reason (see SKIP_REASONS)."""
+    generated_tokens: int = 0
+    """Tokens generated since the last report (delivered and dropped episodes)."""
+    engine_version: int = 0
+    """Policy version the runner's engine serves now."""
+    env_steps: int = 0
+    """Environment steps (model turns) since the last report."""

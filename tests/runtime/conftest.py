@@ -1,0 +1,118 @@
+"""Fixtures for the runtime tests: one Ray cluster per session and a tiny, fast run config."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import pytest
+from ray import cloudpickle
+
+from flashrl.envs.base import LanguageEnv
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+PARITY_ENV = "flashrl-test/Parity-v0"
+
+
+class ParityEnv(LanguageEnv):
+    """Single turn: reward 1 if the reply has an odd number of characters, else 0.
+
+    Random-weight models earn mixed rewards here (unlike arithmetic), so updates have real
+    gradients. Registered with a class entry point, so it reaches the actors as the driver's spec.
+    """
+
+    def __init__(self, num_tasks: int = 1000) -> None:
+        super().__init__(max_turns=1)
+        self.num_tasks = num_tasks
+
+    def _reset_task(self, options: dict[str, Any]):
+        task = int(self.np_random.integers(self.num_tasks))
+        return [{"role": "user", "content": f"Task {task}: write anything."}], {"prompt_id": f"parity-{task}"}
+
+    def _step_action(self, action: str):
+        return [], float(len(action) % 2), True, False, {}
+
+
+class NanRewardEnv(ParityEnv):
+    """Like ParityEnv, but every reward is NaN (the runner must drop and count the episodes)."""
+
+    def _step_action(self, action: str):
+        return [], float("nan"), True, False, {}
+
+
+class BrokenEnv(ParityEnv):
+    """Like ParityEnv, but step raises (the runner must drop and count the episodes, and go on)."""
+
+    def _step_action(self, action: str):
+        raise RuntimeError("simulated environment failure")
+
+
+TEST_ENVS = {
+    PARITY_ENV: ParityEnv,
+    "flashrl-test/NanReward-v0": NanRewardEnv,
+    "flashrl-test/Broken-v0": BrokenEnv,
+}
+for _env_id, _cls in TEST_ENVS.items():
+    if _env_id not in gym.registry:
+        gym.register(_env_id, entry_point=_cls)
+# Ray pickles this module's classes by value, so the actors need not import the tests folder.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray cluster for the whole session (reused if another fixture already started one).
+
+    Four logical CPUs on a 2-core machine: the actors below ask for fractions of them deliberately,
+    so nothing waits for a CPU that never frees up.
+    """
+    import ray
+
+    if ray.is_initialized():
+        yield ray
+        return
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def tiny_config(tiny_llama_path: str, tmp_path) -> Callable[..., object]:
+    """A FlashReinforceConfig on the tiny model, the torch engine and easy sums; override any field."""
+    from flashrl.algorithms import FlashReinforceConfig
+
+    def factory(**overrides):
+        config = (
+            FlashReinforceConfig()
+            .environment("flashrl/Math-v0", env_config={"preset": "easy_sums"})
+            .env_runners(
+                num_env_runners=1,
+                num_cpus_per_env_runner=0.5,
+                engine="torch",
+                episodes_in_flight_per_env_runner=4,
+                max_new_tokens=8,
+                max_episode_tokens=256,
+                sample_timeout_s=120.0,
+            )
+            .learners(num_learners=0)
+            .training(model=tiny_llama_path, train_batch_size=4, lr=1e-3, delta=1.0, grad_clip=1.0)
+            .reporting(log_dir=str(tmp_path / "tb"), console_every=1)
+            .resources(num_cpus_for_main_process=0.25)
+            .debugging(seed=0)
+        )
+        if "env" in overrides:
+            overrides.setdefault("env_config", {})
+        return config.update_from_dict(overrides)
+
+    return factory
