@@ -29,7 +29,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from flashrl.env_runners.rollout import EnvError, play_episode, skip_reason
+from flashrl.env_runners.rollout import EnvError, evaluation_reset_options, play_episode, skip_reason
 from flashrl.env_runners.types import EVAL_STREAM, TRAIN_STREAM, RunnerReport, stream_seed
 from flashrl.episode import Episode
 
@@ -287,6 +287,7 @@ class EnvRunner:
                 sampling=sampling,
                 max_episode_tokens=self._context,
                 executor=self._executor,
+                reset_options=evaluation_reset_options(env, index) if stream == EVAL_STREAM else None,
             )
         except EnvError as err:
             logger.warning("EnvRunner %d: environment error in episode %d: %s", self.runner_index, index, err)

@@ -22,6 +22,19 @@ class EnvError(RuntimeError):
     """The environment raised during reset or step; the episode is dropped and counted."""
 
 
+def evaluation_reset_options(env: gym.Env, index: int) -> dict[str, Any] | None:
+    """Evaluation on a finite task list walks it in order: episode i plays task i mod N.
+
+    Seeded resets would draw tasks at random (with repeats) from a held-out file; an env exposes a
+    finite, indexable task list with ``finite`` and ``tasks`` (as `MathEnv` does) and accepts
+    ``options={"task_index": i}``. Other envs are reset by seed only.
+    """
+    unwrapped = env.unwrapped
+    if getattr(unwrapped, "finite", False) and hasattr(unwrapped, "tasks"):
+        return {"task_index": index % len(unwrapped.tasks)}
+    return None
+
+
 def skip_reason(episode: Episode, *, max_episode_tokens: int) -> str | None:
     """Why an episode must not reach the learner, or None if it is fine."""
     if not episode.is_finite:
@@ -50,6 +63,7 @@ async def play_episode(
     sampling: Mapping[str, Any],
     max_episode_tokens: int,
     executor: Executor,
+    reset_options: Mapping[str, Any] | None = None,
 ) -> Episode:
     """Run `env` to the end with `engine` as the policy.
 
@@ -61,11 +75,12 @@ async def play_episode(
         sampling: `SamplingConfig` fields except `seed` (max_tokens is capped by the context budget).
         max_episode_tokens: context budget of the whole episode.
         executor: where the env's blocking calls run.
+        reset_options: options of `env.reset` (e.g. `{"task_index": i}` for evaluation).
     """
     from flashrl.engines import SamplingConfig
     from flashrl.envs.conversation import TokenizedConversation
 
-    messages, info = await _in_thread(executor, env.reset, seed=reset_seed)
+    messages, info = await _in_thread(executor, env.reset, seed=reset_seed, options=reset_options)
     conversation = TokenizedConversation(
         engine.tokenizer, messages, prompt_id=str(info["prompt_id"]), max_tokens=max_episode_tokens
     )

@@ -282,7 +282,7 @@ class Learner:
             "update_time_s": time.perf_counter() - start,
         }
 
-    def _metrics(self, batch, advantages, shard, logprobs, entropy, out) -> dict[str, float]:
+    def _metrics(self, batch, advantages, shard, logprobs, entropy, out) -> dict[str, Any]:
         """Metrics of the global batch: per-shard sums and maxes reduced over ranks."""
         with torch.no_grad():
             valid = shard.loss_mask  # [b_r, T_r]
@@ -319,6 +319,12 @@ class Learner:
             )
             drift_max, ratio_max, neg_ratio_min = ddp.all_reduce_max(maxes).tolist()
             b = batch.batch_size
+            # Per-trajectory drift of the global batch (for the TensorBoard histogram): each rank fills
+            # its own rows, the sum over ranks assembles the vector.
+            start, stop = batch.shard_bounds(self.rank, self.world_size)
+            drift_all = torch.zeros(b, dtype=torch.float64, device=self._collective_device)
+            drift_all[start:stop] = out.drift.detach().to(torch.float64)
+            drift_values = ddp.all_reduce_sum(drift_all).tolist()
             return {
                 "loss": loss,
                 "accepted_fraction": accepted / b,
@@ -336,6 +342,7 @@ class Learner:
                 "tokens_kept": n_kept,
                 "tokens_total": n_total,
                 "episodes": float(b),
+                "drift_values": drift_values,
             }
 
     # ------------------------------------------------------------------------------------------
