@@ -5,7 +5,8 @@
     ray job submit --working-dir . -- python tuned_examples/smollm2_arithmetic_cpu.py --stop-iters 2
 
 Real components end to end: vLLM's CPU build samples (recording the behavior log-prob of every token),
-an EnvRunner actor plays `flashrl/Math-v0` ("What is a + b?", a and b in 1..30, reward 1 when the last
+an EnvRunner actor plays `flashrl/Math-v0` ("What is a + b? Answer with just the number.", a and b in
+1..30 (the suffix lifts the model's greedy accuracy from about 0.27 to 0.35), reward 1 when the last
 number of the reply is a + b, checked by math-verify), the learner recomputes log-probs, applies the
 Sequence Trust Region and Sample-Mean Optimization and takes one AdamW step per batch of 16 episodes
 from 16 different prompts. Held-out greedy accuracy is measured before and after (64 sums the training
@@ -19,8 +20,11 @@ import os
 import random
 import sys
 
-from flashrl.algorithms import FlashReinforceConfig
-from flashrl.recipes import CPU_PINS, NodePlan, Preset, run_preset
+# vLLM logs every engine detail at INFO; a local cluster's actors inherit this process's environment.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+from flashrl.algorithms import FlashReinforceConfig  # noqa: E402
+from flashrl.recipes import CPU_PINS, NodePlan, Preset, run_preset  # noqa: E402
 
 PRESET = Preset(
     name="smollm2_arithmetic_cpu",
@@ -45,7 +49,7 @@ PRESET = Preset(
 def easy_sums(num_held_out: int = 64, seed: int = 1234) -> tuple[list[dict], list[dict]]:
     """All 900 sums a + b (a, b in 1..30), split into training and held-out questions (disjoint)."""
     rows = [
-        {"id": f"sum:{a}+{b}", "question": f"What is {a} + {b}?", "answer": str(a + b)}
+        {"id": f"sum:{a}+{b}", "question": f"What is {a} + {b}? Answer with just the number.", "answer": str(a + b)}
         for a in range(1, 31)
         for b in range(1, 31)
     ]
