@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,16 +27,20 @@ DASHBOARD_PORT = 8271
 
 
 @pytest.fixture
-def head_node(tmp_path):
+def head_node():
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
+    # A short temp dir: Ray's unix sockets live there and their paths are limited to 107 bytes.
+    temp_dir = tempfile.mkdtemp(prefix="rayjob", dir="/tmp")
     start = [RAY, "start", "--head", f"--port={PORT}", f"--dashboard-port={DASHBOARD_PORT}",
-             "--dashboard-host=127.0.0.1", "--num-cpus=2", f"--temp-dir={tmp_path / 'ray'}"]
-    subprocess.run(start, env=env, check=True, timeout=180, capture_output=True)
+             "--dashboard-host=127.0.0.1", "--num-cpus=2", f"--temp-dir={temp_dir}"]
+    started = subprocess.run(start, env=env, timeout=180, capture_output=True, text=True)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
     try:
         yield env | {"RAY_ADDRESS": f"http://127.0.0.1:{DASHBOARD_PORT}"}
     finally:
         subprocess.run([RAY, "stop", "--force"], env=env, timeout=120, capture_output=True)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_job_submit_runs_two_iterations_of_the_main_job(head_node, tmp_path):
