@@ -30,3 +30,27 @@ def tiny_llama_path(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory)
 
     out = Path(tmp_path_factory.mktemp("tiny_llama")) / "model"
     return build_tiny_llama(out, seed=0, tokenizer_source=smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for the whole session (reused if one is already initialised).
+
+    Four logical CPUs on a 2-core machine: actors ask for fractions of them deliberately, so nothing
+    waits for a CPU that never frees up.
+    """
+    import ray
+
+    if ray.is_initialized():
+        yield ray
+        return
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -92,23 +92,3 @@ def make_spec(tiny_llama_path: str) -> Callable[..., LearnerSpec]:
 
     return factory
 
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """One local Ray cluster for the whole session (reused if another fixture already started one)."""
-    import ray
-
-    if ray.is_initialized():
-        yield ray
-        return
-    ray.init(
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
-    )
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-

@@ -64,27 +64,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="session")
-def ray_session():
-    """One local Ray cluster for the whole session (reused if another fixture already started one).
-
-    Four logical CPUs on a 2-core machine: the actors below ask for fractions of them deliberately,
-    so nothing waits for a CPU that never frees up.
-    """
-    import ray
-
-    if ray.is_initialized():
-        yield ray
-        return
-    ray.init(
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
-    )
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+def ray_session(ray_cluster):
+    """The session's Ray cluster (see tests/conftest.py)."""
+    return ray_cluster
 
 
 @pytest.fixture
