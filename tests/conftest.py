@@ -6,6 +6,8 @@ first session on a machine pays for the download and the dequantization.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 
 # Imported before any vLLM engine starts: hypothesis' pytest plugin imports it lazily at the end of
@@ -13,6 +15,40 @@ from pathlib import Path
 # with "SystemError: AST constructor recursion depth mismatch" after vLLM has run in the process.
 import hypothesis  # noqa: F401
 import pytest
+
+OPTIONAL_COMPONENTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "vllm": (("vllm",), "pip install -e '.[cpu]' (vLLM's CPU build) or '.[gpu]'"),
+    "alfworld": (("alfworld", "textworld"), "pip install -e '.[alfworld]'"),
+}
+"""Marker -> (modules the marked tests need, how to install them)."""
+
+
+def _missing(modules: tuple[str, ...]) -> list[str]:
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def _require_optional() -> bool:
+    """CI installs every extra, so there a missing optional component fails its tests."""
+    flag = os.environ.get("FLASHRL_REQUIRE_OPTIONAL", os.environ.get("CI", ""))
+    return flag.strip().lower() not in ("", "0", "false", "no")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked with an optional component skip, with the reason, when it is not installed.
+
+    Under CI (``CI`` or ``FLASHRL_REQUIRE_OPTIONAL`` set) they fail instead: a CI run that skipped
+    the vLLM tests would pass without testing the engine.
+    """
+    for marker, (modules, install) in OPTIONAL_COMPONENTS.items():
+        if item.get_closest_marker(marker) is None:
+            continue
+        missing = _missing(modules)
+        if not missing:
+            continue
+        message = f"needs {', '.join(missing)} (the {marker!r} marker): {install}"
+        if _require_optional():
+            pytest.fail(f"{message}. CI installs every extra, so this is an install failure.", pytrace=False)
+        pytest.skip(message)
 
 
 @pytest.fixture(scope="session")

@@ -16,13 +16,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip(
-    "alfworld", reason="needs the alfworld extra: pip install 'alfworld==0.4.2' 'textworld[pddl]'"
-)
-pytest.importorskip(
-    "textworld", reason="needs the alfworld extra: pip install 'alfworld==0.4.2' 'textworld[pddl]'"
-)
-
 import flashrl.envs  # noqa: F401  (registers the ids)
 import gymnasium as gym
 from flashrl.envs.alfworld import (

@@ -44,7 +44,8 @@ def test_extract_answer(text: str, expected: tuple[str | None, bool]) -> None:
 
 
 def test_extract_helpers() -> None:
-    assert extract_boxed("\\boxed{}") is None or extract_boxed("\\boxed{}") == ""
+    assert extract_boxed("\\boxed{}") == ""  # an empty box is found, and empty
+    assert extract_answer("12 then \\boxed{}") == ("12", False)  # ... so the answer falls back
     assert extract_boxed("\\boxed {x}") == "x"
     assert extract_last_number("v2 of 3") == "3"
     assert extract_last_number("(-4)") == "-4"
