@@ -1,84 +1,25 @@
-"""FlashREINFORCE on Qwen2.5-Math-1.5B: R1-Zero-style math reasoning (MATH questions, verified answers).
+"""FlashREINFORCE: Qwen2.5-Math-1.5B on DAPO math problems (the reference setting `qwen_math`).
 
     python tuned_examples/qwen25_math_1p5b.py --dry-run
-    python tuned_examples/qwen25_math_1p5b.py --data data/math/train.jsonl --eval-data data/math/math500.jsonl
+    python tuned_examples/qwen25_math_1p5b.py --print-config --variant gate_1e3
+    python tuned_examples/qwen25_math_1p5b.py --data data/dapo/train.jsonl \\
+        --eval-data data/eval/amc23_minerva_aime25.jsonl
 
-Data: JSONL/Parquet rows with "question" and "answer" fields (docs/training.md, "Data preparation").
-Success: greedy accuracy on the held-out file. Pinned: vllm==0.32.0, torch==2.13.0,
-transformers>=5.16.1,<5.20, ray==2.60.0 (GPU_PINS).
+Every value comes from `examples/settings/qwen2p5_math_1p5b_dapo_math.json` (merged over
+`examples/settings/common.json`) of the public reference `yifanzhang-pro/FlashREINFORCE`, held in
+`flashrl/recipes/settings.py`; the hardware layout is flashrl's choice. Variants by the reference's
+names: gate_1e3, negative_q09, negative_q02, five_benchmark_eval16.
+
+See tuned_examples/README.md for the table of values and their sources.
 """
 
-import argparse
 import sys
 
-from flashrl.algorithms import FlashReinforceConfig
-from flashrl.recipes import GPU_PINS, NodePlan, Preset, run_preset
+from flashrl.recipes import config_factory, run_setting, setting_preset
 
-PRESET = Preset(
-    name="qwen25_math_1p5b",
-    description="Qwen2.5-Math-1.5B, single-turn math (MATH-style questions), on one 8-GPU node",
-    success_metric="evaluation/episode_return_mean",
-    success_threshold=0.70,
-    stop_iters=500,
-    node_plan=NodePlan(
-        num_nodes=1, gpus_per_node=8, cpus_per_node=96, gpu_memory_gib=80, host_memory_gib=1024
-    ),
-    pins=GPU_PINS,
-    sources={
-        "lr=1e-6, temperature=1.0, max_new_tokens=3000": "Dr. GRPO, 'Understanding R1-Zero-Like Training' "
-        "(Liu et al., 2025), recipe for Qwen2.5-Math-1.5B",
-        "max_episode_tokens=4096": "the model's max_position_embeddings",
-        "train_batch_size=128": "ours: 128 prompts x 1 rollout (the anchor: 128 prompts x 8 rollouts)",
-        "delta=0.01": "ours (the config default); sweep it with tune_delta_batch_sweep.py",
-        "success 0.70 greedy on MATH-500": "ours: below what R1-Zero-style recipes report for this model",
-    },
-    notes=("Qwen2.5-Math-1.5B has a 4096-token context: prompt + answer must fit in max_episode_tokens.",),
-    data_args={"training data": "data", "held-out data": "eval_data"},
-)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", default="data/math/train.jsonl", help="training questions (JSONL/Parquet)")
-    parser.add_argument("--eval-data", default="data/math/math500.jsonl", help="held-out questions")
-
-
-def make_config(args: argparse.Namespace) -> FlashReinforceConfig:
-    return (
-        FlashReinforceConfig()
-        .environment("flashrl/Math-v0", env_config={"tasks": args.data, "template": "boxed"})
-        .env_runners(
-            num_env_runners=4,
-            num_gpus_per_env_runner=1,
-            num_cpus_per_env_runner=4,
-            engine="vllm",
-            engine_options={"dtype": "bfloat16", "gpu_memory_utilization": 0.85},
-            episodes_in_flight_per_env_runner=64,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            max_new_tokens=3000,
-            max_episode_tokens=4096,
-        )
-        .learners(num_learners=4, num_gpus_per_learner=1, num_cpus_per_learner=4)
-        .training(
-            model="Qwen/Qwen2.5-Math-1.5B",
-            dtype="bfloat16",
-            lr=1e-6,
-            train_batch_size=128,
-            delta=0.01,
-            grad_clip=1.0,
-            weight_decay=0.0,
-            gradient_checkpointing=True,
-        )
-        .evaluation(
-            evaluation_interval=50,
-            evaluation_num_episodes=500,
-            evaluation_temperature=0.0,
-            evaluation_env_config={"tasks": args.eval_data},
-        )
-        .checkpointing(checkpoint_frequency=100)
-    )
-
+# the Tune sweep (tune_delta_batch_sweep.py) builds its GPU grid on these
+PRESET = setting_preset("qwen_math")
+make_config = config_factory("qwen_math")
 
 if __name__ == "__main__":
-    sys.exit(run_preset(PRESET, make_config, add_arguments=add_arguments))
+    sys.exit(run_setting("qwen_math"))

@@ -53,6 +53,7 @@ def recipe_parser(preset: Preset, *, description: str | None = None) -> argparse
     parser = argparse.ArgumentParser(
         description=description or preset.description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
     )
     run = parser.add_argument_group("run")
     run.add_argument("--stop-iters", type=int, default=preset.stop_iters, help="stop after this many updates")

@@ -29,7 +29,7 @@ from flashrl.recipes.args import apply_overrides, node_plan_from_args, recipe_pa
 from flashrl.recipes.plan import EXIT_INVALID_CONFIG, make_plan
 from flashrl.recipes.preset import Preset
 
-__all__ = ["TrainSummary", "build_config", "run_preset", "train"]
+__all__ = ["TrainSummary", "build_config", "run_built", "run_preset", "train"]
 
 ConfigFactory = Callable[[argparse.Namespace], Any]
 
@@ -78,6 +78,11 @@ def run_preset(
 ) -> int:
     """The main of a tuned example: returns the process exit code (see the module docstring)."""
     config, args = build_config(preset, make_config, argv, add_arguments=add_arguments)
+    return run_built(preset, config, args)
+
+
+def run_built(preset: Preset, config: Any, args: argparse.Namespace) -> int:
+    """Validate a built config, then print its plan (`--dry-run`) or train it."""
     code = validate_or_exit(config)
     if code:
         return code
