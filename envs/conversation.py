@@ -53,7 +53,6 @@ Typical use in an env runner::
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -195,10 +194,14 @@ class TokenizedConversation:
 
         Args:
             token_ids: The ids the engine sampled, including a final stop token if it emitted one.
-            logprobs: The behavior log-prob the engine recorded for each sampled id.
+            logprobs: The behavior log-prob the engine recorded for each sampled id. Kept as reported,
+                even NaN, inf or > 0: a bad engine output is the episode's problem, not a reason to
+                crash the runner; ``Episode.is_finite`` and the env runners' ``skip_reason`` drop such
+                episodes and count them (``non_finite``, ``invalid_logprob``).
             version: Policy version that sampled this turn.
             finish_reason: ``"stop"``, ``"length"`` or ``"abort"``, as the engine reported it (kept in
-            ``info["finish_reasons"]``; whether the turn ended on a stop token is read from the ids).
+                ``info["finish_reasons"]``; whether the turn ended on a stop token is read from the
+                ids). The env runners drop an episode with an ``"abort"`` turn (``aborted``).
         """
         if self._truncated:
             raise RuntimeError(
@@ -213,13 +216,12 @@ class TokenizedConversation:
             raise ValueError(
                 f"add_model_turn: {len(ids)} token ids but {len(lps)} logprobs; they must align."
             )
-        if any(math.isnan(x) or x > 1e-6 for x in lps):
-            raise ValueError("add_model_turn: behavior logprobs must be <= 0 and not NaN.")
         room = self.max_new_tokens(len(ids))
         if room < len(ids):
             ids, lps = ids[:room], lps[:room]
             self._truncated = True
-            finish_reason = "length"
+            if finish_reason != "abort":  # an aborted turn stays aborted (the runners drop it)
+                finish_reason = "length"
         stopped = bool(ids) and ids[-1] in self.stop_token_ids
         content_ids = ids[:-1] if stopped else ids
         content = self._decode(content_ids)

@@ -9,6 +9,7 @@ a slow verifier or tool never blocks the other episodes' generation.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
@@ -16,6 +17,10 @@ from typing import Any
 import gymnasium as gym
 
 from flashrl.episode import Episode
+
+
+MAX_LOGPROB = 1e-6
+"""Largest behavior log-prob accepted as a log-probability (float rounding above 0 allowed)."""
 
 
 class EnvError(RuntimeError):
@@ -36,14 +41,25 @@ def evaluation_reset_options(env: gym.Env, index: int) -> dict[str, Any] | None:
 
 
 def skip_reason(episode: Episode, *, max_episode_tokens: int) -> str | None:
-    """Why an episode must not reach the learner, or None if it is fine."""
+    """Why an episode must not reach the learner (one of `RUNNER_SKIP_REASONS`), or None if it is fine."""
     if not episode.is_finite:
         return "non_finite"
+    if any(lp > MAX_LOGPROB for lp, m in zip(episode.behavior_logprobs, episode.loss_mask) if m):
+        return "invalid_logprob"
+    if "abort" in episode.info.get("finish_reasons", ()):
+        return "aborted"
     if episode.num_generated_tokens == 0:
         return "empty"
     if len(episode.token_ids) > max_episode_tokens:
         return "over_long"
     return None
+
+
+def _bad_completion(completion: Any) -> bool:
+    """An aborted turn, or recorded log-probs that are not log-probabilities (NaN, inf, > 0)."""
+    if completion.finish_reason == "abort":
+        return True
+    return not all(math.isfinite(lp) and lp <= MAX_LOGPROB for lp in completion.logprobs)
 
 
 async def _in_thread(executor: Executor, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -98,6 +114,9 @@ async def play_episode(
             completion.token_ids, completion.logprobs, version=completion.version,
             finish_reason=completion.finish_reason,
         )
+        if _bad_completion(completion):
+            turn += 1
+            break  # the episode is dropped and counted (`skip_reason`): the env never sees the reply
         new_messages, reward, terminated, truncated, step_info = await _in_thread(executor, env.step, text)
         total_reward += float(reward)
         turn += 1

@@ -14,8 +14,28 @@ TRAIN_STREAM = 0
 EVAL_STREAM = 1
 """Seed stream of evaluation episodes (the same prompts at every evaluation)."""
 
-SKIP_REASONS = ("non_finite", "empty", "over_long", "request_error", "env_error")
-"""Why an EnvRunner drops a finished episode instead of streaming it (each one is counted)."""
+RUNNER_SKIP_REASONS = (
+    "non_finite", "invalid_logprob", "aborted", "empty", "over_long", "request_error", "env_error",
+)
+"""Why an EnvRunner drops a finished episode instead of streaming it (each one is counted):
+
+- ``non_finite``: a non-finite reward or recorded behavior log-prob (NaN, inf);
+- ``invalid_logprob``: a recorded behavior log-prob above 0 (not a log-probability);
+- ``aborted``: the engine ended a model turn with finish reason ``"abort"`` (the reply is incomplete);
+- ``empty``: no generated token (e.g. a prompt that fills the context);
+- ``over_long``: longer than ``max_episode_tokens``;
+- ``request_error``: the engine rejected the request;
+- ``env_error``: the environment raised.
+"""
+DRIVER_SKIP_REASONS = ("stale", "pending_overflow")
+"""Why the algorithm drops a delivered episode before it reaches a batch (each one is counted):
+
+- ``stale``: its oldest model turn is more than ``async_queue_size`` versions behind the learner;
+- ``pending_overflow``: the queue of episodes waiting for a later batch (repeated prompts, overflow)
+  was full; the oldest one is dropped.
+"""
+SKIP_REASONS = RUNNER_SKIP_REASONS + DRIVER_SKIP_REASONS
+"""Every reason behind ``env_runners/num_skipped_<reason>_lifetime``."""
 
 
 def stream_seed(base_seed: int, *keys: int) -> int:

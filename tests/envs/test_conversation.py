@@ -218,6 +218,30 @@ def test_prompt_longer_than_the_budget(smollm2_tokenizer: Any) -> None:
     assert episode.truncated and episode.num_generated_tokens == 0
 
 
+def test_bad_engine_output_is_recorded_not_raised(smollm2_tokenizer: Any) -> None:
+    """NaN / positive log-probs and an aborted turn end up in the episode, where the runner drops them."""
+    tok = smollm2_tokenizer
+    conv = TokenizedConversation(tok, USER, prompt_id="p")
+    conv.add_model_turn([5, 6, IM_END], [float("nan"), 0.5, -0.2], 0, finish_reason="abort")
+    episode = conv.to_episode(reward=1.0)
+    generated = [lp for lp, m in zip(episode.behavior_logprobs, episode.loss_mask) if m]
+    assert generated[1:] == [0.5, -0.2] and generated[0] != generated[0]  # NaN kept as sampled
+    assert not episode.is_finite
+    assert episode.info["finish_reasons"] == ["abort"]
+
+
+def test_an_aborted_turn_cut_by_the_budget_stays_aborted(smollm2_tokenizer: Any) -> None:
+    tok = smollm2_tokenizer
+    prompt_len = len(ids_of(tok, render_chat(tok, USER, generation_prompt=True)))
+    conv = TokenizedConversation(tok, USER, prompt_id="p", max_tokens=prompt_len + 2)
+    conv.add_model_turn([1000, 1001, 1002, 1003], [-0.1] * 4, 0, finish_reason="abort")
+    assert conv.truncated
+    assert conv.to_episode(reward=0.0).info["finish_reasons"] == ["abort"]
+    conv = TokenizedConversation(tok, USER, prompt_id="p", max_tokens=prompt_len + 2)
+    conv.add_model_turn([1000, 1001, 1002, 1003], [-0.1] * 4, 0, finish_reason="stop")
+    assert conv.to_episode(reward=0.0).info["finish_reasons"] == ["length"]
+
+
 # --------------------------------------------------------------------------------------- errors
 def test_misuse_errors(smollm2_tokenizer: Any) -> None:
     conv = TokenizedConversation(smollm2_tokenizer, USER)
