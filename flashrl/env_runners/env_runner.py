@@ -84,6 +84,8 @@ class EnvRunner:
         self._weights_lock: asyncio.Lock | None = None
         self._pending_weights: tuple[int, Mapping[str, torch.Tensor]] | None = None
         self._accounts = _Accounts()  # the stream's, since the last poll
+        self._start_limit: int | None = None
+        """No training episode starts once the data cursor reaches it (None = no limit)."""
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -111,11 +113,39 @@ class EnvRunner:
             "engine_version": int(self._engine.version),
         }
 
-    async def start(self) -> None:
-        """Begin streaming training episodes (async mode)."""
+    async def start(
+        self,
+        version: int | None = None,
+        weights: Mapping[str, torch.Tensor] | None = None,
+        start_limit: int | None = None,
+    ) -> None:
+        """Begin streaming training episodes (async mode).
+
+        Args:
+            version, weights: the learner's current weights, loaded before the first episode starts
+                (a restarted runner must not sample with its initial weights).
+            start_limit: see `set_start_limit`.
+        """
         await self.setup()
+        if start_limit is not None:
+            await self.set_start_limit(start_limit)
+        if weights is not None:
+            await self.set_weights(int(version or 0), weights)
         if self._stream_task is None:
             self._stream_task = asyncio.get_running_loop().create_task(self._stream())
+
+    async def set_start_limit(self, limit: int | None) -> None:
+        """Start training episodes only while this runner's data cursor is below `limit`.
+
+        The algorithm's admission budget (`async_queue_size`): the limit only grows, so grants that
+        arrive out of order are harmless; None removes it.
+        """
+        if limit is None or self._start_limit is None:
+            self._start_limit = limit
+        else:
+            self._start_limit = max(self._start_limit, int(limit))
+        if self._changed is not None:
+            self._changed.set()
 
     async def stop(self) -> None:
         """Cancel in-flight episodes and release the engine."""
@@ -175,7 +205,7 @@ class EnvRunner:
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), timeout=timeout_s)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
                 pass
             if self._fatal is not None:
                 raise self._fatal
@@ -206,7 +236,11 @@ class EnvRunner:
         while self._fatal is None:
             self._changed.clear()
             # Back-pressure: no new episode while the buffer is full (bounds the policy lag).
-            while len(self._tasks) < limit and len(self._buffer) < max_buffered:
+            while (
+                len(self._tasks) < limit
+                and len(self._buffer) < max_buffered
+                and (self._start_limit is None or self._counter < self._start_limit)
+            ):
                 index = self._counter * self.num_runners + self.runner_index
                 self._counter += 1
                 task = asyncio.get_running_loop().create_task(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from collections import Counter
 
 import pytest
 import torch
@@ -130,6 +132,10 @@ def test_skip_reason_rules():
     assert skip_reason(empty, max_episode_tokens=8) == "empty"
     bad = Episode("p", [1, 2], [False, True], [0.0, float("-inf")], reward=1.0)
     assert skip_reason(bad, max_episode_tokens=8) == "non_finite"
+    positive = Episode("p", [1, 2], [False, True], [0.0, 0.25], reward=1.0)
+    assert skip_reason(positive, max_episode_tokens=8) == "invalid_logprob"
+    aborted = Episode("p", [1, 2], [False, True], [0.0, -1.0], reward=1.0, info={"finish_reasons": ["stop", "abort"]})
+    assert skip_reason(aborted, max_episode_tokens=8) == "aborted"
 
 
 def test_an_episode_is_a_function_of_its_index(tiny_config):
@@ -166,3 +172,130 @@ def test_weights_reach_the_engine(tiny_config):
         return served
 
     assert torch.count_nonzero(asyncio.run(scenario())) == 0
+
+
+class _BadEngine:
+    """A real engine whose completions are rewritten: the bad output an engine may produce."""
+
+    def __init__(self, engine, corrupt) -> None:
+        self._engine, self._corrupt = engine, corrupt
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    async def generate(self, prompt_token_ids, sampling):
+        return self._corrupt(await self._engine.generate(prompt_token_ids, sampling))
+
+
+def _nan_logprob(c):
+    return dataclasses.replace(c, logprobs=[float("nan"), *c.logprobs[1:]])
+
+
+def _positive_logprob(c):
+    return dataclasses.replace(c, logprobs=[0.5, *c.logprobs[1:]])
+
+
+def _aborted(c):
+    return dataclasses.replace(c, finish_reason="abort")
+
+
+BAD_OUTPUTS = [(_nan_logprob, "non_finite"), (_positive_logprob, "invalid_logprob"), (_aborted, "aborted")]
+
+
+@pytest.mark.parametrize(("corrupt", "reason"), BAD_OUTPUTS)
+def test_bad_engine_output_is_skipped_and_counted_on_demand(tiny_config, corrupt, reason):
+    config = tiny_config(env="flashrl-test/Parity-v0")
+    runner = _runner(config)
+
+    async def scenario():
+        await runner.setup()
+        runner._engine = _BadEngine(runner._engine, corrupt)
+        report = await runner.sample([0, 1, 2], group_size=2)
+        await runner.stop()
+        return report
+
+    report = asyncio.run(scenario())
+    assert report.episodes == []
+    assert report.skipped == {reason: 6}
+    assert report.generated_tokens > 0  # the tokens were generated (and are counted) all the same
+
+
+@pytest.mark.parametrize(("corrupt", "reason"), BAD_OUTPUTS)
+def test_bad_engine_output_never_stops_the_stream(tiny_config, corrupt, reason):
+    """Every other completion is bad: the stream goes on, delivers the good ones and counts the rest."""
+    config = tiny_config(env="flashrl-test/Parity-v0")
+    runner = _runner(config)
+    calls = iter(range(10**6))
+
+    def every_other(c):
+        return corrupt(c) if next(calls) % 2 else c
+
+    async def scenario():
+        await runner.setup()
+        runner._engine = _BadEngine(runner._engine, every_other)
+        await runner.start()
+        reports = await _collect(runner, 6)
+        await runner.stop()
+        return reports
+
+    reports = asyncio.run(scenario())
+    skipped = sum((r.skipped for r in reports), Counter())
+    assert set(skipped) == {reason} and skipped[reason] >= 1
+    episodes = [ep for r in reports for ep in r.episodes]
+    assert len(episodes) >= 6
+    assert all(ep.is_finite and "abort" not in ep.info["finish_reasons"] for ep in episodes)
+
+
+def test_poll_that_times_out_returns_an_empty_report(tiny_config):
+    """An idle poll is a heartbeat, not an error (asyncio.TimeoutError differs from TimeoutError < 3.11)."""
+    config = tiny_config(env="flashrl-test/Parity-v0")
+    runner = _runner(config)
+
+    async def scenario():
+        await runner.setup()
+        report = await runner.poll(4, 0.05)  # not streaming: nothing can arrive
+        await runner.stop()
+        return report
+
+    report = asyncio.run(scenario())
+    assert report.episodes == [] and report.started == 0
+
+
+def test_start_loads_the_weights_before_the_first_episode(tiny_config):
+    config = tiny_config(env="flashrl-test/Parity-v0")
+    runner = _runner(config)
+
+    async def scenario():
+        await runner.setup()
+        weights = {k: v.clone() for k, v in runner._engine.model.state_dict().items()}
+        await runner.start(7, weights)
+        reports = await _collect(runner, 4)
+        await runner.stop()
+        return reports
+
+    episodes = [ep for r in asyncio.run(scenario()) for ep in r.episodes]
+    assert [ep.policy_versions for ep in episodes] == [[7]] * len(episodes)
+
+
+def test_start_limit_bounds_the_started_episodes(tiny_config):
+    config = tiny_config(env="flashrl-test/Parity-v0", episodes_in_flight_per_env_runner=4)
+    runner = _runner(config)
+
+    async def scenario():
+        await runner.start(start_limit=3)
+        first = await _collect(runner, 3)
+        await asyncio.sleep(0.5)  # the stream is held at the limit: nothing new may start
+        held = (runner._counter, len(runner._tasks))
+        await runner.set_start_limit(2)  # limits only grow: an older grant arriving late is ignored
+        await runner.set_start_limit(5)
+        second = await _collect(runner, 2)
+        await asyncio.sleep(0.5)
+        final = runner._counter
+        await runner.stop()
+        return first, held, second, final
+
+    first, held, second, final = asyncio.run(scenario())
+    assert sum(len(r.episodes) for r in first) == 3
+    assert held == (3, 0)
+    assert sum(len(r.episodes) for r in second) == 2
+    assert final == 5
