@@ -1,6 +1,6 @@
 """`FlashReinforce`: the algorithm driver, a Ray Tune `Trainable`.
 
-One `train()` call is one iteration of the method (DESIGN §1, §3)::
+One `train()` call is one iteration of the method (docs/design.md §1, §3)::
 
     episodes = next B finished episodes, B distinct prompts, as they arrive   # never wait for stragglers
     metrics  = learner_group.update(TrainBatch.from_episodes(episodes))     # exactly one optimizer step

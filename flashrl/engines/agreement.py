@@ -54,7 +54,7 @@ class AgreementReport:
     max_abs_diff: float
     """Largest |recorded - recomputed| log-prob."""
     mean_drift: float
-    """Mean over completions of the mean per-token Bernoulli-KL drift (DESIGN §1's ``drift_i``)."""
+    """Mean over completions of the mean per-token Bernoulli-KL drift (``drift_i`` of docs/design.md §1)."""
     max_drift: float
     """Largest per-completion drift."""
 
