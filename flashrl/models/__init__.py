@@ -1,6 +1,7 @@
 """Models: obtaining them (offline built-ins, local folders, hub ids) and learner-side log-probs."""
 
 from flashrl.models.logprobs import compute_token_logprobs
+from flashrl.models.packed_logprobs import compute_packed_token_logprobs, verify_packed_attention
 from flashrl.models.resolve import BUILTIN_MODELS, cache_dir, dequantize_gguf, resolve_model
 from flashrl.models.tiny import build_tiny_llama
 
@@ -8,7 +9,9 @@ __all__ = [
     "BUILTIN_MODELS",
     "build_tiny_llama",
     "cache_dir",
+    "compute_packed_token_logprobs",
     "compute_token_logprobs",
     "dequantize_gguf",
     "resolve_model",
+    "verify_packed_attention",
 ]
