@@ -28,8 +28,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flashrl.recipes.molt import MOLT_MODULE, MOLT_PACKAGE, MOLT_VERSION, Placement, molt_command
-from flashrl.recipes.settings import SETTINGS, SettingError, resolve_setting
+# a clean checkout works without installing flashrl: the table needs nothing beyond the standard library
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flashrl.recipes.molt import MOLT_MODULE, MOLT_PACKAGE, MOLT_VERSION, Placement, molt_command  # noqa: E402
+from flashrl.recipes.settings import SETTINGS, SettingError, resolve_setting  # noqa: E402
 
 PLACEHOLDERS = {
     "train_data": "<TRAIN_DATA>",

@@ -1,0 +1,147 @@
+"""The reference settings table: values as the reference files have them, variants, translation."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from flashrl.recipes.settings import (
+    COMMON,
+    FLASHRL_CHOICE,
+    FLASHRL_CHOICES,
+    SETTINGS,
+    SettingError,
+    resolve_setting,
+)
+from flashrl.recipes.translate import TRANSLATION, flashrl_fields
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "tuned_examples"
+CASES = [(name, variant) for name, s in SETTINGS.items() for variant in (None, *s.variants)]
+
+
+def resolved(name: str, *variants: str):
+    return resolve_setting(name, variants)
+
+
+def test_the_five_settings_and_their_variants_by_the_reference_names() -> None:
+    # examples/README.md, "Variant names"
+    assert {name: list(s.variants) for name, s in SETTINGS.items()} == {
+        "r1": ["gate_5e3", "no_trust"],
+        "qwen_math": ["gate_1e3", "negative_q09", "negative_q02", "five_benchmark_eval16"],
+        "qwen7b_tool": ["negative_q09", "negative_q02", "negative_q00", "token_mean", "constant_length", "grpo"],
+        "qwen3_tool_ablation": ["no_trust", "no_is"],
+        "alfworld": ["negative_q02", "no_is", "grpo"],
+    }
+    assert all(s.source.startswith("examples/settings/") and s.source.endswith(".json") for s in SETTINGS.values())
+
+
+def test_common_values_are_the_reference_ones() -> None:
+    # examples/settings/common.json
+    assert len(COMMON) == 43
+    assert (COMMON["actor.flash_gate_delta"], COMMON["actor.adam.weight_decay"], COMMON["actor.adam.lr"]) == (
+        0.001, 0.1, 1e-6)
+    assert (COMMON["actor.lr_scheduler"], COMMON["actor.lr_warmup_ratio"], COMMON["actor.min_lr_ratio"]) == (
+        "cosine_with_min_lr", 0.03, 0.1)
+    assert (COMMON["eval.n_samples_per_prompt"], COMMON["eval.temperature"], COMMON["eval.top_p"]) == (4, 0.7, 0.7)
+    assert (COMMON["rollout.vllm_generate_batch_size"], COMMON["train.async_queue_size"]) == (16, 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "generated", "delta", "batch", "queue", "turns"),
+    [  # examples/README.md, first table, and each setting file
+        ("r1", 9216, 8192, 0.003, 128, 8, 1),
+        ("qwen_math", 6144, 4096, 0.003, 128, 1, 1),
+        ("qwen7b_tool", 8192, 6144, 0.001, 128, 1, 10),
+        ("qwen3_tool_ablation", 16384, 14336, 0.003, 128, 4, 20),
+        ("alfworld", 16384, 8192, 0.001, 64, 1, 50),
+    ],
+)
+def test_each_setting_resolves_to_the_reference_values(
+    name: str, total: int, generated: int, delta: float, batch: int, queue: int, turns: int
+) -> None:
+    r = resolved(name)
+    flags = r.flags
+    assert (flags["data.max_len"], flags["rollout.max_new_tokens"]) == (total, generated)
+    assert flags["actor.flash_gate_delta"] == delta
+    assert (flags["rollout.batch_size"], flags["train.batch_size"], flags["train.async_queue_size"]) == (
+        batch, batch, queue)
+    assert r.setting.max_agent_turns == turns
+    assert r.origin["actor.adam.lr"] == "examples/settings/common.json"
+    assert r.origin["data.max_len"] == r.setting.source
+
+
+def test_setting_specific_evaluation_and_schedule() -> None:
+    r1, alf = resolved("r1").flags, resolved("alfworld").flags
+    assert (r1["eval.n_samples_per_prompt"], r1["eval.temperature"], r1["eval.top_p"], r1["eval.steps"]) == (
+        32, 0.6, 0.95, 128)
+    assert (alf["eval.n_samples_per_prompt"], alf["eval.temperature"], alf["eval.top_p"], alf["eval.steps"]) == (
+        3, 1.0, 0.7, 40)
+    assert (alf["actor.lr_scheduler"], alf["actor.flash_neg_topq"]) == ("constant", 0.9)
+    assert resolved("qwen_math", "five_benchmark_eval16").flags["eval.n_samples_per_prompt"] == 16
+
+
+def test_variants_apply_in_order_and_the_last_value_wins() -> None:
+    assert resolved("qwen_math", "negative_q09").flags["actor.flash_gate_delta"] == 0.001
+    both = resolved("qwen_math", "negative_q09", "negative_q02")
+    assert (both.flags["actor.flash_neg_topq"], both.variants) == (0.2, ("negative_q09", "negative_q02"))
+    assert "variant negative_q02" in both.origin["actor.flash_neg_topq"]
+    assert math.isinf(flashrl_fields(resolved("r1", "no_trust")).values["delta"])
+
+
+def test_unknown_setting_or_variant_lists_the_known_ones() -> None:
+    with pytest.raises(SettingError, match=r"unknown variant 'typo'.*\['gate_5e3', 'no_trust'\]"):
+        resolved("r1", "typo")
+    with pytest.raises(SettingError, match="unknown setting 'r2'"):
+        resolve_setting("r2")
+
+
+def test_grpo_leaves_the_native_loss_flags_out_and_keeps_the_batch() -> None:
+    r = resolved("qwen7b_tool", "grpo")
+    assert not any(key.startswith("actor.flash_") for key in r.flags)
+    assert (r.flags["rollout.batch_size"], r.flags["rollout.n_samples_per_prompt"]) == (32, 4)
+    fields = flashrl_fields(r).values
+    assert (fields["rollout_mode"], fields["group_size"], fields["train_batch_size"]) == ("sync_group", 4, 128)
+    assert (fields["baseline"], fields["aggregation"], fields["importance_sampling"], fields["trust_region"]) == (
+        "group_norm", "token_mean", "none", "none")
+
+
+@pytest.mark.parametrize(("name", "variant"), CASES)
+def test_every_flag_of_every_setting_translates(name: str, variant: str | None) -> None:
+    r = resolved(name, *([variant] if variant else []))
+    assert set(r.flags) <= set(TRANSLATION)
+    out = flashrl_fields(r)
+    assert set(out.sources) >= {"lr", "weight_decay", "lr_schedule", "train_batch_size", "max_new_tokens",
+                                "max_episode_tokens", "temperature", "async_queue_size", "total_updates",
+                                "evaluation_num_samples_per_prompt", "evaluation_temperature", "evaluation_top_p"}
+    for field_name, source in out.sources.items():
+        assert source.startswith(("examples/", "ceil(", FLASHRL_CHOICE)), (field_name, source)
+    values = out.values
+    assert values["max_new_tokens"] < values["max_episode_tokens"]
+    assert values["episodes_in_flight_per_env_runner"] * FLASHRL_CHOICES[name].num_env_runners == (
+        r.flags["rollout.vllm_generate_batch_size"])
+    json.dumps(r.to_json())  # JSON-ready, inf included
+
+
+def test_translated_values_of_the_qwen7b_tool_setting() -> None:
+    values = flashrl_fields(resolved("qwen7b_tool")).values
+    assert (values["lr"], values["weight_decay"], values["lr_schedule"], values["lr_warmup_ratio"],
+            values["min_lr_ratio"], values["grad_clip"]) == (1e-6, 0.1, "cosine_with_min_lr", 0.03, 0.1, 1.0)
+    assert (values["delta"], values["negative_token_fraction"], values["aggregation"]) == (0.001, 1.0, "sample_mean")
+    assert values["env_config"] == {"max_turns": 10}
+    assert (values["dtype"], values["gradient_checkpointing"], values["optimizer"]) == ("bfloat16", True, "adamw")
+    assert values["total_updates"] == 59 * 68  # ceil(7500 / 128) rounds x 68 dataset passes
+    constant = flashrl_fields(resolved("qwen7b_tool", "constant_length")).values
+    assert (constant["aggregation"], constant["constant_length_normalizer"]) == ("constant_length", 6144)
+    no_is = flashrl_fields(resolved("qwen3_tool_ablation", "no_is")).values
+    assert (no_is["importance_sampling"], no_is["delta"]) == ("none", 0.001)
+
+
+def test_every_setting_has_its_tuned_example() -> None:
+    for name, choices in FLASHRL_CHOICES.items():
+        text = (EXAMPLES / f"{choices.script}.py").read_text()
+        assert f'run_setting("{name}")' in text
+        assert len(ast.parse(text).body) <= 6  # docstring, imports, the main: thin
