@@ -1,0 +1,509 @@
+"""Fully sharded data parallelism (torch FSDP2) for the policy, with sharded checkpoints (torch DCP).
+
+Today every learner holds a full float32 copy of the policy and its AdamW state, and sums gradients
+by hand (``flashrl.learners.distributed``). This module is the building block that shards them
+instead, with torch's own engines and nothing home-made where those serve:
+
+- ``shard_model``: ``fully_shard`` on every decoder layer and on the root (parameters, gradients and
+  optimizer state live as dim-0 shards, ``DTensor`` s); optional bf16 compute with float32 reduction
+  (``MixedPrecisionPolicy``), activation checkpointing per decoder layer, CPU offload
+  (``CPUOffloadPolicy``). Gradients are reduce-scattered as a SUM, not FSDP's default mean: the
+  learner's loss is already normalised by the GLOBAL batch (``-(1/B) sum_{i in shard} ...``, see
+  ``docs/design.md`` section 1), so the summed shard gradients are exactly the global gradient, as with
+  today's all-reduce.
+- ``build_adamw`` / ``decay_param_groups``: ``torch.optim.AdamW`` over the sharded parameters (it
+  steps ``DTensor`` s shard by shard), with a no-decay group for norms and biases.
+- ``clip_grad_norm``: the global gradient norm across shards (``torch.nn.utils`` on ``DTensor``
+  gradients reduces the per-shard norms), optional clipping.
+- ``save_sharded`` / ``load_sharded``: a DCP checkpoint folder; every rank writes its own shards, and
+  a load may use another world size (DCP reshards).
+- ``export_hf``: the full state dict gathered to rank 0 on the CPU, written as a Hugging Face
+  safetensors folder (transformers and vLLM load it; tied embeddings are stored once).
+- ``iter_full_tensors`` / ``iter_full_buckets``: the full tensors one at a time or in buckets of at
+  most N bytes, for streaming weights into inference engines without materialising the whole model.
+
+Every function that gathers or saves is a collective: call it on every rank, in the same order.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    _CHECKPOINT_PREFIX,
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.tensor import DTensor
+
+__all__ = [
+    "build_adamw",
+    "clip_grad_norm",
+    "decay_param_groups",
+    "decoder_layers",
+    "export_hf",
+    "iter_full_buckets",
+    "iter_full_tensors",
+    "load_sharded",
+    "save_sharded",
+    "shard_model",
+]
+
+DCP_METADATA_FILE = ".metadata"
+"""DCP writes this file last (rank 0, after every shard): a folder without it is an interrupted save."""
+_EXTRA_KEY = "extra_state"
+
+
+# --------------------------------------------------------------------------------------------------
+# Sharding
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks of a Hugging Face causal LM, in forward order.
+
+    ``model.model.layers`` (Llama, Qwen2, Qwen3, Qwen3-MoE, Mistral, ...) when it exists; otherwise
+    every module whose class is named in ``model._no_split_modules`` (what transformers itself keeps
+    whole when it splits a model across devices), outermost first.
+    """
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+        return list(layers)
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    found: list[nn.Module] = []
+    for module in model.modules():
+        if type(module).__name__ in names and not any(_contains(outer, module) for outer in found):
+            found.append(module)
+    if not found:
+        raise ValueError(
+            f"Found no decoder layers in {type(model).__name__}: expected a non-empty nn.ModuleList at "
+            f"model.model.layers or modules of the classes in _no_split_modules ({sorted(names) or 'none'}). "
+            "Pass the layers explicitly with shard_model(..., layers=[...])."
+        )
+    return found
+
+
+def _contains(outer: nn.Module, inner: nn.Module) -> bool:
+    return any(m is inner for m in outer.modules())
+
+
+def shard_model(
+    model: nn.Module,
+    *,
+    mesh: DeviceMesh | None = None,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+    activation_checkpointing: bool = False,
+    cpu_offload: bool = False,
+    reshard_after_forward: bool = True,
+    gradient_reduction: Literal["sum", "mean"] = "sum",
+    layers: Sequence[nn.Module] | None = None,
+) -> nn.Module:
+    """Shard ``model`` in place with FSDP2: each decoder layer is one unit, the root holds the rest.
+
+    The root unit holds the embeddings, the final norm and the LM head, so tied embeddings
+    (``lm_head.weight is model.embed_tokens.weight``, SmolLM2) stay one parameter: FSDP2 registers a
+    parameter shared by two modules of one unit on both.
+
+    Activation checkpointing uses torch's ``checkpoint_wrapper`` (non-reentrant) around each layer,
+    applied before ``fully_shard`` so that FSDP's hooks sit outside the checkpointed region: the
+    all-gather happens once before the layer's forward and once before its backward, and the
+    recomputation runs on the already-gathered parameters. transformers' own
+    ``gradient_checkpointing_enable`` would also compose (FSDP2 skips its pre-forward hook during the
+    recompute), but it checkpoints a layer only while ``layer.training`` is set, and the learner keeps
+    the policy in eval mode (no dropout). The wrapper adds ``_checkpoint_wrapped_module.`` to
+    ``named_parameters()`` names; ``state_dict()``, DCP and every function here strip it.
+
+    Args:
+        model: the policy, on the device it will train on (``cuda`` with NCCL, ``cpu`` with gloo), its
+            parameters in the master dtype (float32: the optimizer steps these).
+        mesh: the data-parallel mesh; default: 1-D over the default process group on the model's device.
+        param_dtype: dtype of the gathered parameters, i.e. of forward and backward (``torch.bfloat16``
+            on GPUs); None computes in the master dtype (exact; the CPU default).
+        reduce_dtype: dtype of the gradient reduce-scatter. None: float32 when ``param_dtype`` is a 16-bit
+            type (bf16 gradients then sum without rounding each partial sum), else the master dtype (a
+            float64 model must not reduce in float32).
+        activation_checkpointing: recompute each decoder layer's activations in backward.
+        cpu_offload: keep sharded parameters, gradients and optimizer state in host memory
+            (``CPUOffloadPolicy``; the optimizer step then runs on the CPU).
+        reshard_after_forward: free each layer's gathered parameters after its forward (gathered again
+            in backward): less memory, one more all-gather per layer.
+        gradient_reduction: ``"sum"`` (the learner's global-normaliser losses) or ``"mean"`` (FSDP's
+            default, for losses that are a per-rank mean).
+        layers: the units to shard one by one; default ``decoder_layers(model)``.
+
+    Returns:
+        ``model`` itself, now an ``FSDPModule`` whose parameters are ``DTensor`` s.
+    """
+    if gradient_reduction not in ("sum", "mean"):
+        raise ValueError(f"gradient_reduction must be 'sum' or 'mean'; got {gradient_reduction!r}.")
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "shard_model needs torch.distributed: call flashrl.learners.distributed.init_process_group "
+            "(or torch.distributed.init_process_group) on every rank first; one rank works with world_size=1."
+        )
+    if isinstance(model, FSDPModule):
+        raise ValueError(f"{type(model).__name__} is already sharded; call shard_model once per model.")
+    units = list(layers) if layers is not None else decoder_layers(model)
+    mesh = mesh or _default_mesh(model)
+    if reduce_dtype is None and param_dtype is not None and param_dtype.itemsize < 4:
+        reduce_dtype = torch.float32
+    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
+    if activation_checkpointing:
+        units = [_wrap_in_place(model, layer) for layer in units]
+    for unit in units:
+        fully_shard(unit, mesh=mesh, mp_policy=mp_policy, offload_policy=offload,
+                    reshard_after_forward=reshard_after_forward)
+    # The root is gathered last in forward and needed first in backward: keep it gathered in between.
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, offload_policy=offload, reshard_after_forward=False)
+    if gradient_reduction == "sum":
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                # Divide by 1 and use a plain SUM (gloo has no PREMUL_SUM, which a bare factor would pick).
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def _default_mesh(model: nn.Module) -> DeviceMesh:
+    device = next(model.parameters()).device
+    if device.type == "meta":
+        raise ValueError("shard_model got a model on the meta device; materialise it first, or pass a mesh.")
+    return init_device_mesh(device.type, (dist.get_world_size(),))
+
+
+def _wrap_in_place(root: nn.Module, layer: nn.Module) -> nn.Module:
+    """Replace ``layer`` in its parent by a non-reentrant checkpoint wrapper around it; return the wrapper."""
+    for parent in root.modules():
+        for name, child in parent.named_children():
+            if child is layer:
+                wrapped = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+                parent.register_module(name, wrapped)
+                return wrapped
+    raise ValueError(f"Layer {type(layer).__name__} is not a submodule of {type(root).__name__}.")
+
+
+def clean_name(name: str) -> str:
+    """A parameter name as the state dict and Hugging Face spell it (no checkpoint-wrapper segment)."""
+    return name.replace(_CHECKPOINT_PREFIX, "")
+
+
+# --------------------------------------------------------------------------------------------------
+# Optimizer and gradient clipping
+def decay_param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
+    """Two AdamW groups: matrices decay, vectors (norm weights, biases) do not.
+
+    A shared (tied) parameter appears once. The rule is the parameter's dimension, not its name, so it
+    holds for every architecture; the names are kept in each group's ``"names"`` for inspection.
+    """
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    decay_names: list[str] = []
+    no_decay_names: list[str] = []
+    for name, p in model.named_parameters():  # remove_duplicate=True: tied weights once
+        if not p.requires_grad:
+            continue
+        if p.ndim >= 2:
+            decay.append(p)
+            decay_names.append(clean_name(name))
+        else:
+            no_decay.append(p)
+            no_decay_names.append(clean_name(name))
+    groups = [
+        {"params": decay, "weight_decay": weight_decay, "names": decay_names},
+        {"params": no_decay, "weight_decay": 0.0, "names": no_decay_names},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def build_adamw(
+    params: Iterable[nn.Parameter] | Iterable[dict[str, Any]],
+    *,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` over (sharded) parameters or param groups (e.g. ``decay_param_groups``).
+
+    Each rank's optimizer state covers only its shards. Group keys other than AdamW's (``"names"``)
+    are kept in ``param_groups`` and in the optimizer's state dict.
+    """
+    params = list(params)
+    if not params:
+        raise ValueError("build_adamw got no parameters; pass model.parameters() or decay_param_groups(...).")
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float | None) -> torch.Tensor:
+    """The global L2 norm of the gradients across every shard; clips them to ``max_norm`` if given.
+
+    Returns a plain 0-dim tensor, equal on every rank (the norm of the unsharded gradient). A
+    non-finite norm is returned without clipping, so the caller can skip the step.
+    """
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return torch.tensor(0.0)
+    grads = [p.grad for p in params]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    if max_norm is not None and bool(torch.isfinite(_full(total))):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return _full(total)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+# --------------------------------------------------------------------------------------------------
+# Sharded checkpoints (DCP)
+def save_sharded(
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra_state: dict[str, Any] | None = None,
+) -> str:
+    """Write a DCP checkpoint folder: every rank writes its shards of the model and optimizer state.
+
+    ``extra_state`` (version, counters, RNG, data cursors: anything picklable) is stored once, from
+    rank 0, as in a replicated learner. The folder must be on storage every rank can reach (one
+    node's disk, or a shared filesystem across nodes). Returns the absolute path.
+    """
+    path = os.path.abspath(os.fspath(path))
+    state: dict[str, Any] = {}
+    if optimizer is None:
+        state["model"] = get_model_state_dict(model)
+    else:
+        state["model"], state["optimizer"] = get_state_dict(model, optimizer)
+    # One opaque leaf (a pickled blob), not a nested dict: DCP loads only the keys the target already
+    # has, and the caller of load_sharded does not know them in advance.
+    blob = io.BytesIO()
+    torch.save(extra_state or {}, blob)
+    blob.seek(0)
+    state[_EXTRA_KEY] = blob
+    dcp.save(state, checkpoint_id=path)
+    return path
+
+
+def load_sharded(
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> dict[str, Any]:
+    """Load what ``save_sharded`` wrote into a sharded ``model`` (and ``optimizer``), in place.
+
+    The model must be sharded (and the optimizer built) the same way as before saving, on any number of
+    ranks. Returns the ``extra_state`` that was saved.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(os.path.join(path, DCP_METADATA_FILE)):
+        raise FileNotFoundError(
+            f"{path} is not a complete sharded checkpoint: {DCP_METADATA_FILE} is missing (expected a folder "
+            "written by save_sharded; an interrupted save has shard files but no metadata)."
+        )
+    state: dict[str, Any] = {}
+    if optimizer is None:
+        state["model"] = get_model_state_dict(model)
+    else:
+        state["model"], state["optimizer"] = get_state_dict(model, optimizer)
+    state[_EXTRA_KEY] = io.BytesIO()
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer if optimizer is not None else (),
+                   model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
+    extra = state[_EXTRA_KEY]
+    if isinstance(extra, io.BytesIO):  # DCP replaces the placeholder with torch.load of the stored blob
+        extra = torch.load(extra, weights_only=False)
+    return extra
+
+
+# --------------------------------------------------------------------------------------------------
+# Full weights: the Hugging Face export and the bucketed gather for weight sync
+def export_hf(
+    model: nn.Module,
+    path: str | os.PathLike[str],
+    *,
+    tokenizer_source: str | os.PathLike[str] | None = None,
+    dtype: torch.dtype | None = None,
+) -> str:
+    """Gather the full weights to rank 0 (CPU) and write a Hugging Face folder there; returns the path.
+
+    ``model`` must be a transformers ``PreTrainedModel`` (sharded or not): its ``save_pretrained``
+    writes the config (architecture name without FSDP's class prefix), the generation config and the
+    safetensors, storing tied weights once. ``tokenizer_source`` (a folder or hub id) adds the
+    tokenizer. ``dtype`` casts floating-point weights (e.g. ``torch.bfloat16`` for serving). The folder
+    is written beside the target and renamed into place. Every rank calls this; only rank 0 writes, and
+    rank 0 briefly holds the whole model in host memory.
+    """
+    target = Path(path).resolve()
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if _rank() == 0:
+        for alias, primary in _tied_aliases(model).items():
+            if alias in full and primary in full:
+                full[alias] = full[primary]  # one storage: save_pretrained then drops the tied alias
+        if dtype is not None:
+            full = {k: v.to(dtype) if v.is_floating_point() else v for k, v in full.items()}
+        _write_hf_folder(model, full, target, tokenizer_source=tokenizer_source, dtype=dtype)
+    if dist.is_initialized():
+        dist.barrier()
+    return str(target)
+
+
+def _write_hf_folder(
+    model: nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    target: Path,
+    *,
+    tokenizer_source: str | os.PathLike[str] | None,
+    dtype: torch.dtype | None,
+) -> None:
+    if not hasattr(model, "save_pretrained"):
+        raise TypeError(f"export_hf needs a transformers PreTrainedModel; got {type(model).__name__}.")
+    if target.exists() and any(target.iterdir()) and not (target / "config.json").is_file():
+        raise FileExistsError(
+            f"{target} exists and is not a Hugging Face model folder (no config.json); not replacing it. "
+            "Pass a new or empty folder."
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; inference engines in other processes read it
+    try:
+        # is_main_process: the caller is rank 0 only, so transformers must not wait for the others.
+        model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True, is_main_process=True)
+        if dtype is not None:
+            config = model.config
+            config.dtype = str(dtype).removeprefix("torch.")
+            config.save_pretrained(tmp)
+        if tokenizer_source is not None:
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(tmp)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            target.rename(old)
+            tmp.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tied_aliases(model: nn.Module) -> dict[str, str]:
+    """``{alias: primary}`` for parameters registered under several names (tied embeddings)."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        name = clean_name(name)
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
+
+
+def iter_full_tensors(
+    model: nn.Module,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = "cpu",
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, full tensor)`` for every entry of the state dict, one at a time, gathered on demand.
+
+    Names are the Hugging Face ones; a tied parameter is yielded once, under its first name
+    (``model.embed_tokens.weight``; vLLM and transformers re-tie ``lm_head.weight`` from the config).
+    Each tensor is all-gathered on every rank (a collective: consume the generator on every rank, to
+    the end), cast to ``dtype`` if given (floating point only) and moved to ``device`` (None: where it
+    was gathered). The caller holds one full tensor at a time beyond the sharded model.
+    """
+    for name, tensor in _unique_state_items(model):
+        yield name, _gather(tensor, dtype=dtype, device=device)
+
+
+def iter_full_buckets(
+    model: nn.Module,
+    *,
+    bucket_bytes: int,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = "cpu",
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Lists of ``(name, full tensor)`` whose sizes (after the cast) add up to at most ``bucket_bytes``.
+
+    A bucket's size is known from the shapes before anything is gathered, so the generator never holds
+    more than one bucket; a consumer that keeps the previous bucket while asking for the next
+    (``for bucket in ...``) holds two at the handoff. A single tensor larger than ``bucket_bytes``
+    forms a bucket of its own (it cannot be split without the consumer knowing). Same names, order and
+    collective rules as ``iter_full_tensors``.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive; got {bucket_bytes}.")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in _unique_state_items(model):
+        nbytes = tensor.numel() * (_out_dtype(tensor, dtype).itemsize)
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, _gather(tensor, dtype=dtype, device=device)))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def _unique_state_items(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's state dict entries (sharded where sharded), each tensor object once."""
+    seen: set[int] = set()
+    # keep_vars: the registered parameters themselves, so a tied weight is one object under two names
+    # (a plain state_dict() detaches each entry into a new tensor).
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        yield clean_name(name), tensor.detach()
+
+
+def _out_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+
+def _gather(
+    tensor: torch.Tensor, *, dtype: torch.dtype | None, device: torch.device | str | None
+) -> torch.Tensor:
+    tensor = tensor.to(dtype=_out_dtype(tensor, dtype))  # cast the shard first: fewer bytes on the wire
+    if isinstance(tensor, DTensor):
+        local = tensor.to_local()
+        mesh_device = tensor.device_mesh.device_type
+        if local.device.type != mesh_device:  # CPU-offloaded shard: gather on the mesh's device
+            tensor = DTensor.from_local(local.to(mesh_device), tensor.device_mesh, tensor.placements,
+                                        run_check=False, shape=tensor.shape, stride=tensor.stride())
+        full = tensor.full_tensor()
+    else:
+        full = tensor
+    return full if device is None else full.to(device)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0

@@ -1,0 +1,284 @@
+"""FSDP2 sharding, DCP checkpoints, the Hugging Face export and the bucketed gather, on 2 CPU ranks.
+
+One pair of rank processes (gloo, float64 so the comparison is exact up to summation order) runs every
+scenario once per session and writes what it saw; the tests below compare it with an unsharded
+single-process AdamW update on the whole batch, computed here. Run this file as a script with
+``--worker`` to be one rank (the fixture does that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+WORLD_SIZE = 2
+BATCH = 4  # rows; each rank takes BATCH // WORLD_SIZE
+SEQ = 10
+LR = 1e-2
+WEIGHT_DECAY = 0.1
+MAX_NORM = 0.05  # below the gradient norm, so clipping is active and its global norm matters
+BUCKET_BYTES = 40_000  # smaller than the embedding (128 x 32 x 8 bytes = 32 KiB) plus a layer
+DTYPE = torch.float64
+SCENARIOS = {
+    "plain": {"activation_checkpointing": False, "cpu_offload": False},
+    "checkpointed": {"activation_checkpointing": True, "cpu_offload": False},
+    "offloaded": {"activation_checkpointing": False, "cpu_offload": True},
+}
+WORKER_TIMEOUT_S = 240
+
+
+def _config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=True,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+
+
+def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token ids [B, T], loss mask [B, T] (ragged: row i scores its last 3 + 2i tokens), weights [B]."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 128, (BATCH, SEQ), generator=gen)  # [B, T]
+    mask = torch.zeros(BATCH, SEQ, dtype=torch.bool)  # [B, T]
+    for i in range(BATCH):
+        mask[i, SEQ - 3 - 2 * i :] = True
+    weights = torch.tensor([1.0, -0.5, 0.25, -0.75], dtype=DTYPE)  # [B] advantage-like
+    return ids, mask, weights
+
+
+def _loss(model, ids, mask, weights, num_rows: int) -> torch.Tensor:
+    """Sample-mean loss of these rows with the GLOBAL normaliser: -(1/B) sum_i w_i / T_i sum_t log q_it."""
+    logits = model(input_ids=ids).logits[:, :-1].to(DTYPE)  # [b, T-1, V]
+    logq = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # [b, T-1]
+    valid = mask[:, 1:]  # [b, T-1]
+    per_row = (logq * valid).sum(-1) / valid.sum(-1)  # [b]
+    return -(weights * per_row).sum() / num_rows
+
+
+def _step(model, optimizer, batch, rows: slice, clip) -> float:
+    ids, mask, weights = batch
+    optimizer.zero_grad(set_to_none=True)
+    _loss(model, ids[rows], mask[rows], weights[rows], BATCH).backward()
+    norm = float(clip(model.parameters(), MAX_NORM))
+    optimizer.step()
+    return norm
+
+
+# --------------------------------------------------------------------------------------------------
+# The rank processes
+def _worker(out_dir: Path, model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from flashrl.learners import distributed as ddp
+    from flashrl.learners import fsdp
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    ddp.init_process_group(master_addr="127.0.0.1", master_port=int(os.environ["MASTER_PORT"]), rank=rank,
+                           world_size=world, backend="gloo", timeout_s=120)
+    torch.set_num_threads(1)
+    rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    batches = [_batch(1), _batch(2)]
+
+    layer_calls = [0]
+
+    def count_call(module, args, kwargs) -> None:
+        layer_calls[0] += 1
+
+    def build(options):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPE).eval()
+        for layer in fsdp.decoder_layers(model):  # the layers themselves: fires again on a recompute
+            layer.register_forward_pre_hook(count_call, with_kwargs=True)
+        model = fsdp.shard_model(model, **options)
+        optimizer = fsdp.build_adamw(fsdp.decay_param_groups(model, weight_decay=WEIGHT_DECAY), lr=LR)
+        return model, optimizer
+
+    for scenario, options in SCENARIOS.items():
+        result: dict = {}
+        model, optimizer = build(options)
+        result["tied"] = model.lm_head.weight is model.model.embed_tokens.weight
+        result["num_fsdp_units"] = sum(isinstance(m, fsdp.FSDPModule) for m in model.modules())
+        layer_calls[0] = 0
+        result["norm1"] = _step(model, optimizer, batches[0], rows, fsdp.clip_grad_norm)
+        result["layer_calls"] = layer_calls[0]
+        buckets = list(fsdp.iter_full_buckets(model, bucket_bytes=BUCKET_BYTES))
+        result["buckets"] = [[(name, tuple(t.shape), t.numel() * t.element_size()) for name, t in bucket]
+                             for bucket in buckets]
+        result["step1"] = {name: t for b in buckets for name, t in b}
+        ckpt = out_dir / f"{scenario}-dcp"
+        fsdp.save_sharded(ckpt, model, optimizer, extra_state={"version": 1, "norm1": result["norm1"]})
+        if scenario == "plain":
+            fsdp.export_hf(model, out_dir / "hf")
+        result["norm2"] = _step(model, optimizer, batches[1], rows, fsdp.clip_grad_norm)
+        result["step2"] = dict(fsdp.iter_full_tensors(model))
+        del model, optimizer
+
+        resumed, resumed_optimizer = build(options)
+        result["extra"] = fsdp.load_sharded(ckpt, resumed, resumed_optimizer)
+        result["resumed_norm2"] = _step(resumed, resumed_optimizer, batches[1], rows, fsdp.clip_grad_norm)
+        result["resumed_step2"] = dict(fsdp.iter_full_tensors(resumed))
+        if rank == 0:
+            torch.save(result, out_dir / f"{scenario}.pt")
+        del resumed, resumed_optimizer
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------------
+# Fixtures: the unsharded reference and the 2-rank run
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("fsdp_model")
+    LlamaForCausalLM(_config()).to(DTYPE).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path) -> dict:
+    """One process, no sharding, the whole batch: the update the sharded ranks must reproduce."""
+    from transformers import AutoModelForCausalLM
+
+    from flashrl.learners.fsdp import decay_param_groups
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPE).eval()
+    optimizer = torch.optim.AdamW(decay_param_groups(model, weight_decay=WEIGHT_DECAY), lr=LR)
+    out: dict = {"initial": {k: v.clone() for k, v in model.state_dict().items()}}
+    out["norm1"] = _step(model, optimizer, _batch(1), slice(None), torch.nn.utils.clip_grad_norm_)
+    out["step1"] = {k: v.clone() for k, v in model.state_dict().items()}
+    out["norm2"] = _step(model, optimizer, _batch(2), slice(None), torch.nn.utils.clip_grad_norm_)
+    out["step2"] = {k: v.clone() for k, v in model.state_dict().items()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Run the two rank processes once; returns rank 0's results per scenario."""
+    from flashrl.learners.distributed import find_free_port
+
+    out = tmp_path_factory.mktemp("fsdp_ranks")
+    port = find_free_port()
+    root = Path(__file__).resolve().parents[2]
+    procs = []
+    for rank in range(WORLD_SIZE):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE), "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        log = open(out / f"rank{rank}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, __file__, "--worker", str(out), str(model_dir)],
+                                       env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    failed = []
+    for rank, (proc, log) in enumerate(procs):
+        try:
+            code = proc.wait(timeout=WORKER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            for other, _ in procs:
+                other.kill()
+            code = "timeout"
+        log.close()
+        if code != 0:
+            failed.append(f"rank {rank} exited with {code}:\n{(out / f'rank{rank}.log').read_text()[-4000:]}")
+    if failed:
+        pytest.fail("\n".join(failed), pytrace=False)
+    results = {name: torch.load(out / f"{name}.pt", weights_only=False) for name in SCENARIOS}
+    results["_dir"] = out  # type: ignore[assignment]
+    return results
+
+
+def _max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert set(a) == set(b), f"names differ: {sorted(set(a) ^ set(b))}"
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _unique(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A reference state dict without the tied alias (the gather yields it once)."""
+    return {k: v for k, v in state.items() if k != "lm_head.weight"}
+
+
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_two_sharded_ranks_take_the_single_rank_step(ranks, reference, scenario: str) -> None:
+    got = ranks[scenario]
+    assert got["tied"], "lm_head.weight must stay the same parameter as embed_tokens.weight after sharding"
+    assert got["num_fsdp_units"] == 1 + _config().num_hidden_layers
+    # Each layer runs once per step, and once more in backward when its activations are recomputed.
+    checkpointed = SCENARIOS[scenario]["activation_checkpointing"]
+    assert got["layer_calls"] == _config().num_hidden_layers * (2 if checkpointed else 1)
+    # The clipped norm is the norm of the whole (unsharded, summed) gradient.
+    assert got["norm1"] == pytest.approx(reference["norm1"], rel=1e-12)
+    assert got["norm1"] > MAX_NORM, "the test needs active clipping"
+    assert got["norm2"] == pytest.approx(reference["norm2"], rel=1e-12)
+    assert _max_abs_diff(got["step1"], _unique(reference["step1"])) < 1e-12
+    assert _max_abs_diff(got["step2"], _unique(reference["step2"])) < 1e-12
+    # The step moved the weights far more than the tolerance (lr 1e-2): the comparison can fail.
+    assert _max_abs_diff(got["step1"], _unique(reference["initial"])) > 1e-3
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_dcp_resume_reproduces_the_next_step_exactly(ranks, scenario: str) -> None:
+    got = ranks[scenario]
+    assert got["extra"] == {"version": 1, "norm1": got["norm1"]}
+    assert got["resumed_norm2"] == got["norm2"]
+    for name, tensor in got["step2"].items():
+        assert torch.equal(got["resumed_step2"][name], tensor), name
+
+
+def test_dcp_checkpoint_has_one_shard_file_per_rank(ranks) -> None:
+    folder = ranks["_dir"] / "plain-dcp"
+    assert sorted(p.name for p in folder.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert (folder / ".metadata").is_file()
+
+
+def test_load_sharded_rejects_an_incomplete_folder(tmp_path: Path) -> None:
+    from flashrl.learners.fsdp import load_sharded
+
+    (tmp_path / "__0_0.distcp").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"\.metadata is missing"):
+        load_sharded(tmp_path, torch.nn.Linear(2, 2))
+
+
+def test_bucketed_gather_yields_every_tensor_once_in_bounded_buckets(ranks, reference) -> None:
+    buckets = ranks["plain"]["buckets"]
+    expected = {k: tuple(v.shape) for k, v in _unique(reference["step1"]).items()}
+    seen = [(name, shape) for bucket in buckets for name, shape, _ in bucket]
+    assert sorted(seen) == sorted(expected.items())
+    for bucket in buckets:
+        sizes = [nbytes for _, _, nbytes in bucket]
+        assert sum(sizes) <= BUCKET_BYTES or len(bucket) == 1, bucket
+    assert max(len(b) for b in buckets) > 1, "some bucket should group several tensors"
+    embedding = 128 * 32 * 8
+    assert [b for b in buckets if b[0][0] == "model.embed_tokens.weight"][0][0][2] == embedding
+
+
+def test_hf_export_loads_with_transformers_and_equals_the_gathered_weights(ranks) -> None:
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = ranks["_dir"] / "hf"
+    config = AutoConfig.from_pretrained(folder)
+    assert config.architectures == ["LlamaForCausalLM"]
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in set(f.keys()), "the tied head is stored once, as embed_tokens"
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPE)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    gathered = ranks["plain"]["step1"]
+    state = _unique(loaded.state_dict())
+    assert set(state) == set(gathered)
+    for name, tensor in gathered.items():
+        assert torch.equal(state[name], tensor), name
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", nargs=2, metavar=("OUT_DIR", "MODEL_DIR"), required=True)
+    args = parser.parse_args()
+    _worker(Path(args.worker[0]), Path(args.worker[1]))
