@@ -22,7 +22,7 @@ from flashrl.envs.alfworld.generator import derive_seed
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--split", choices=SPLITS, default="train")
     parser.add_argument("--num-games", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
