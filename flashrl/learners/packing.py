@@ -27,7 +27,7 @@ possible assignment (Graham, 1969). Within a rank, at most one micro-batch is at
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -300,7 +300,9 @@ def unpack_rows(values: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
 def gather_rows(batch: TrainBatch, indices: Sequence[int]) -> TrainBatch:
     """The rows ``indices`` of ``batch``, in that order, with padding trimmed to their longest row.
 
-    ``TrainBatch.rows`` takes a contiguous slice; a micro-batch's rows are any subset.
+    ``TrainBatch.rows`` takes a contiguous slice; a micro-batch's rows are any subset. Every field is
+    gathered by its layout, so a per-episode field added to ``TrainBatch`` later comes along: ``[B, T]``
+    tensors by row and trimmed, ``[B]`` tensors and lists by row, ``None`` stays ``None``.
     """
     if len(indices) == 0:
         raise ValueError("gather_rows needs at least one row index; got none.")
@@ -309,14 +311,13 @@ def gather_rows(batch: TrainBatch, indices: Sequence[int]) -> TrainBatch:
         raise ValueError(f"Row indices must lie in [0, {b}); got {list(indices)}.")
     idx = torch.as_tensor(list(indices), dtype=torch.long, device=batch.token_ids.device)  # [b]
     t = int(batch.attention_mask[idx].sum(-1).max())
-    return replace(
-        batch,
-        token_ids=batch.token_ids[idx, :t],
-        attention_mask=batch.attention_mask[idx, :t],
-        loss_mask=batch.loss_mask[idx, :t],
-        behavior_logprobs=batch.behavior_logprobs[idx, :t],
-        rewards=batch.rewards[idx],
-        group_ids=None if batch.group_ids is None else batch.group_ids[idx],
-        policy_versions=batch.policy_versions[idx],
-        prompt_ids=[batch.prompt_ids[i] for i in indices],
-    )
+    gathered = {}
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor) and value.dim() == 2:
+            gathered[f.name] = value[idx.to(value.device), :t]  # [b, t]
+        elif isinstance(value, torch.Tensor) and value.dim() == 1:
+            gathered[f.name] = value[idx.to(value.device)]  # [b]
+        elif isinstance(value, list):
+            gathered[f.name] = [value[i] for i in indices]
+    return replace(batch, **gathered)
