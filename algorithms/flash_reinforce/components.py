@@ -1,14 +1,17 @@
-"""Pluggable pieces of the FlashREINFORCE loss: baselines, trust regions, aggregations.
+"""Pluggable pieces of the FlashREINFORCE loss: baselines, importance sampling, trust regions, aggregations.
 
 Each piece is a small callable object, registered under a name. The loss takes either a name or an
 object, so an ablation is a config string and a new idea is a few lines::
 
     class MedianBaseline:
         def __call__(self, rewards, *, group_ids=None):
-            return rewards.median().expand_as(rewards)
+            return rewards - rewards.median()        # the advantages A [B]
 
     flash_reinforce_loss(..., baseline=MedianBaseline())
     BASELINES.register("median")(MedianBaseline)   # now also reachable as baseline="median"
+
+Values taken from the method's public release are cited by their path in repository
+``yifanzhang-pro/FlashREINFORCE`` (the reference loss) or in NVIDIA Molt (``molt-rl``, its GPU runtime).
 """
 
 from __future__ import annotations
@@ -21,6 +24,24 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 T = TypeVar("T")
+
+__all__ = [
+    "AGGREGATIONS",
+    "BASELINES",
+    "BERNOULLI_KL_CLAMP",
+    "GROUP_NORM_EPS",
+    "IMPORTANCE_SAMPLINGS",
+    "TRUST_REGIONS",
+    "Aggregation",
+    "Baseline",
+    "ImportanceSampling",
+    "Normalizers",
+    "Registry",
+    "TrustDecision",
+    "TrustRegion",
+    "bernoulli_kl",
+    "bernoulli_kl_clamped",
+]
 
 
 class Registry(Generic[T]):
@@ -65,12 +86,12 @@ class Registry(Generic[T]):
 
 
 # --------------------------------------------------------------------------------------------------
-# Baselines: A_i = R_i - b_i.
+# Baselines: rewards [B] -> advantages A [B] (A_i = R_i - b_i for a subtractive baseline).
 
 
 class Baseline(Protocol):
     def __call__(self, rewards: torch.Tensor, *, group_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Return the baseline ``b`` [B] for rewards [B]."""
+        """Return the advantages ``A`` [B] of rewards [B] (``group_ids`` [B]: which prompt each answers)."""
 
 
 BASELINES: Registry[Baseline] = Registry("baseline")
@@ -78,10 +99,10 @@ BASELINES: Registry[Baseline] = Registry("baseline")
 
 @BASELINES.register("batch_mean")
 class BatchMeanBaseline:
-    """One-Batch REINFORCE: the mean reward of the batch (B independent prompts)."""
+    """One-Batch REINFORCE: ``A_i = R_i - mean_j R_j`` over the batch (B independent prompts)."""
 
     def __call__(self, rewards: torch.Tensor, *, group_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return rewards.mean().expand_as(rewards)  # [B]
+        return rewards - rewards.mean()  # [B]
 
 
 @BASELINES.register("none")
@@ -89,40 +110,108 @@ class NoBaseline:
     """Plain REINFORCE: advantages are the raw rewards (ablation)."""
 
     def __call__(self, rewards: torch.Tensor, *, group_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.zeros_like(rewards)
+        return rewards.clone()  # [B]
 
 
 @BASELINES.register("leave_one_out")
 class LeaveOneOutBaseline:
-    """Mean reward of the *other* B - 1 trajectories (RLOO over the batch); 0 when B = 1."""
+    """``A_i = R_i -`` the mean reward of the *other* B - 1 trajectories (RLOO over the batch); B = 1: R."""
 
     def __call__(self, rewards: torch.Tensor, *, group_ids: torch.Tensor | None = None) -> torch.Tensor:
         b = rewards.shape[0]
         if b == 1:
-            return torch.zeros_like(rewards)
-        return (rewards.sum() - rewards) / (b - 1)  # [B]
+            return rewards.clone()
+        return rewards - (rewards.sum() - rewards) / (b - 1)  # [B]
+
+
+def _group_index(rewards: torch.Tensor, group_ids: torch.Tensor | None, name: str) -> tuple[torch.Tensor, int]:
+    """Dense group index [B] in 0..G-1 and the number of groups (for the synchronous comparison only)."""
+    if group_ids is None:
+        raise ValueError(
+            f"baseline={name!r} needs group_ids [B] (which prompt each rollout answers); got None. "
+            "Use the sync_group mode, or baseline='batch_mean' for one rollout per prompt."
+        )
+    if group_ids.shape != rewards.shape:
+        raise ValueError(f"group_ids must have shape {tuple(rewards.shape)}; got {tuple(group_ids.shape)}.")
+    _, inverse = torch.unique(group_ids, return_inverse=True)  # [B]
+    return inverse, int(inverse.max()) + 1
+
+
+def _group_sums(values: torch.Tensor, inverse: torch.Tensor, num_groups: int) -> torch.Tensor:
+    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, inverse, values)
 
 
 @BASELINES.register("group_mean")
 class GroupMeanBaseline:
-    """GRPO-style: mean reward of the rollouts that share a prompt (needs ``group_ids``).
+    """Dr. GRPO-style: ``A_i = R_i -`` the mean reward of the rollouts that share its prompt.
 
-    Only for the synchronous comparison baseline: FlashREINFORCE itself has one rollout per prompt.
+    Only for the synchronous comparison: FlashREINFORCE itself has one rollout per prompt.
     """
 
     def __call__(self, rewards: torch.Tensor, *, group_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if group_ids is None:
-            raise ValueError(
-                "baseline='group_mean' needs group_ids [B] (which prompt each rollout answers); got None. "
-                "Use the sync_group mode, or baseline='batch_mean' for one rollout per prompt."
-            )
-        if group_ids.shape != rewards.shape:
-            raise ValueError(f"group_ids must have shape {tuple(rewards.shape)}; got {tuple(group_ids.shape)}.")
-        _, inverse = torch.unique(group_ids, return_inverse=True)  # [B]
-        num_groups = int(inverse.max()) + 1
-        sums = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(0, inverse, rewards)
-        counts = torch.bincount(inverse, minlength=num_groups).to(rewards.dtype)
-        return (sums / counts)[inverse]  # [B]
+        inverse, g = _group_index(rewards, group_ids, "group_mean")
+        counts = torch.bincount(inverse, minlength=g).to(rewards.dtype)  # [G]
+        return rewards - (_group_sums(rewards, inverse, g) / counts)[inverse]  # [B]
+
+
+GROUP_NORM_EPS = 1e-9
+"""The GRPO advantage's ``eps`` in ``(R - mean) / (std + eps)``: Molt's ``grpo`` estimator
+(``molt/trainer/algorithm/advantage.py``), which the reference's ``grpo`` variants select."""
+
+
+@BASELINES.register("group_norm")
+class GroupNormBaseline:
+    """GRPO: ``A_i = (R_i - mean_g) / (std_g + 1e-9)`` over the rollouts ``g`` that share a prompt.
+
+    As Molt's ``grpo`` estimator (``molt/trainer/algorithm/advantage.py``), the one the reference's
+    ``grpo`` variants select (``examples/settings/*.json``: ``algo.advantage.estimator = grpo``): the
+    *sample* standard deviation (Bessel's correction, ``torch.std``'s default), and a group of one
+    rollout has std 0 (so its advantage is 0). No batch whitening follows (Molt's ``grpo`` returns
+    the group-normalised values as they are). Only for the synchronous comparison (``sync_group``).
+    """
+
+    def __call__(self, rewards: torch.Tensor, *, group_ids: torch.Tensor | None = None) -> torch.Tensor:
+        inverse, g = _group_index(rewards, group_ids, "group_norm")
+        counts = torch.bincount(inverse, minlength=g).to(rewards.dtype)  # [G]
+        mean = _group_sums(rewards, inverse, g) / counts  # [G]
+        centred = rewards - mean[inverse]  # [B]
+        squares = _group_sums(centred * centred, inverse, g)  # [G]
+        std = torch.where(counts > 1, (squares / (counts - 1).clamp(min=1)).sqrt(), torch.zeros_like(squares))
+        return centred / (std[inverse] + GROUP_NORM_EPS)  # [B]
+
+
+# --------------------------------------------------------------------------------------------------
+# Importance sampling: the (detached) denominator log-probs of the token ratio rho = exp(log q - log p).
+
+
+class ImportanceSampling(Protocol):
+    def __call__(self, logprobs: torch.Tensor, behavior_logprobs: torch.Tensor) -> torch.Tensor:
+        """Return the log-probs [B, T] the current ones are compared with (ratio and trust region)."""
+
+
+IMPORTANCE_SAMPLINGS: Registry[ImportanceSampling] = Registry("importance_sampling")
+
+
+@IMPORTANCE_SAMPLINGS.register("token")
+class TokenImportanceSampling:
+    """FlashREINFORCE: the behavior policy recorded at sampling time, ``rho_it = q_it / p_it``."""
+
+    def __call__(self, logprobs: torch.Tensor, behavior_logprobs: torch.Tensor) -> torch.Tensor:
+        return behavior_logprobs
+
+
+@IMPORTANCE_SAMPLINGS.register("none")
+class NoImportanceSampling:
+    """No behavior correction: the detached current policy is the denominator, so ``rho = 1``.
+
+    The reference's ``no_is`` ablation (``examples/settings/qwen3_tool_ablation.json``: "no_is uses the
+    current policy as the detached denominator; the binary-KL gate then also becomes inactive"): the
+    trust region compares the current policy with itself, so its drift is 0 and it accepts every
+    trajectory that has a valid token.
+    """
+
+    def __call__(self, logprobs: torch.Tensor, behavior_logprobs: torch.Tensor) -> torch.Tensor:
+        return logprobs.detach()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -146,10 +235,29 @@ class TrustRegion(Protocol):
         *,
         delta: float,
     ) -> TrustDecision:
-        """Decide per trajectory from current and behavior log-probs [B, T] and the mask [B, T]."""
+        """Decide per trajectory from current and behavior log-probs [B, T] and the mask [B, T].
+
+        ``delta = math.inf`` accepts every trajectory that has a valid token.
+        """
 
 
 TRUST_REGIONS: Registry[TrustRegion] = Registry("trust_region")
+
+BERNOULLI_KL_CLAMP = 1e-6
+"""p and q of the gate's Bernoulli KL are clamped to [1e-6, 1 - 1e-6], as the reference
+(``flashreinforce/loss.py``) and Molt (``molt/models/loss.py``, ``is_correction_gating="binary_kl"``) do,
+so that the paper's delta values mean the same gate."""
+
+
+def bernoulli_kl_clamped(logp: torch.Tensor, logq: torch.Tensor, eps: float = BERNOULLI_KL_CLAMP) -> torch.Tensor:
+    """Bernoulli KL ``p log(p/q) + (1-p) log((1-p)/(1-q))`` of probabilities clamped to [eps, 1 - eps].
+
+    The gate of the published method: p = exp(logp), q = exp(logq), both clamped before the KL. At
+    extreme probabilities it differs from the exact KL (:func:`bernoulli_kl`) on purpose.
+    """
+    p = logp.exp().clamp(eps, 1.0 - eps)
+    q = logq.exp().clamp(eps, 1.0 - eps)
+    return p * (p.log() - q.log()) + (1.0 - p) * (torch.log1p(-p) - torch.log1p(-q))
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -158,7 +266,7 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
 
 
 def bernoulli_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
-    """Bernoulli KL ``p log(p/q) + (1-p) log((1-p)/(1-q))`` from log-probabilities, elementwise.
+    """Exact Bernoulli KL ``p log(p/q) + (1-p) log((1-p)/(1-q))`` from log-probabilities, elementwise.
 
     Works in log space so that it stays finite and accurate when p or q is close to 1. Log-probs are
     capped at ``-eps/2`` of their dtype (float32: -6e-8): a log-softmax in that precision returns
@@ -174,48 +282,88 @@ def bernoulli_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     return p * (logp - logq) + one_minus_p * (log1mexp(logp) - log1mexp(logq))
 
 
+def _sequence_decision(token_drift: torch.Tensor, loss_mask: torch.Tensor, delta: float) -> TrustDecision:
+    """Mean drift over each trajectory's valid tokens; accept iff it is <= delta and there is a token."""
+    d = torch.where(loss_mask, token_drift, torch.zeros_like(token_drift)).clamp(min=0.0)  # [B, T]
+    counts = loss_mask.sum(-1)  # [B]
+    drift = d.sum(-1) / counts.clamp(min=1)  # [B]
+    trust = (drift <= delta) & (counts > 0)  # [B]
+    return TrustDecision(drift=drift, trust_mask=trust)
+
+
 @TRUST_REGIONS.register("bernoulli_kl")
 class BernoulliKLSequenceTrustRegion:
-    """Sequence Trust Region: accept iff the mean per-token Bernoulli KL of sampled tokens <= delta.
+    """Sequence Trust Region: accept iff the mean per-token Bernoulli KL (clamped p, q) <= delta.
 
-    A trajectory with no valid token is rejected (there is nothing to measure or learn from).
+    ``p`` is the behavior (or importance-sampling denominator) probability, ``q`` the current one, both
+    clamped to [1e-6, 1 - 1e-6] (:data:`BERNOULLI_KL_CLAMP`). A trajectory with no valid token is
+    rejected (there is nothing to measure or learn from).
     """
 
     def __call__(self, logprobs, behavior_logprobs, loss_mask, *, delta: float) -> TrustDecision:
         with torch.no_grad():
-            d = bernoulli_kl(behavior_logprobs, logprobs)  # [B, T]  (p = behavior, q = current)
-            d = torch.where(loss_mask, d, torch.zeros_like(d)).clamp(min=0.0)  # KL >= 0; drop rounding
-            counts = loss_mask.sum(-1)  # [B]
-            drift = d.sum(-1) / counts.clamp(min=1)  # [B]
-            trust = (drift <= delta) & (counts > 0)  # [B]
-        return TrustDecision(drift=drift, trust_mask=trust)
+            d = bernoulli_kl_clamped(behavior_logprobs, logprobs)  # [B, T]  (p = behavior, q = current)
+            return _sequence_decision(d, loss_mask, delta)
+
+
+@TRUST_REGIONS.register("bernoulli_kl_exact")
+class ExactBernoulliKLSequenceTrustRegion:
+    """As ``bernoulli_kl`` with the exact log-space KL (:func:`bernoulli_kl`), no probability clamp.
+
+    flashrl's own variant: near p or q = 1 it measures drifts the clamped gate cannot see, so its delta
+    values are not the paper's.
+    """
+
+    def __call__(self, logprobs, behavior_logprobs, loss_mask, *, delta: float) -> TrustDecision:
+        with torch.no_grad():
+            d = bernoulli_kl(behavior_logprobs, logprobs)  # [B, T]
+            return _sequence_decision(d, loss_mask, delta)
+
+
+@TRUST_REGIONS.register("tv")
+class TotalVariationSequenceTrustRegion:
+    """Accept iff the mean per-token ``|p - q|`` of the sampled tokens <= delta.
+
+    Molt's ``is_correction_gating="tv"`` at ``is_correction_level="seq"`` (``molt/models/loss.py``):
+    the absolute difference of the two probabilities of the sampled token, unclamped, averaged over the
+    trajectory's valid tokens.
+    """
+
+    def __call__(self, logprobs, behavior_logprobs, loss_mask, *, delta: float) -> TrustDecision:
+        with torch.no_grad():
+            d = (behavior_logprobs.exp() - logprobs.exp()).abs()  # [B, T]
+            return _sequence_decision(d, loss_mask, delta)
 
 
 @TRUST_REGIONS.register("none")
 class NoTrustRegion:
-    """Ablation: every trajectory with at least one valid token is accepted; drift is still reported."""
+    """Ablation: every trajectory with at least one valid token is accepted; the drift is still reported."""
 
     def __call__(self, logprobs, behavior_logprobs, loss_mask, *, delta: float) -> TrustDecision:
-        decision = BernoulliKLSequenceTrustRegion()(logprobs, behavior_logprobs, loss_mask, delta=math.inf)
-        return TrustDecision(drift=decision.drift, trust_mask=loss_mask.any(-1))
+        return BernoulliKLSequenceTrustRegion()(logprobs, behavior_logprobs, loss_mask, delta=math.inf)
 
 
 # --------------------------------------------------------------------------------------------------
 # Aggregations: how per-token terms become one scalar objective.
 
 
+@dataclass(frozen=True)
+class Normalizers:
+    """The batch-global denominators an aggregation may divide by (data-parallel shards pass globals)."""
+
+    num_trajectories: int
+    """B: every trajectory of the (global) batch, rejected and empty ones included."""
+    num_tokens: int
+    """Valid tokens of the (global) batch, those of rejected trajectories included."""
+    constant_length: int | None = None
+    """The constant L of ``constant_length`` (None when not configured)."""
+
+
 class Aggregation(Protocol):
-    def __call__(
-        self,
-        token_terms: torch.Tensor,
-        valid_counts: torch.Tensor,
-        *,
-        num_trajectories: int,
-    ) -> torch.Tensor:
+    def __call__(self, token_terms: torch.Tensor, valid_counts: torch.Tensor, norm: Normalizers) -> torch.Tensor:
         """Reduce ``token_terms`` [B, T] (already zero where a token does not contribute) to a scalar.
 
-        ``valid_counts`` [B] is each trajectory's number of valid tokens ``T_i``; ``num_trajectories``
-        is the B of the normaliser (the whole batch, rejected trajectories included).
+        ``valid_counts`` [B] is each trajectory's number of valid tokens ``T_i`` (before any filter).
         """
 
 
@@ -226,22 +374,37 @@ AGGREGATIONS: Registry[Aggregation] = Registry("aggregation")
 class SampleMean:
     """Sample-Mean Optimization: mean over each trajectory's T_i tokens, then mean over B."""
 
-    def __call__(self, token_terms, valid_counts, *, num_trajectories: int) -> torch.Tensor:
+    def __call__(self, token_terms, valid_counts, norm: Normalizers) -> torch.Tensor:
         per_traj = token_terms.sum(-1) / valid_counts.clamp(min=1).to(token_terms.dtype)  # [B]
-        return per_traj.sum() / num_trajectories
+        return per_traj.sum() / norm.num_trajectories
 
 
 @AGGREGATIONS.register("token_mean")
 class TokenMean:
-    """Ablation: one mean over all valid tokens of the batch (long trajectories weigh more).
+    """One mean over all valid tokens of the batch (long trajectories weigh more).
 
-    The normaliser counts the valid tokens of every trajectory, rejected ones included, mirroring
-    ``sample_mean``'s B. With data parallelism pass the global count as ``num_tokens``.
+    The reference's ``token_mean`` variant and GRPO's reduction (Molt's ``token-mean``: the token sum
+    over the batch's action-token count). The count includes the tokens of rejected trajectories,
+    mirroring ``sample_mean``'s B.
     """
 
-    def __init__(self, num_tokens: int | None = None) -> None:
-        self.num_tokens = num_tokens
+    def __call__(self, token_terms, valid_counts, norm: Normalizers) -> torch.Tensor:
+        return token_terms.sum() / max(norm.num_tokens, 1)
 
-    def __call__(self, token_terms, valid_counts, *, num_trajectories: int) -> torch.Tensor:
-        total = self.num_tokens if self.num_tokens is not None else int(valid_counts.sum())
-        return token_terms.sum() / max(total, 1)
+
+@AGGREGATIONS.register("constant_length")
+class ConstantLength:
+    """Token sum over the batch divided by ``B x L`` for a constant L: Dr. GRPO's normaliser.
+
+    The reference's ``constant_length`` variant (``examples/settings/
+    qwen2p5_7b_instruct_python_tool_10turn.json``: Molt's ``seq-mean-token-sum-norm`` with
+    ``loss_scale_factor = 6144``): each trajectory's token sum, averaged over B, divided by L.
+    """
+
+    def __call__(self, token_terms, valid_counts, norm: Normalizers) -> torch.Tensor:
+        if norm.constant_length is None or norm.constant_length < 1:
+            raise ValueError(
+                f"aggregation='constant_length' needs constant_length_normalizer, an integer >= 1 (the L of "
+                f"sum / (B x L)); got {norm.constant_length!r}. Set it, e.g. 6144 as the reference does."
+            )
+        return token_terms.sum() / (norm.num_trajectories * norm.constant_length)

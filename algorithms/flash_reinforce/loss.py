@@ -1,15 +1,23 @@
-"""The FlashREINFORCE reference loss (DESIGN §1), as one pure function.
+"""The FlashREINFORCE reference loss (docs/design.md §1), as one pure function.
 
 Per batch of B finished trajectories, one per prompt:
 
 1. One-Batch REINFORCE:  A_i = R_i - mean_j R_j                         (pluggable baseline)
 2. Token importance ratio:  rho_it = exp(log q_it - log p_it)           (p: behavior, q: current)
-3. Sequence Trust Region:  drift_i = mean_t KL_Bern(p_it || q_it);  trust_i = drift_i <= delta
+3. Sequence Trust Region:  drift_i = mean_t KL_Bern(p_it || q_it), p and q clamped to [1e-6, 1 - 1e-6];
+   trust_i = drift_i <= delta                                            (delta = inf: no trust region)
 4. Sample-Mean Optimization:
-       loss = -(1/B) sum_i trust_i * A_i / T_i * sum_t sg(rho_it) * log q_it
-   whose gradient equals that of -objective, objective = (1/B) sum_i trust_i A_i / T_i sum_t rho_it.
-5. Optional failure-token entropy filter: for A_i < 0 keep only tokens whose entropy is at least the
-   f-quantile of the trajectory's token entropies; T_i stays the trajectory's valid-token count.
+       loss = -(1/B) sum_i trust_i * A_i / T_i * sum_t keep_it * sg(rho_it) * log q_it
+   whose gradient equals that of -objective, objective = (1/B) sum_i trust_i A_i / T_i sum_t keep_it rho_it.
+5. Optional failure-token entropy filter: with negative_token_fraction = q < 1, a trajectory labelled a
+   failure (explicit labels, not the sign of A_i) keeps (keep_it = 1) only its ceil(q * T_i) tokens of
+   highest current-policy entropy, ties broken by position; T_i and B stay the original denominators.
+
+These are the semantics of the method's public reference loss (repository
+``yifanzhang-pro/FlashREINFORCE``, ``flashreinforce/loss.py``), written anew. Where flashrl differs it
+says so: a trajectory without valid tokens is rejected (the reference raises), and the components of
+``components.py`` (baseline, importance sampling, trust region, aggregation) swap in the ablations of
+the reference's experiment settings and the GRPO comparison.
 
 No clipping, no critic, no reference model. The caller takes exactly one optimizer step on ``.loss``.
 """
@@ -24,13 +32,16 @@ import torch
 from flashrl.algorithms.flash_reinforce.components import (
     AGGREGATIONS,
     BASELINES,
+    IMPORTANCE_SAMPLINGS,
     TRUST_REGIONS,
     Aggregation,
     Baseline,
+    ImportanceSampling,
+    Normalizers,
     TrustRegion,
 )
 
-__all__ = ["FlashReinforceLossOutput", "flash_reinforce_loss", "failure_entropy_keep_mask"]
+__all__ = ["FlashReinforceLossOutput", "failure_token_keep_mask", "flash_reinforce_loss"]
 
 # A sampled token's log-probability must be <= 0. Engines and float rounding give tiny positive
 # values (about 1e-7); those are clamped to 0. Anything larger means the caller passed something else
@@ -43,35 +54,40 @@ class FlashReinforceLossOutput:
     loss: torch.Tensor
     """Scalar to backpropagate (the detached-ratio practical surrogate)."""
     advantages: torch.Tensor
-    """[B] A_i = R_i - baseline_i (float32, detached)."""
+    """[B] the baseline's advantages (A_i = R_i - mean_j R_j by default), detached."""
     drift: torch.Tensor
-    """[B] mean per-token Bernoulli-KL drift over valid tokens (0 for a trajectory with none)."""
+    """[B] the trust region's mean per-token drift over valid tokens (0 for a trajectory with none)."""
     trust_mask: torch.Tensor
     """[B] bool: the trajectory contributes to the loss."""
+    keep_mask: torch.Tensor
+    """[B, T] bool: the tokens whose term is in the loss (trusted trajectory, kept by the filter)."""
     metrics: dict[str, float]
     """accepted_fraction, drift_mean/max, ratio_mean/max, advantage_mean/std, tokens_valid/kept, ..."""
 
 
-def failure_entropy_keep_mask(
+def failure_token_keep_mask(
     entropy: torch.Tensor,
     loss_mask: torch.Tensor,
-    advantages: torch.Tensor,
-    quantile: float,
+    failures: torch.Tensor,
+    fraction: float,
 ) -> torch.Tensor:
     """Which valid tokens keep their loss term under the failure-token entropy filter.
 
-    For trajectories with ``A_i < 0`` a token is kept iff its entropy is >= the ``quantile`` of that
-    trajectory's valid-token entropies (torch.quantile, linear interpolation). Other trajectories keep
-    every valid token. Returns a bool [B, T] mask (a subset of ``loss_mask``).
+    A trajectory with ``failures[i]`` keeps exactly ``ceil(fraction * T_i)`` of its ``T_i`` valid
+    tokens: those of highest ``entropy``, ties broken by position (the earlier token first, a stable
+    descending sort, as the reference ``flashreinforce/loss.py``). Other trajectories keep every valid
+    token. Returns a bool [B, T] mask (a subset of ``loss_mask``).
     """
-    keep = loss_mask.clone()  # [B, T]
-    for i in torch.nonzero(advantages < 0).flatten().tolist():
-        valid = loss_mask[i]
-        if not bool(valid.any()):
-            continue
-        threshold = torch.quantile(entropy[i][valid], quantile)
-        keep[i] = valid & (entropy[i] >= threshold)
-    return keep
+    b, t = loss_mask.shape
+    lengths = loss_mask.sum(-1)  # [B]  T_i
+    # Python's float product, as math.ceil(q * T_i) in the reference: float64 gives the same rounding.
+    counts = torch.ceil(fraction * lengths.to(torch.float64))  # [B]
+    scores = entropy.masked_fill(~loss_mask, -math.inf)  # [B, T]  padding sorts last
+    order = scores.argsort(dim=-1, descending=True, stable=True)  # [B, T]
+    positions = torch.arange(t, device=loss_mask.device).expand(b, t)  # [B, T]
+    rank = torch.empty_like(order).scatter_(1, order, positions)  # [B, T]  rank of each token
+    keep_failed = loss_mask & (rank < counts.unsqueeze(-1))  # [B, T]
+    return torch.where(failures.unsqueeze(-1), keep_failed, loss_mask)  # [B, T]
 
 
 def _check_inputs(
@@ -80,8 +96,6 @@ def _check_inputs(
     rewards: torch.Tensor,
     loss_mask: torch.Tensor,
     delta: float,
-    entropy: torch.Tensor | None,
-    failure_entropy_quantile: float | None,
 ) -> None:
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [B, T]; got shape {tuple(logprobs.shape)}.")
@@ -97,8 +111,11 @@ def _check_inputs(
         raise ValueError(f"rewards must have shape [B] = [{b}]; got {tuple(rewards.shape)}.")
     if loss_mask.dtype != torch.bool:
         raise ValueError(f"loss_mask must be a bool tensor; got {loss_mask.dtype}. Use mask.bool().")
-    if not (isinstance(delta, (int, float)) and delta >= 0 and not math.isnan(delta)):
-        raise ValueError(f"delta must be a number >= 0 (the drift threshold); got {delta!r}.")
+    if not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta >= 0
+            and not math.isnan(delta)):
+        raise ValueError(
+            f"delta must be a number >= 0 (the drift threshold; math.inf = no trust region); got {delta!r}."
+        )
     if not bool(torch.isfinite(rewards).all()):
         bad = torch.nonzero(~torch.isfinite(rewards)).flatten().tolist()
         raise ValueError(f"rewards must be finite; trajectories {bad} have {rewards[bad].tolist()}.")
@@ -115,13 +132,37 @@ def _check_inputs(
                 f"{name} are log-probabilities and must be <= 0; got a maximum of "
                 f"{float(valid_values.max()):.4g}. Did you pass logits or probabilities?"
             )
-    if failure_entropy_quantile is not None:
-        if not 0.0 <= failure_entropy_quantile <= 1.0:
-            raise ValueError(f"failure_entropy_quantile must be in [0, 1]; got {failure_entropy_quantile}.")
-        if entropy is None:
-            raise ValueError("failure_entropy_quantile is set but entropy is None; pass the [B, T] token entropies.")
-    if entropy is not None and entropy.shape != logprobs.shape:
-        raise ValueError(f"entropy must have shape {tuple(logprobs.shape)}; got {tuple(entropy.shape)}.")
+
+
+def _check_filter_inputs(
+    fraction: float,
+    entropy: torch.Tensor | None,
+    failures: torch.Tensor | None,
+    loss_mask: torch.Tensor,
+) -> bool:
+    """Validate the entropy filter's inputs; True when the filter is on (fraction < 1)."""
+    if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0.0 <= fraction <= 1.0):
+        raise ValueError(f"negative_token_fraction must be a number in [0, 1] (1 = off); got {fraction!r}.")
+    if fraction == 1.0:
+        return False
+    b = loss_mask.shape[0]
+    if entropy is None or failures is None:
+        missing = [name for name, v in (("entropy", entropy), ("failures", failures)) if v is None]
+        raise ValueError(
+            f"negative_token_fraction={fraction} filters failed trajectories but {' and '.join(missing)} "
+            "is None; pass the [B, T] token entropies and the [B] bool failure labels (the env's success "
+            "signal, not the sign of the advantage), or set negative_token_fraction=1.0."
+        )
+    if entropy.shape != loss_mask.shape:
+        raise ValueError(f"entropy must have shape {tuple(loss_mask.shape)}; got {tuple(entropy.shape)}.")
+    if failures.shape != (b,) or failures.dtype != torch.bool:
+        raise ValueError(
+            f"failures must be a bool tensor of shape [{b}]; got {failures.dtype} of shape "
+            f"{tuple(failures.shape)}. Use e.g. ~success.bool()."
+        )
+    if not entropy.is_floating_point() or not bool(torch.isfinite(entropy.detach()[loss_mask]).all()):
+        raise ValueError("entropy must be a floating tensor, finite at every valid (loss_mask) token.")
+    return True
 
 
 def flash_reinforce_loss(
@@ -132,13 +173,17 @@ def flash_reinforce_loss(
     *,
     delta: float,
     entropy: torch.Tensor | None = None,
-    failure_entropy_quantile: float | None = None,
+    failures: torch.Tensor | None = None,
+    negative_token_fraction: float = 1.0,
     baseline: str | Baseline | None = None,
+    importance_sampling: str | ImportanceSampling | None = None,
     trust_region: str | TrustRegion | None = None,
     aggregation: str | Aggregation | None = None,
     group_ids: torch.Tensor | None = None,
     advantages: torch.Tensor | None = None,
     num_trajectories: int | None = None,
+    num_tokens: int | None = None,
+    constant_length_normalizer: int | None = None,
 ) -> FlashReinforceLossOutput:
     """FlashREINFORCE loss for one batch (see the module docstring for the math).
 
@@ -147,26 +192,35 @@ def flash_reinforce_loss(
         behavior_logprobs: [B, T] log-probs recorded by the inference engine at sampling time.
         rewards: [B] scalar returns.
         loss_mask: [B, T] bool, True at tokens the policy sampled.
-        delta: Sequence Trust Region threshold on the mean per-token Bernoulli KL.
-        entropy: [B, T] current-policy token entropies (needed by the entropy filter only).
-        failure_entropy_quantile: f in [0, 1] enables the failure-token entropy filter.
-        baseline: name in ``BASELINES`` or a callable; default ``"batch_mean"``.
+        delta: Sequence Trust Region threshold on the mean per-token drift; ``math.inf`` turns it off.
+        entropy: [B, T] current-policy token entropies (the entropy filter only).
+        failures: [B] bool, True for a failed trajectory (the entropy filter only).
+        negative_token_fraction: q in [0, 1]; below 1 a failed trajectory keeps its ceil(q * T_i)
+            highest-entropy tokens (the reference's ``negative_token_fraction``); 1 = off.
+        baseline: name in ``BASELINES`` or a callable (rewards -> advantages); default ``"batch_mean"``.
+        importance_sampling: name in ``IMPORTANCE_SAMPLINGS``: ``"token"`` (default) or ``"none"``
+            (ratio 1, the reference's ``no_is``; the trust region then sees no drift).
         trust_region: name in ``TRUST_REGIONS`` or a callable; default ``"bernoulli_kl"``.
         aggregation: name in ``AGGREGATIONS`` or a callable; default ``"sample_mean"``.
-        group_ids: [B] prompt ids for ``baseline="group_mean"``.
+        group_ids: [B] prompt ids for the group baselines (``group_mean``, ``group_norm``).
         advantages: [B] precomputed advantages (data-parallel shards compute them on the global batch);
             when given, ``rewards`` and ``baseline`` are only used for metrics.
         num_trajectories: the B of the 1/B normaliser (the global batch size under data parallelism);
             default: this batch's B.
+        num_tokens: the valid-token count of ``token_mean`` (global under data parallelism); default:
+            this batch's.
+        constant_length_normalizer: the L of ``constant_length`` (sum / (B x L)).
 
     Inputs in float32 or bfloat16 are computed in float32; float64 stays float64.
     """
-    _check_inputs(logprobs, behavior_logprobs, rewards, loss_mask, delta, entropy, failure_entropy_quantile)
+    _check_inputs(logprobs, behavior_logprobs, rewards, loss_mask, delta)
+    filter_on = _check_filter_inputs(negative_token_fraction, entropy, failures, loss_mask)
     dtype = torch.float64 if logprobs.dtype == torch.float64 else torch.float32
     b = logprobs.shape[0]
     num_trajectories = b if num_trajectories is None else num_trajectories
     if num_trajectories < b:
         raise ValueError(f"num_trajectories (the global B) must be >= this batch's B = {b}; got {num_trajectories}.")
+    num_tokens = int(loss_mask.sum()) if num_tokens is None else num_tokens
 
     zeros = torch.zeros((), dtype=dtype, device=logprobs.device)
     logq = torch.where(loss_mask, logprobs.to(dtype), zeros)  # [B, T]  differentiable
@@ -176,33 +230,35 @@ def flash_reinforce_loss(
 
     # 1. One-Batch REINFORCE advantages (computed outside the gradient path).
     if advantages is None:
-        base = BASELINES.resolve(baseline, "batch_mean")(rewards, group_ids=group_ids)  # [B]
-        advantages = (rewards - base).detach()  # [B]
+        advantages = BASELINES.resolve(baseline, "batch_mean")(rewards, group_ids=group_ids).detach()  # [B]
     else:
         if advantages.shape != (b,):
             raise ValueError(f"advantages must have shape [{b}]; got {tuple(advantages.shape)}.")
         advantages = advantages.to(dtype).detach()
 
-    # 2. Token importance ratios, detached: the gradient flows through log q only.
-    ratio = torch.exp(logq_now - logp)  # [B, T]
+    # 2. Token importance ratios, detached: the gradient flows through log q only. The denominator is
+    #    the behavior policy, or the current policy itself without behavior correction.
+    denominator = IMPORTANCE_SAMPLINGS.resolve(importance_sampling, "token")(logq_now, logp)  # [B, T]
+    denominator = torch.where(loss_mask, denominator.detach(), zeros)  # [B, T]
+    ratio = torch.exp(logq_now - denominator)  # [B, T]
 
     # 3. Sequence Trust Region: one decision per whole trajectory.
-    decision = TRUST_REGIONS.resolve(trust_region, "bernoulli_kl")(logq_now, logp, loss_mask, delta=delta)
+    decision = TRUST_REGIONS.resolve(trust_region, "bernoulli_kl")(logq_now, denominator, loss_mask, delta=delta)
     trust = decision.trust_mask  # [B] bool
 
     # 5. Optional failure-token entropy filter (T_i below stays the full valid count).
     keep = loss_mask  # [B, T]
-    if failure_entropy_quantile is not None:
-        keep = failure_entropy_keep_mask(entropy.detach().to(dtype), loss_mask, advantages, failure_entropy_quantile)
+    if filter_on:
+        keep = failure_token_keep_mask(entropy.detach().to(dtype), loss_mask, failures, negative_token_fraction)
     contributes = keep & trust.unsqueeze(-1)  # [B, T]
 
     # 4. Sample-Mean Optimization of the detached-ratio surrogate.
     weights = torch.where(contributes, advantages.unsqueeze(-1) * ratio, zeros)  # [B, T]
     token_terms = weights * logq  # [B, T]
     valid_counts = loss_mask.sum(-1)  # [B]  T_i
-    objective = AGGREGATIONS.resolve(aggregation, "sample_mean")(
-        token_terms, valid_counts, num_trajectories=num_trajectories
-    )
+    norm = Normalizers(num_trajectories=num_trajectories, num_tokens=num_tokens,
+                       constant_length=constant_length_normalizer)
+    objective = AGGREGATIONS.resolve(aggregation, "sample_mean")(token_terms, valid_counts, norm)
     loss = -objective
 
     metrics = _metrics(ratio, loss_mask, contributes, decision.drift, trust, advantages, rewards)
@@ -211,6 +267,7 @@ def flash_reinforce_loss(
         advantages=advantages,
         drift=decision.drift,
         trust_mask=trust,
+        keep_mask=contributes,
         metrics=metrics,
     )
 

@@ -15,14 +15,13 @@ LOG_HALF = math.log(0.5)
 LOG_QUARTER = math.log(0.25)
 
 
-
-
 def bernoulli_kl_scalar(logp: float, logq: float) -> float:
-    p, q = math.exp(logp), math.exp(logq)
+    # p and q clamped to [1e-6, 1 - 1e-6], as the reference (flashreinforce/loss.py) and Molt do.
+    p, q = (min(max(math.exp(x), 1e-6), 1 - 1e-6) for x in (logp, logq))
     return p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
 
 
-def reference_objective(logq, logp, rewards, mask, delta, entropy=None, quantile=None):
+def reference_objective(logq, logp, rewards, mask, delta, entropy=None, fraction=1.0, failures=None):
     """Returns (objective, surrogate, advantages, drifts, accepted); float64 loops.
 
     ``objective`` is differentiable (undetached ratio); ``surrogate`` is the value of the practical
@@ -45,10 +44,9 @@ def reference_objective(logq, logp, rewards, mask, delta, entropy=None, quantile
         if not ok:
             continue
         kept = idx
-        if quantile is not None and a < 0:
-            ents = torch.tensor([float(entropy[i, t]) for t in idx], dtype=torch.float64)
-            thr = float(torch.quantile(ents, quantile))
-            kept = [t for t in idx if float(entropy[i, t]) >= thr]
+        if fraction < 1 and bool(failures[i]):
+            # the ceil(q * T_i) highest-entropy tokens, earlier position first among equals
+            kept = sorted(idx, key=lambda t: (-float(entropy[i, t]), t))[: math.ceil(fraction * n)]
         term = sum(torch.exp(logq[i, t] - logp[i, t]) for t in kept) if kept else torch.zeros((), dtype=torch.float64)
         objective = objective + a / n * term
         surrogate -= a / n * sum(math.exp(float(logq[i, t].detach()) - float(logp[i, t])) * float(logq[i, t].detach()) for t in kept)
@@ -131,16 +129,21 @@ def _random_batch(seed: int, b: int, t: int, drift_scale: float = 0.3):
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("quantile", [None, 0.4])
-def test_matches_float64_reference(seed, quantile):
+@pytest.mark.parametrize("fraction", [1.0, 0.4, 0.0])
+def test_matches_float64_reference(seed, fraction):
     logq, logp, rewards, mask, entropy = _random_batch(seed, b=6, t=9)
+    entropy = entropy.round(decimals=0)  # ties: broken by position
+    failures = torch.arange(6) % 2 == 0  # explicit labels, unrelated to the advantages' signs
     delta = 0.05
     q1 = logq.clone().requires_grad_()
-    out = flash_reinforce_loss(q1, logp, rewards, mask, delta=delta, entropy=entropy, failure_entropy_quantile=quantile)
+    out = flash_reinforce_loss(q1, logp, rewards, mask, delta=delta, entropy=entropy, failures=failures,
+                               negative_token_fraction=fraction)
     out.loss.backward()
 
     q2 = logq.clone().requires_grad_()
-    objective, surrogate, adv, drift, accepted = reference_objective(q2, logp, rewards, mask, delta, entropy, quantile)
+    objective, surrogate, adv, drift, accepted = reference_objective(
+        q2, logp, rewards, mask, delta, entropy, fraction, failures
+    )
     (-objective).backward()
 
     assert out.loss.dtype == torch.float64
@@ -207,7 +210,10 @@ def test_rejected_trajectories_get_exactly_zero_gradient():
     rejected = ~out.trust_mask
     assert rejected.any() and out.trust_mask.any(), "the batch should mix accepted and rejected"
     assert torch.equal(q.grad[rejected], torch.zeros_like(q.grad[rejected]))
-    assert (q.grad[out.trust_mask & mask.any(-1)].abs().sum(-1) > 0).all() or (out.advantages == 0).any()
+    # Every accepted trajectory with a token and a non-zero advantage gets a gradient.
+    live = out.trust_mask & mask.any(-1) & (out.advantages != 0)
+    assert live.any()
+    assert (q.grad[live].abs().sum(-1) > 0).all()
 
 
 def test_trajectory_without_valid_tokens_is_rejected_but_counts_in_b():
@@ -244,22 +250,63 @@ def test_batch_of_one():
 
 
 def test_entropy_filter_semantics():
-    # Row 0 fails (A = -0.5): entropies [0.1, 0.5, 0.9, 0.3]; the 0.5-quantile (linear) of the sorted
-    # [0.1, 0.3, 0.5, 0.9] is 0.4 -> only columns 1 and 2 keep their term; T_0 stays 4.
-    # Row 1 succeeds (A = +0.5): every token keeps its term despite low entropy.
+    # Row 0 is labelled a failure: entropies [0.1, 0.5, 0.9, 0.3], q = 0.5 -> ceil(0.5 * 4) = 2 tokens
+    # kept, the two of highest entropy (columns 2 and 1); T_0 stays 4.
+    # Row 1 succeeded: every token keeps its term despite low entropy.
     logq = torch.full((2, 4), LOG_HALF, requires_grad=True)
     entropy = torch.tensor([[0.1, 0.5, 0.9, 0.3], [0.0, 0.0, 0.0, 0.0]])
     mask = torch.ones(2, 4, dtype=torch.bool)
     out = flash_reinforce_loss(
-        logq, logq.detach(), torch.tensor([0.0, 1.0]), mask, delta=0.1, entropy=entropy, failure_entropy_quantile=0.5
+        logq, logq.detach(), torch.tensor([0.0, 1.0]), mask, delta=0.1, entropy=entropy,
+        failures=torch.tensor([True, False]), negative_token_fraction=0.5,
     )
     out.loss.backward()
-    # kept failure tokens: -(1/2)(-0.5)/4 = 1/16; success tokens: -(1/2)(0.5)/4 = -1/16
+    # A = [-0.5, 0.5]; kept failure tokens: -(1/2)(-0.5)/4 = 1/16; success tokens: -(1/2)(0.5)/4 = -1/16
     expected = torch.tensor([[0.0, 1 / 16, 1 / 16, 0.0], [-1 / 16] * 4])
     torch.testing.assert_close(logq.grad, expected)
     assert out.metrics["tokens_kept"] == 6
+    assert out.keep_mask.tolist() == [[False, True, True, False], [True] * 4]
     # loss = -(1/2)[(-0.5)/4 * 2 ln .5 + 0.5/4 * 4 ln .5] = -(1/2)(0.25 ln .5) = -0.125 ln .5
     assert out.loss.item() == pytest.approx(-0.125 * math.log(0.5), abs=1e-6)
+
+
+def test_entropy_filter_ties_go_to_the_earlier_token_and_padding_never_counts():
+    # A failed row of T_0 = 5 valid tokens (column 5 is padding with a huge entropy), entropies
+    # [1, 2, 2, 2, 0]: q = 0.5 keeps ceil(2.5) = 3 tokens, 2, 2 and 2 (columns 1, 2, 3); q = 0.3 keeps
+    # ceil(1.5) = 2: columns 1 and 2 (column 3 ties with them but comes later); q = 0.2 keeps ceil(1.0) = 1.
+    entropy = torch.tensor([[1.0, 2.0, 2.0, 2.0, 0.0, 99.0]])
+    mask = _mask([[1, 1, 1, 1, 1, 0]])
+    failures = torch.tensor([True])
+    from flashrl.algorithms.flash_reinforce.loss import failure_token_keep_mask
+
+    def kept(q):
+        return torch.nonzero(failure_token_keep_mask(entropy, mask, failures, q)[0]).flatten().tolist()
+
+    assert kept(0.5) == [1, 2, 3]
+    assert kept(0.3) == [1, 2]
+    assert kept(0.2) == [1]
+    assert kept(0.0) == []
+    assert kept(1.0) == [0, 1, 2, 3, 4]
+    assert failure_token_keep_mask(entropy, mask, ~failures, 0.0).tolist() == mask.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), b=st.integers(1, 6), t=st.integers(1, 9), fraction=st.floats(0.0, 1.0))
+def test_property_entropy_filter_keeps_ceil_q_t_of_the_highest_entropies(seed, b, t, fraction):
+    from flashrl.algorithms.flash_reinforce.loss import failure_token_keep_mask
+
+    _, _, _, mask, entropy = _random_batch(seed, b, t)
+    failures = torch.rand(b, generator=torch.Generator().manual_seed(seed)) < 0.5
+    keep = failure_token_keep_mask(entropy, mask, failures, fraction)
+    assert not (keep & ~mask).any()
+    for i in range(b):
+        n = int(mask[i].sum())
+        if not failures[i]:
+            assert torch.equal(keep[i], mask[i])
+            continue
+        assert int(keep[i].sum()) == math.ceil(fraction * n)
+        if keep[i].any() and (mask[i] & ~keep[i]).any():
+            assert entropy[i][keep[i]].min() >= entropy[i][mask[i] & ~keep[i]].max()
 
 
 def test_bfloat16_inputs_are_computed_in_float32():
@@ -278,7 +325,8 @@ def test_bfloat16_inputs_are_computed_in_float32():
 def test_inputs_are_not_modified():
     logq, logp, rewards, mask, entropy = _random_batch(2, b=3, t=4)
     copies = [x.clone() for x in (logq, logp, rewards, mask, entropy)]
-    flash_reinforce_loss(logq, logp, rewards, mask, delta=0.1, entropy=entropy, failure_entropy_quantile=0.5)
+    flash_reinforce_loss(logq, logp, rewards, mask, delta=0.1, entropy=entropy,
+                         failures=torch.tensor([True, False, True]), negative_token_fraction=0.5)
     for before, after in zip(copies, (logq, logp, rewards, mask, entropy)):
         assert torch.equal(before, after)
 
@@ -354,7 +402,7 @@ def test_bad_inputs_raise_naming_the_problem(mutate, message):
         flash_reinforce_loss(*mutate(_ok()), delta=0.1)
 
 
-@pytest.mark.parametrize("delta", [-0.1, float("nan"), "0.1"])
+@pytest.mark.parametrize("delta", [-0.1, float("nan"), "0.1", True])
 def test_bad_delta(delta):
     with pytest.raises(ValueError, match="delta must be a number >= 0"):
         flash_reinforce_loss(*_ok(), delta=delta)
@@ -369,8 +417,16 @@ def test_non_finite_values_outside_the_mask_are_ignored():
     assert math.isfinite(out.loss.item())
 
 
-def test_entropy_filter_needs_entropy():
-    with pytest.raises(ValueError, match="entropy is None"):
-        flash_reinforce_loss(*_ok(), delta=0.1, failure_entropy_quantile=0.5)
-    with pytest.raises(ValueError, match=r"failure_entropy_quantile must be in \[0, 1\]"):
-        flash_reinforce_loss(*_ok(), delta=0.1, entropy=torch.zeros(2, 2), failure_entropy_quantile=1.5)
+def test_entropy_filter_needs_entropy_and_explicit_failures():
+    with pytest.raises(ValueError, match="entropy and failures is None"):
+        flash_reinforce_loss(*_ok(), delta=0.1, negative_token_fraction=0.5)
+    with pytest.raises(ValueError, match="failures is None"):
+        flash_reinforce_loss(*_ok(), delta=0.1, entropy=torch.zeros(2, 2), negative_token_fraction=0.5)
+    with pytest.raises(ValueError, match=r"failures must be a bool tensor of shape \[2\]"):
+        flash_reinforce_loss(*_ok(), delta=0.1, entropy=torch.zeros(2, 2), failures=torch.tensor([1.0, 0.0]),
+                             negative_token_fraction=0.5)
+    with pytest.raises(ValueError, match=r"negative_token_fraction must be a number in \[0, 1\]"):
+        flash_reinforce_loss(*_ok(), delta=0.1, entropy=torch.zeros(2, 2), failures=torch.tensor([True, False]),
+                             negative_token_fraction=1.5)
+    # q = 1 is the base method: nothing else is needed.
+    flash_reinforce_loss(*_ok(), delta=0.1, negative_token_fraction=1.0)
