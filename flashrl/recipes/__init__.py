@@ -11,46 +11,51 @@
 * `flashrl.recipes.architectures`, `flashrl.recipes.memory`: model shapes and memory formulas.
 """
 
-from flashrl.recipes.args import OVERRIDES, apply_overrides, node_plan_from_args, recipe_parser
-from flashrl.recipes.plan import Check, Plan, make_plan
-from flashrl.recipes.preset import CPU_PINS, GPU_PINS, NodePlan, Preset
-from flashrl.recipes.run import (
-    TrainSummary,
-    build_config,
-    plot_curves,
-    run_built,
-    run_preset,
-    train,
-    validate_or_exit,
-)
-from flashrl.recipes.setting_run import config_factory, run_setting, setting_config, setting_preset
-from flashrl.recipes.settings import SETTINGS, ResolvedSetting, SettingError, resolve_setting
+import importlib
+from typing import Any
 
-__all__ = [
-    "CPU_PINS",
-    "GPU_PINS",
-    "OVERRIDES",
-    "SETTINGS",
-    "Check",
-    "NodePlan",
-    "Plan",
-    "Preset",
-    "ResolvedSetting",
-    "SettingError",
-    "TrainSummary",
-    "apply_overrides",
-    "build_config",
-    "config_factory",
-    "make_plan",
-    "node_plan_from_args",
-    "plot_curves",
-    "recipe_parser",
-    "resolve_setting",
-    "run_built",
-    "run_preset",
-    "run_setting",
-    "setting_config",
-    "setting_preset",
-    "train",
-    "validate_or_exit",
-]
+# name -> submodule. Imported on first use (PEP 562), so that the data modules (settings, translate,
+# molt) load without the planner's dependencies (torch): scripts/train_molt.py runs on a bare Python.
+_EXPORTS = {
+    "OVERRIDES": "args",
+    "apply_overrides": "args",
+    "node_plan_from_args": "args",
+    "recipe_parser": "args",
+    "Check": "plan",
+    "Plan": "plan",
+    "make_plan": "plan",
+    "CPU_PINS": "preset",
+    "GPU_PINS": "preset",
+    "NodePlan": "preset",
+    "Preset": "preset",
+    "TrainSummary": "run",
+    "build_config": "run",
+    "plot_curves": "run",
+    "run_built": "run",
+    "run_preset": "run",
+    "train": "run",
+    "validate_or_exit": "run",
+    "config_factory": "setting_run",
+    "run_setting": "setting_run",
+    "setting_config": "setting_run",
+    "setting_preset": "setting_run",
+    "SETTINGS": "settings",
+    "ResolvedSetting": "settings",
+    "SettingError": "settings",
+    "resolve_setting": "settings",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flashrl.recipes' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"flashrl.recipes.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -10,7 +10,8 @@ Molt-style flag names (`actor.flash_gate_delta`, `rollout.n_samples_per_prompt`,
 `flashrl.recipes.molt` into the flags of the public Molt 0.2.1 CLI.
 
 Resolution follows the reference's `examples/run_experiment.py` semantics: the setting's flags are
-merged over `common.json`, then each selected variant in order (the last value wins); an unknown
+merged over `common.json` (itself over the two optimizer defaults the reference inherits from Molt
+0.2.1, `RUNTIME_DEFAULTS`), then each selected variant in order (the last value wins); an unknown
 variant is an error that lists the known ones; a variant that leaves the FlashREINFORCE loss
 (`actor.loss_mode` other than `flash_reinforce`, i.e. `grpo`) drops the `actor.flash_*` flags; and
 every resolved setting keeps one full-batch update per collected batch.
@@ -35,6 +36,7 @@ __all__ = [
     "FLASHRL_CHOICE",
     "FLASHRL_CHOICES",
     "REFERENCE",
+    "RUNTIME_DEFAULTS",
     "SETTINGS",
     "FlashrlChoices",
     "ResolvedSetting",
@@ -107,6 +109,15 @@ COMMON: Mapping[str, Any] = _frozen(
     }
 )
 """The flags every setting starts from (`examples/settings/common.json`)."""
+
+RUNTIME_DEFAULTS_SOURCE = "molt-rl 0.2.1 default (molt/cli/common_args.py), not set by the reference"
+RUNTIME_DEFAULTS: Mapping[str, Any] = _frozen(
+    {  # what the reference's runs take from Molt 0.2.1's parser because no settings file sets it
+        "actor.adam.betas": (0.9, 0.95),
+        "actor.adam.eps": 1e-08,
+    }
+)
+"""Optimizer values the reference inherits from its runtime; merged under `COMMON`."""
 
 
 @dataclass(frozen=True)
@@ -498,8 +509,8 @@ def resolve_setting(name: str, variants: Sequence[str] = ()) -> ResolvedSetting:
     if name not in SETTINGS:
         raise SettingError(f"unknown setting {name!r}: expected one of {sorted(SETTINGS)}.")
     setting = SETTINGS[name]
-    flags = dict(COMMON)
-    origin = {key: COMMON_SOURCE for key in COMMON}
+    flags = {**RUNTIME_DEFAULTS, **COMMON}
+    origin = {key: RUNTIME_DEFAULTS_SOURCE for key in RUNTIME_DEFAULTS} | {key: COMMON_SOURCE for key in COMMON}
     flags.update(setting.flags)
     origin.update({key: setting.source for key in setting.flags})
     for variant in variants:

@@ -120,6 +120,8 @@ TRANSLATION: Mapping[str, Translation] = {
     "actor.optim": Translation("optimizer", "Adam with decoupled weight decay", values={"adam": "adamw"}),
     "actor.adam.lr": Translation("lr", "peak learning rate"),
     "actor.adam.weight_decay": Translation("weight_decay", "decoupled weight decay"),
+    "actor.adam.betas": Translation("betas", "Adam betas", convert=tuple),
+    "actor.adam.eps": Translation("adam_eps", "Adam epsilon"),
     "actor.lr_scheduler": Translation("lr_schedule", "learning-rate schedule",
                                       values={"cosine_with_min_lr": "cosine_with_min_lr", "constant": "constant"}),
     "actor.lr_warmup_ratio": Translation("lr_warmup_ratio", "warmup share of total_updates"),

@@ -118,7 +118,7 @@ def test_every_flag_of_every_setting_translates(name: str, variant: str | None) 
                                 "max_episode_tokens", "temperature", "async_queue_size", "total_updates",
                                 "evaluation_num_samples_per_prompt", "evaluation_temperature", "evaluation_top_p"}
     for field_name, source in out.sources.items():
-        assert source.startswith(("examples/", "ceil(", FLASHRL_CHOICE)), (field_name, source)
+        assert source.startswith(("examples/", "ceil(", "molt-rl 0.2.1 default", FLASHRL_CHOICE)), (field_name, source)
     values = out.values
     assert values["max_new_tokens"] < values["max_episode_tokens"]
     assert values["episodes_in_flight_per_env_runner"] * FLASHRL_CHOICES[name].num_env_runners == (
@@ -133,6 +133,7 @@ def test_translated_values_of_the_qwen7b_tool_setting() -> None:
     assert (values["delta"], values["negative_token_fraction"], values["aggregation"]) == (0.001, 1.0, "sample_mean")
     assert values["env_config"] == {"max_turns": 10}
     assert (values["dtype"], values["gradient_checkpointing"], values["optimizer"]) == ("bfloat16", True, "adamw")
+    assert (values["betas"], values["adam_eps"]) == ((0.9, 0.95), 1e-8)  # Molt 0.2.1's defaults
     assert values["total_updates"] == 59 * 68  # ceil(7500 / 128) rounds x 68 dataset passes
     constant = flashrl_fields(resolved("qwen7b_tool", "constant_length")).values
     assert (constant["aggregation"], constant["constant_length_normalizer"]) == ("constant_length", 6144)
