@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass
 class Episode:
@@ -32,9 +34,26 @@ class Episode:
     terminated: bool = True
     truncated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
-    """Environment details (verification result, turn count, ...); must be picklable."""
+    """Environment details (verification result, turn count, ...) of the last step; must be picklable."""
+    success: bool | None = None
+    """Whether the episode solved its task; None = taken from ``info["success"]``, None if absent.
+
+    The env contract (``flashrl.envs.base``) puts a bool ``info["success"]`` in every step's info. It
+    labels failures for the failure-token entropy filter, which, as the method's reference does,
+    uses explicit labels and never the reward or the advantage sign. flashrl does not guess a label
+    from the reward: an env that reports none leaves this None, and the filter then refuses the batch.
+    """
 
     def __post_init__(self) -> None:
+        if self.success is None and "success" in self.info:
+            self.success = self.info["success"]
+        if self.success is not None:
+            if not isinstance(self.success, (bool, np.bool_)):
+                raise TypeError(
+                    f"Episode {self.prompt_id!r}: success (info['success']) must be a bool or None; got "
+                    f"{self.success!r} ({type(self.success).__name__})."
+                )
+            self.success = bool(self.success)
         n = len(self.token_ids)
         if len(self.loss_mask) != n or len(self.behavior_logprobs) != n:
             raise ValueError(

@@ -48,6 +48,9 @@ class TrainBatch:
     """[B] long: oldest policy version that generated a segment of the episode (-1 if unknown)."""
     prompt_ids: list[str]
     """The prompt/task key of each episode."""
+    success: torch.Tensor | None = None
+    """[B] bool or None: whether each episode solved its task (the env's ``info["success"]``); None
+    when any episode of the batch carries no label. The failure-token entropy filter needs it."""
 
     def __post_init__(self) -> None:
         if self.token_ids.dim() != 2:
@@ -65,6 +68,8 @@ class TrainBatch:
         }
         if self.group_ids is not None:
             expected["group_ids"] = ((b,), (torch.int64,))
+        if self.success is not None:
+            expected["success"] = ((b,), (torch.bool,))
         for name, (shape, dtypes) in expected.items():
             value = getattr(self, name)
             if not isinstance(value, torch.Tensor):
@@ -152,6 +157,8 @@ class TrainBatch:
         policy_versions = torch.tensor(
             [UNKNOWN_POLICY_VERSION if v is None else v for v in versions], dtype=torch.long
         )  # [B]
+        labels = [ep.success for ep in episodes]
+        success = None if any(s is None for s in labels) else torch.tensor(labels, dtype=torch.bool)  # [B]
         groups = None
         if group_ids is not None:
             groups = torch.as_tensor(group_ids, dtype=torch.long).reshape(-1)  # [B]
@@ -166,6 +173,7 @@ class TrainBatch:
             group_ids=groups,
             policy_versions=policy_versions,
             prompt_ids=[ep.prompt_id for ep in episodes],
+            success=success,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -180,6 +188,22 @@ class TrainBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.attention_mask.sum())
+
+    @property
+    def failures(self) -> torch.Tensor:
+        """[B] bool: the episodes that did not solve their task (``~success``).
+
+        Raises ``ValueError`` when the batch has no success labels: the env must report
+        ``info["success"]`` (see ``flashrl.envs.base``).
+        """
+        if self.success is None:
+            raise ValueError(
+                "This batch has no success labels (an episode's Episode.success is None), which the "
+                "failure-token entropy filter (negative_token_fraction < 1) needs. Make the environment put "
+                "a bool info['success'] in every step's info (the flashrl envs do; see flashrl.envs.base), "
+                "or set negative_token_fraction=1.0."
+            )
+        return ~self.success
 
     def non_finite_reason(self) -> str | None:
         """Why the batch must not be trained on (a non-finite reward or recorded log-prob), or None."""
@@ -230,6 +254,7 @@ class TrainBatch:
             group_ids=None if self.group_ids is None else self.group_ids[index],
             policy_versions=self.policy_versions[index],
             prompt_ids=list(self.prompt_ids[index]),
+            success=None if self.success is None else self.success[index],
         )
 
     def to(self, device: torch.device | str) -> TrainBatch:

@@ -3,8 +3,9 @@
 Data parallelism keeps the method exact. Every rank receives the WHOLE batch (token ids are small)
 and computes the batch-global quantities on it: the baseline's advantages ``A_i = R_i - b_i`` and the
 normaliser (B for sample-mean, the valid-token count for token-mean). It then recomputes log-probs on
-its own contiguous shard only and evaluates the loss with those global values, so its loss is that
-shard's share of the global loss, ``-(1/B) sum_{i in shard} ...``. Summing the gradients over ranks
+its own contiguous shard only and evaluates the loss with those global values (B, the valid-token
+count, the constant length), so its loss is that shard's share of the global loss,
+``-(1/B) sum_{i in shard} ...``. Summing the gradients over ranks
 (all-reduce SUM) then gives exactly the gradient of the global loss; each rank clips and steps on the
 same summed gradient, so the replicas stay identical. Metrics are reduced the same way (sums and maxes
 over ranks), so every rank returns the metrics of the global batch.
@@ -13,8 +14,13 @@ Returned metrics (flat floats): ``loss``, ``grad_norm`` (before clipping), ``acc
 ``num_rejected``, ``drift_mean``, ``drift_max``, ``ratio_mean``, ``ratio_min``, ``ratio_max``,
 ``advantage_mean``, ``advantage_std``, ``reward_mean``, ``entropy_mean``, ``tokens_valid`` (sampled
 tokens), ``tokens_kept`` (those in the loss), ``tokens_total`` (all non-padding tokens), ``episodes``,
-``applied`` (1.0, or 0.0 for a skipped batch), ``num_skipped_batches``, ``version``, ``lr``,
-``logprob_time_s``, ``update_time_s``.
+``applied`` (1.0, or 0.0 for a skipped batch), ``num_skipped_batches``, ``version``, ``lr`` (the
+learning rate this update used, after the schedule), ``logprob_time_s``, ``update_time_s``. The
+``ratio_*`` metrics are the current/behavior probability ratios of the sampled tokens, a diagnostic of
+the policy lag, whether or not the loss corrects by them (``importance_sampling="none"`` does not).
+
+The optimizer takes one step per applied batch and the learning-rate schedule (``schedule.py``) one
+step after it; both states are part of ``get_state``, so a restored learner continues the schedule.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import torch
 
 from flashrl.learners import distributed as ddp
 from flashrl.learners.batch import TrainBatch
+from flashrl.learners.schedule import make_lr_scheduler
 from flashrl.learners.spec import OPTIMIZERS, LearnerSpec
 
 __all__ = ["STATE_FORMAT", "Learner"]
@@ -70,7 +77,7 @@ class Learner:
             )
         from transformers import AutoModelForCausalLM
 
-        from flashrl.algorithms.flash_reinforce.components import AGGREGATIONS, BASELINES
+        from flashrl.algorithms.flash_reinforce.components import BASELINES
 
         if not Path(spec.model, "config.json").is_file():
             raise FileNotFoundError(
@@ -105,8 +112,8 @@ class Learner:
         else:
             self.master_params = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
         self.optimizer = OPTIMIZERS[spec.optimizer](self.master_params, spec)
+        self.lr_scheduler = make_lr_scheduler(self.optimizer, spec)
         self._baseline = BASELINES.build(spec.baseline)
-        self._aggregations = AGGREGATIONS
         self.version = 0
         """Number of applied updates (a skipped batch does not count)."""
         self.skip_counts: Counter[str] = Counter()
@@ -127,6 +134,8 @@ class Learner:
         if reason is not None:
             return self._skip(reason, batch, start)
 
+        if self.spec.negative_token_fraction < 1.0:
+            batch.failures  # raises, with the fix, when the env gave no success labels
         advantages = self._advantages(batch)  # [B] over the GLOBAL batch
         shard = batch.shard(self.rank, self.world_size).to(self.device)
         t0 = time.perf_counter()
@@ -136,6 +145,7 @@ class Learner:
         if reason is not None:
             return self._skip(reason, batch, start)
 
+        lr = float(self.optimizer.param_groups[0]["lr"])  # this update's (scheduled) learning rate
         grad_norm = self._step(out.loss)
         if grad_norm is None:
             return self._skip("non_finite_gradients", batch, start)
@@ -147,7 +157,7 @@ class Learner:
             applied=1.0,
             num_skipped_batches=float(self.num_skipped_batches),
             version=float(self.version),
-            lr=float(self.optimizer.param_groups[0]["lr"]),
+            lr=lr,
             logprob_time_s=logprob_time,
             update_time_s=time.perf_counter() - start,
         )
@@ -174,18 +184,24 @@ class Learner:
                 and bool(torch.isfinite(entropy.detach()[valid]).all())):
             return logprobs, entropy, None, "non_finite_logprobs"
         lo, hi = batch.shard_bounds(self.rank, self.world_size)
+        spec = self.spec
+        filter_on = spec.negative_token_fraction < 1.0
         out = flash_reinforce_loss(
             logprobs,
             shard.behavior_logprobs,
             shard.rewards,
             valid,
-            delta=self.spec.delta,
+            delta=spec.delta,
             entropy=entropy,
-            failure_entropy_quantile=self.spec.failure_entropy_quantile,
-            trust_region=self.spec.trust_region,
-            aggregation=self._aggregation(batch),
+            failures=shard.failures if filter_on else None,  # [b_r] from the env's success labels
+            negative_token_fraction=spec.negative_token_fraction,
+            importance_sampling=spec.importance_sampling,
+            trust_region=spec.trust_region,
+            aggregation=spec.aggregation,
             advantages=advantages[lo:hi].to(self.device),  # [b_r] the global batch's advantages
             num_trajectories=batch.batch_size,  # the global B of the 1/B normaliser
+            num_tokens=batch.num_loss_tokens,  # the global valid-token count of token_mean
+            constant_length_normalizer=spec.constant_length_normalizer,
         )
         if not bool(torch.isfinite(out.loss.detach())):
             return logprobs, entropy, out, "non_finite_loss"
@@ -207,6 +223,7 @@ class Learner:
         if self.spec.grad_clip is not None:
             torch.nn.utils.clip_grads_with_norm_(self.master_params, self.spec.grad_clip, grad_norm)
         self.optimizer.step()
+        self.lr_scheduler.step()  # after the optimizer, as Molt (molt/trainer/fsdp/strategy.py)
         self._copy_master_to_model()
         self._zero_grad()
         return float(grad_norm)
@@ -237,22 +254,9 @@ class Learner:
                 p.copy_(master)
 
     def _advantages(self, batch: TrainBatch) -> torch.Tensor:
-        """``A_i = R_i - b_i`` [B] with the spec's baseline, on the whole batch."""
+        """The advantages [B] of the spec's baseline (``A_i = R_i - mean_j R_j`` by default), on the whole batch."""
         rewards = batch.rewards.to(torch.float32)  # [B]
-        return (rewards - self._baseline(rewards, group_ids=batch.group_ids)).detach()  # [B]
-
-    def _aggregation(self, batch: TrainBatch) -> Any:
-        """The aggregation, with its normaliser taken from the global batch when it needs one."""
-        if self.spec.aggregation == "token_mean":
-            from flashrl.algorithms.flash_reinforce.components import TokenMean
-
-            return TokenMean(num_tokens=batch.num_loss_tokens)
-        if self.world_size > 1 and self.spec.aggregation != "sample_mean":
-            raise ValueError(
-                f"aggregation={self.spec.aggregation!r} has no known data-parallel normaliser; use "
-                "'sample_mean' or 'token_mean' with num_learners > 1, or num_learners=1."
-            )
-        return self._aggregations.build(self.spec.aggregation)
+        return self._baseline(rewards, group_ids=batch.group_ids).detach()  # [B]
 
     def _agree_on_skip(self, local_reason: str | None) -> str | None:
         """The first skip reason any rank found (all ranks must skip together or step together)."""
@@ -372,6 +376,7 @@ class Learner:
             "format": STATE_FORMAT,
             "model": self.get_weights(),
             "optimizer": _to_cpu(self.optimizer.state_dict()),
+            "lr_scheduler": self.lr_scheduler.state_dict(),
             "rng": _rng_state(),
             "version": self.version,
             "skip_counts": dict(self.skip_counts),
@@ -399,6 +404,12 @@ class Learner:
                 for master, value in zip(self.master_params, masters):
                     master.copy_(value)
         self.optimizer.load_state_dict(state["optimizer"])
+        if "lr_scheduler" in state:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        else:  # a state saved before schedules existed: the schedule is at its `version`-th update
+            self.lr_scheduler = make_lr_scheduler(self.optimizer, self.spec)
+            for _ in range(int(state["version"])):
+                self.lr_scheduler.step()
         _set_rng_state(state["rng"])
         self.version = int(state["version"])
         self.skip_counts = Counter(state.get("skip_counts", {}))

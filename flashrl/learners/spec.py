@@ -34,6 +34,9 @@ def register_optimizer(name: str) -> Callable[[OptimizerFactory], OptimizerFacto
 
 @register_optimizer("adamw")
 def _adamw(params: Iterable[torch.nn.Parameter], spec: LearnerSpec) -> torch.optim.Optimizer:
+    # One parameter group: weight decay applies to every trainable parameter, norms and biases
+    # included, as in Molt's AdamW (molt/trainer/fsdp/strategy.py, `_init_train_model`: all
+    # `requires_grad` parameters in one group; only its Muon path exempts embeddings and the head).
     # foreach=False keeps the update order-independent and identical across data-parallel ranks.
     return torch.optim.AdamW(
         params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay, foreach=False
@@ -54,27 +57,39 @@ class LearnerSpec:
     dtype: str = "float32"
     """Compute dtype of the policy: "float32", or "bfloat16" (with float32 master weights and optimizer)."""
     lr: float = 1e-6
-    """Optimizer learning rate (one step per batch, so this is the whole per-batch step size)."""
+    """Peak optimizer learning rate (one step per batch); the schedule multiplies it per update."""
+    lr_schedule: str = "constant"
+    """Name in LR_SCHEDULES: "constant" or "cosine_with_min_lr" (linear warmup, half cosine to a floor)."""
+    lr_warmup_ratio: float = 0.0
+    """cosine_with_min_lr: warmup updates = ceil(total_updates * ratio), lr rising linearly from 0."""
+    min_lr_ratio: float = 0.0
+    """cosine_with_min_lr: the final lr as a fraction of lr (held after total_updates)."""
+    total_updates: int | None = None
+    """Optimizer steps the run will take (the schedule's horizon); cosine_with_min_lr needs it."""
     optimizer: str = "adamw"
     """Name in the OPTIMIZERS registry: "adamw" or "sgd" (or one you registered)."""
     betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW's moment decay rates (ignored by SGD)."""
+    """AdamW's moment decay rates (ignored by SGD); Molt, the method's runtime, uses (0.9, 0.95)."""
     eps: float = 1e-8
     """AdamW's denominator epsilon (ignored by SGD)."""
     weight_decay: float = 0.0
-    """Decoupled weight decay (AdamW) or L2 penalty (SGD); 0 keeps the policy gradient pure."""
+    """Decoupled weight decay (AdamW) or L2 penalty (SGD) on every parameter; 0 keeps the gradient pure."""
     grad_clip: float | None = 1.0
     """Max global L2 norm of the gradient before the step; None turns clipping off."""
     delta: float = 0.01
-    """Sequence Trust Region threshold: a trajectory is used iff its mean token drift <= delta."""
+    """Sequence Trust Region threshold: a trajectory is used iff its mean token drift <= delta (inf: all)."""
     baseline: str = "batch_mean"
-    """Name in BASELINES: batch_mean (One-Batch REINFORCE), none, leave_one_out, group_mean."""
+    """Name in BASELINES: batch_mean (One-Batch REINFORCE), none, leave_one_out, group_mean, group_norm."""
+    importance_sampling: str = "token"
+    """Name in IMPORTANCE_SAMPLINGS: token (rho = q / p) or none (rho = 1, the reference's no_is)."""
     trust_region: str = "bernoulli_kl"
-    """Name in TRUST_REGIONS: bernoulli_kl (Sequence Trust Region) or none (ablation)."""
+    """Name in TRUST_REGIONS: bernoulli_kl (clamped, as published), bernoulli_kl_exact, tv or none."""
     aggregation: str = "sample_mean"
-    """Name in AGGREGATIONS: sample_mean (each trajectory weighs 1/B) or token_mean (ablation)."""
-    failure_entropy_quantile: float | None = None
-    """If set (0..1), negative-advantage trajectories train only on tokens at/above this entropy quantile."""
+    """Name in AGGREGATIONS: sample_mean (each trajectory weighs 1/B), token_mean or constant_length."""
+    constant_length_normalizer: int | None = None
+    """The L of aggregation="constant_length" (token sum / (B x L)), e.g. 6144."""
+    negative_token_fraction: float = 1.0
+    """q: a failed episode trains on its ceil(q * T_i) highest-entropy tokens; 1 = off (needs success labels)."""
     temperature: float = 1.0
     """The sampling temperature; current log-probs are recomputed under the same temperature."""
     logprob_chunk_size: int = 1024
@@ -102,11 +117,23 @@ class LearnerSpec:
             self.grad_clip is None or (math.isfinite(self.grad_clip) and self.grad_clip > 0),
             "grad_clip", "None (off) or a finite number > 0", self.grad_clip,
         )
-        _check(self.delta >= 0 and not math.isnan(self.delta), "delta", "a number >= 0", self.delta)
+        _check(self.delta >= 0 and not math.isnan(self.delta), "delta", "a number >= 0 (inf = no trust region)",
+               self.delta)
         _check(
-            self.failure_entropy_quantile is None or 0.0 <= self.failure_entropy_quantile <= 1.0,
-            "failure_entropy_quantile", "None or a number in [0, 1]", self.failure_entropy_quantile,
+            0.0 <= self.negative_token_fraction <= 1.0,
+            "negative_token_fraction", "a number in [0, 1] (1 = no filter)", self.negative_token_fraction,
         )
+        _check(
+            self.constant_length_normalizer is None or (
+                isinstance(self.constant_length_normalizer, int) and self.constant_length_normalizer >= 1),
+            "constant_length_normalizer", "None or an integer >= 1", self.constant_length_normalizer,
+        )
+        _check(
+            self.aggregation != "constant_length" or self.constant_length_normalizer is not None,
+            "constant_length_normalizer", 'an integer >= 1 with aggregation="constant_length" (e.g. 6144)',
+            self.constant_length_normalizer,
+        )
+        self._check_schedule()
         _check(
             math.isfinite(self.temperature) and self.temperature > 0,
             "temperature", "the sampling temperature, > 0 (greedy sampling has no log-probs to correct)",
@@ -117,13 +144,39 @@ class LearnerSpec:
             self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
             "device", '"auto", "cpu", "cuda" or "cuda:N"', self.device,
         )
-        from flashrl.algorithms.flash_reinforce.components import AGGREGATIONS, BASELINES, TRUST_REGIONS
+        from flashrl.algorithms.flash_reinforce.components import (
+            AGGREGATIONS,
+            BASELINES,
+            IMPORTANCE_SAMPLINGS,
+            TRUST_REGIONS,
+        )
 
         for name, registry in (
-            ("baseline", BASELINES), ("trust_region", TRUST_REGIONS), ("aggregation", AGGREGATIONS)
+            ("baseline", BASELINES), ("importance_sampling", IMPORTANCE_SAMPLINGS),
+            ("trust_region", TRUST_REGIONS), ("aggregation", AGGREGATIONS),
         ):
             value = getattr(self, name)
             _check(value in registry, name, f"one of {registry.names()}", value)
+
+    def _check_schedule(self) -> None:
+        from flashrl.learners.schedule import LR_SCHEDULES
+
+        _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"one of {sorted(LR_SCHEDULES)}", self.lr_schedule)
+        _check(
+            self.total_updates is None or (isinstance(self.total_updates, int) and self.total_updates >= 1),
+            "total_updates", "None or an integer >= 1", self.total_updates,
+        )
+        for name in ("lr_warmup_ratio", "min_lr_ratio"):
+            value = getattr(self, name)
+            _check(0.0 <= value <= 1.0, name, "a number in [0, 1]", value)
+        if self.lr_schedule == "cosine_with_min_lr":
+            _check(self.total_updates is not None, "total_updates",
+                   'the number of updates of the run with lr_schedule="cosine_with_min_lr"', self.total_updates)
+        else:
+            for name in ("lr_warmup_ratio", "min_lr_ratio"):
+                _check(getattr(self, name) == 0.0, name,
+                       f'0.0 with lr_schedule={self.lr_schedule!r} (only cosine_with_min_lr uses it)',
+                       getattr(self, name))
 
     @property
     def torch_dtype(self) -> torch.dtype:

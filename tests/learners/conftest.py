@@ -56,6 +56,7 @@ def make_episodes(
                 behavior_logprobs=behavior,
                 reward=rewards[i] if rewards is not None else float((i * 7) % 3 == 0),
                 policy_versions=[i % 2],
+                info={"success": i % 2 == 0},  # explicit labels, deliberately unrelated to the rewards
             )
         )
     return episodes

@@ -137,3 +137,41 @@ def test_shard_rejects_bad_rank():
     batch = TrainBatch.from_episodes([_episode("a", 2, 3)], pad_token_id=0)
     with pytest.raises(ValueError, match="rank"):
         batch.shard(1, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Success labels (the failure-token entropy filter's explicit failures).
+
+
+def test_success_labels_come_from_the_env_info_and_travel_with_the_rows():
+    import numpy as np
+
+    a = _episode("a", 2, 3, reward=0.5)  # a positive reward that is NOT a success (e.g. a format bonus)
+    a.info = {"success": False}
+    a.__post_init__()
+    b = Episode("b", [1, 2], [False, True], [0.0, -0.1], 0.0, info={"success": np.bool_(True)})
+    c = Episode("c", [1, 2, 3], [False, True, True], [0.0, -0.1, -0.2], 0.0, success=True, info={"success": False})
+    assert (a.success, b.success, c.success) == (False, True, True)  # an explicit field wins over info
+    batch = TrainBatch.from_episodes([a, b, c], pad_token_id=0)
+    assert batch.success.tolist() == [False, True, True]
+    assert batch.failures.tolist() == [True, False, False]
+    assert batch.shard(1, 2).success.tolist() == [True]
+    assert batch.rows(slice(0, 2)).failures.tolist() == [True, False]
+
+
+def test_an_episode_without_a_label_leaves_the_batch_unlabelled_and_the_filter_refuses_it():
+    labelled = Episode("a", [1, 2], [False, True], [0.0, -0.1], 1.0, info={"success": True})
+    unlabelled = _episode("b", 1, 2, reward=1.0)  # reward 1, yet flashrl never guesses a label from it
+    assert unlabelled.success is None
+    batch = TrainBatch.from_episodes([labelled, unlabelled], pad_token_id=0)
+    assert batch.success is None
+    with pytest.raises(ValueError, match=r"no success labels .* info\['success'\]"):
+        batch.failures
+
+
+def test_success_must_be_a_bool():
+    with pytest.raises(TypeError, match=r"success \(info\['success'\]\) must be a bool or None; got 1"):
+        Episode("a", [1, 2], [False, True], [0.0, -0.1], 1.0, info={"success": 1})
+    batch = TrainBatch.from_episodes([_episode("a", 2, 3)], pad_token_id=0)
+    with pytest.raises(ValueError, match="TrainBatch.success must have shape"):
+        replace(batch, success=torch.tensor([1]))

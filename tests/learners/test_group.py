@@ -15,7 +15,7 @@ DP_OPTIONS = {
     "lr": 1e-2,
     "grad_clip": 0.5,  # the clip must use the global norm
     "delta": 0.012,  # some trajectories rejected, some accepted
-    "failure_entropy_quantile": 0.5,  # needs the global advantages' signs
+    "negative_token_fraction": 0.5,  # needs the global batch's success labels on every shard
 }
 COMPARED = (
     "loss", "grad_norm", "accepted_fraction", "num_rejected", "drift_mean", "drift_max", "ratio_mean",

@@ -25,6 +25,8 @@ def _reference(model_path: str, batch: TrainBatch, **loss_kwargs):
     """Loss and gradients computed directly with transformers + the loss function, no Learner."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     logprobs, entropy = compute_token_logprobs(model, batch.token_ids, batch.attention_mask)  # [B, T]
+    if loss_kwargs.get("negative_token_fraction", 1.0) < 1.0:
+        loss_kwargs["failures"] = batch.failures
     out = flash_reinforce_loss(
         logprobs, batch.behavior_logprobs, batch.rewards, batch.loss_mask, entropy=entropy, **loss_kwargs
     )
@@ -37,25 +39,33 @@ def _reference(model_path: str, batch: TrainBatch, **loss_kwargs):
     [
         {},
         {"aggregation": "token_mean"},
-        {"failure_entropy_quantile": 0.5, "baseline": "leave_one_out"},
+        {"negative_token_fraction": 0.5, "baseline": "leave_one_out"},
+        {"aggregation": "constant_length", "constant_length_normalizer": 16, "importance_sampling": "none"},
+        {"trust_region": "tv", "delta": 0.02},
     ],
-    ids=["sample_mean", "token_mean", "entropy_filter_loo"],
+    ids=["sample_mean", "token_mean", "entropy_filter_loo", "constant_length_no_is", "tv"],
 )
 def test_update_is_one_sgd_step_along_minus_the_loss_gradient(make_spec, tiny_llama_path, batch, options):
-    delta = 0.012  # rejects some of the fixture's drifting trajectories, accepts others
-    learner = Learner(make_spec(optimizer="sgd", lr=1e-3, delta=delta, **options))
+    options = {"delta": 0.012, **options}  # 0.012 rejects some drifting trajectories, accepts others
+    learner = Learner(make_spec(optimizer="sgd", lr=1e-3, **options))
     before = _weights(learner.model)
     metrics = learner.update(batch)
 
-    ref, grads, _ = _reference(tiny_llama_path, batch, delta=delta, **options)
-    assert 0 < ref.metrics["accepted_fraction"] < 1  # both accepted and rejected trajectories present
+    ref, grads, _ = _reference(tiny_llama_path, batch, **options)
+    if options.get("importance_sampling") == "none":  # no behavior correction: nothing is rejected
+        assert ref.metrics["accepted_fraction"] == 1
+    else:
+        assert 0 < ref.metrics["accepted_fraction"] < 1  # both accepted and rejected trajectories present
     after = _weights(learner.model)
     for name, grad in grads.items():
         torch.testing.assert_close(after[name], before[name] - 1e-3 * grad, rtol=1e-5, atol=1e-7)
     assert any(float(g.abs().max()) > 0 for g in grads.values())
     assert metrics["loss"] == pytest.approx(float(ref.loss.detach()), rel=1e-5)
-    for key in ("accepted_fraction", "drift_mean", "drift_max", "ratio_mean", "ratio_max", "advantage_mean",
-                "advantage_std", "tokens_valid", "tokens_kept"):
+    compared = ["accepted_fraction", "drift_mean", "drift_max", "advantage_mean", "advantage_std", "tokens_valid",
+                "tokens_kept"]
+    if options.get("importance_sampling") != "none":  # the learner's ratios are always current/behavior
+        compared += ["ratio_mean", "ratio_max"]
+    for key in compared:
         assert metrics[key] == pytest.approx(ref.metrics[key], rel=1e-5, abs=1e-7), key
     assert metrics["grad_norm"] == pytest.approx(
         math.sqrt(sum(float(g.pow(2).sum()) for g in grads.values())), rel=1e-5
@@ -66,8 +76,12 @@ def test_update_is_one_sgd_step_along_minus_the_loss_gradient(make_spec, tiny_ll
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"aggregation": "token_mean", "baseline": "leave_one_out", "failure_entropy_quantile": 0.5}],
-    ids=["sample_mean", "token_mean_loo_filter"],
+    [
+        {},
+        {"aggregation": "token_mean", "baseline": "leave_one_out", "negative_token_fraction": 0.5},
+        {"aggregation": "constant_length", "constant_length_normalizer": 16},
+    ],
+    ids=["sample_mean", "token_mean_loo_filter", "constant_length"],
 )
 def test_shard_losses_add_up_to_the_global_loss_and_gradient(make_spec, batch, options):
     """The data-parallel decomposition, checked in one process: sum over 3 shards == the whole batch."""

@@ -39,7 +39,12 @@ def test_every_field_has_a_one_line_docstring():
         ({"baseline": "median"}, "baseline"),
         ({"trust_region": "ppo_clip"}, "trust_region"),
         ({"aggregation": "sum"}, "aggregation"),
-        ({"failure_entropy_quantile": 1.5}, "failure_entropy_quantile"),
+        ({"negative_token_fraction": 1.5}, "negative_token_fraction"),
+        ({"negative_token_fraction": -0.1}, "negative_token_fraction"),
+        ({"importance_sampling": "sequence"}, "importance_sampling"),
+        ({"aggregation": "constant_length"}, "constant_length_normalizer"),
+        ({"constant_length_normalizer": 0}, "constant_length_normalizer"),
+        ({"delta": float("nan")}, "delta"),
         ({"temperature": 0.0}, "temperature"),
         ({"logprob_chunk_size": 0}, "logprob_chunk_size"),
         ({"device": "tpu"}, "device"),
@@ -51,7 +56,10 @@ def test_rejects_impossible_settings_naming_field_expected_and_actual(overrides,
 
 
 def test_dict_round_trip_and_unknown_keys():
-    spec = LearnerSpec(model="m", lr=3e-6, betas=[0.8, 0.9], grad_clip=None, failure_entropy_quantile=0.2)
+    spec = LearnerSpec(model="m", lr=3e-6, betas=[0.8, 0.9], grad_clip=None, negative_token_fraction=0.2,
+                       lr_schedule="cosine_with_min_lr", total_updates=100, lr_warmup_ratio=0.03, min_lr_ratio=0.1,
+                       delta=float("inf"), importance_sampling="none", aggregation="constant_length",
+                       constant_length_normalizer=6144)
     assert spec.betas == (0.8, 0.9)
     assert LearnerSpec.from_dict(spec.to_dict()) == spec
     with pytest.raises(ValueError, match="Unknown LearnerSpec fields \\['learning_rate'\\]"):
