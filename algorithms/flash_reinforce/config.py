@@ -49,6 +49,8 @@ NotProvided: Any = _NotProvided()
 
 ENGINES = ("vllm", "torch")
 ROLLOUT_MODES = ("async", "sync_group")
+GROUP_BASELINES = ("group_mean", "group_norm")
+"""Baselines over the G rollouts of one prompt: only meaningful in 'sync_group' mode."""
 DTYPES = ("float32", "bfloat16")
 
 
@@ -112,27 +114,41 @@ class FlashReinforceConfig(_TuneConfig):
     dtype: str = "float32"
     """Learner parameter dtype: 'float32' or 'bfloat16'."""
     lr: float = 1e-6
-    """Learning rate of the single optimizer step per batch."""
+    """Peak learning rate of the single optimizer step per batch (lr_schedule scales it per update)."""
+    lr_schedule: str = "constant"
+    """'constant' or 'cosine_with_min_lr' (linear warmup, half cosine down to min_lr_ratio * lr)."""
+    lr_warmup_ratio: float = 0.0
+    """cosine_with_min_lr: ceil(total_updates * ratio) warmup updates from lr 0 (the reference: 0.03)."""
+    min_lr_ratio: float = 0.0
+    """cosine_with_min_lr: the final lr as a fraction of lr (the reference: 0.1)."""
+    total_updates: int | None = None
+    """Updates (optimizer steps) of the whole run, the schedule's horizon; cosine_with_min_lr needs it."""
     train_batch_size: int = 32
     """B: finished trajectories per update, each from a different prompt."""
     delta: float = 0.01
-    """Sequence trust region: a trajectory whose mean token Bernoulli-KL drift exceeds it is dropped."""
+    """Sequence trust region: a trajectory whose mean token drift exceeds it is dropped; inf = no trust region."""
     baseline: str | None = None
-    """Advantage baseline; None = 'batch_mean' (async) or 'group_mean' (sync_group)."""
+    """Advantage baseline: batch_mean, none, leave_one_out, group_mean, group_norm (GRPO); None = by rollout_mode."""
+    importance_sampling: str = "token"
+    """'token' (rho = q / p, the behavior correction) or 'none' (rho = 1: the reference's no_is)."""
     trust_region: str = "bernoulli_kl"
-    """Trust-region component: 'bernoulli_kl' (FlashREINFORCE) or 'none' (ablation)."""
+    """'bernoulli_kl' (p, q clamped to [1e-6, 1 - 1e-6], as published), 'bernoulli_kl_exact', 'tv' or 'none'."""
     aggregation: str = "sample_mean"
-    """Loss aggregation: 'sample_mean' (every trajectory weighs 1/B) or 'token_mean' (ablation)."""
-    failure_entropy_quantile: float | None = None
-    """For A_i < 0 keep only tokens whose entropy is at least this quantile; None = off."""
+    """'sample_mean' (every trajectory weighs 1/B), 'token_mean' or 'constant_length' (sum / (B x L))."""
+    constant_length_normalizer: int | None = None
+    """The L of aggregation='constant_length' (the reference: 6144)."""
+    negative_token_fraction: float = 1.0
+    """q: a failed episode (env info['success'] False) trains on its ceil(q * T_i) highest-entropy tokens; 1 = off."""
     grad_clip: float | None = 1.0
     """Global gradient-norm clip; None = no clipping."""
     optimizer: str = "adamw"
     """Optimizer name in the learners' registry: 'adamw' or 'sgd'."""
     betas: tuple[float, float] = (0.9, 0.999)
-    """Adam betas (ignored by sgd)."""
+    """Adam betas (ignored by sgd); the reference's runtime uses (0.9, 0.95)."""
+    adam_eps: float = 1e-8
+    """Adam's denominator epsilon (ignored by sgd)."""
     weight_decay: float = 0.0
-    """Decoupled weight decay; 0 keeps the update a pure policy-gradient step."""
+    """Decoupled weight decay on every parameter (norms and biases too, as Molt); 0 = a pure policy-gradient step."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk when the learner recomputes log-probs (bounds the [N, V] memory)."""
     gradient_checkpointing: bool = False
@@ -235,15 +251,22 @@ class FlashReinforceConfig(_TuneConfig):
         model: str = NotProvided,
         dtype: str = NotProvided,
         lr: float = NotProvided,
+        lr_schedule: str = NotProvided,
+        lr_warmup_ratio: float = NotProvided,
+        min_lr_ratio: float = NotProvided,
+        total_updates: int | None = NotProvided,
         train_batch_size: int = NotProvided,
         delta: float = NotProvided,
         baseline: str | None = NotProvided,
+        importance_sampling: str = NotProvided,
         trust_region: str = NotProvided,
         aggregation: str = NotProvided,
-        failure_entropy_quantile: float | None = NotProvided,
+        constant_length_normalizer: int | None = NotProvided,
+        negative_token_fraction: float = NotProvided,
         grad_clip: float | None = NotProvided,
         optimizer: str = NotProvided,
         betas: tuple[float, float] = NotProvided,
+        adam_eps: float = NotProvided,
         weight_decay: float = NotProvided,
         logprob_chunk_size: int = NotProvided,
         gradient_checkpointing: bool = NotProvided,
@@ -385,9 +408,12 @@ class FlashReinforceConfig(_TuneConfig):
                            ("num_gpus_per_learner", self.num_gpus_per_learner)):
             if _is_number(gpus) and gpus > 1 and not float(gpus).is_integer():
                 yield bad(name, "a fraction <= 1 or a whole number", "use e.g. 0.5, 1 or 2")
-        for name in ("lr", "delta", "temperature", "sample_timeout_s"):
+        for name in ("lr", "temperature", "sample_timeout_s", "adam_eps"):
             if not _is_number(getattr(self, name)) or getattr(self, name) <= 0:
                 yield bad(name, "a finite number > 0", f"set {name} to a positive number")
+        if not (isinstance(self.delta, (int, float)) and not isinstance(self.delta, bool)
+                and self.delta >= 0):  # NaN fails the comparison; inf passes
+            yield bad("delta", "a number >= 0 (math.inf = no trust region)", "e.g. 3e-3, or math.inf")
         if self.max_buffered_episodes_per_env_runner is not None and (
             not _is_int(self.max_buffered_episodes_per_env_runner)
             or self.max_buffered_episodes_per_env_runner < 1
@@ -408,10 +434,9 @@ class FlashReinforceConfig(_TuneConfig):
                    f"{self.max_new_tokens}. Fix: raise max_episode_tokens or lower max_new_tokens")
         if self.grad_clip is not None and (not _is_number(self.grad_clip) or self.grad_clip <= 0):
             yield bad("grad_clip", "None or a number > 0", "use None to disable clipping")
-        if self.failure_entropy_quantile is not None and not (
-            _is_number(self.failure_entropy_quantile) and 0 <= self.failure_entropy_quantile <= 1
-        ):
-            yield bad("failure_entropy_quantile", "None or a number in [0, 1]", "e.g. 0.8, or None for off")
+        if not (_is_number(self.negative_token_fraction) and 0 <= self.negative_token_fraction <= 1):
+            yield bad("negative_token_fraction", "a number in [0, 1]", "e.g. 0.9, or 1.0 for no filter")
+        yield from self._aggregation_and_schedule_problems(bad)
         if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2
                 and all(_is_number(b) and 0 <= b < 1 for b in self.betas)):
             yield bad("betas", "two numbers in [0, 1)", "use (0.9, 0.999)")
@@ -431,12 +456,43 @@ class FlashReinforceConfig(_TuneConfig):
         yield from self._component_problems()
         yield from self._batch_problems()
 
+    def _aggregation_and_schedule_problems(self, bad):
+        if self.constant_length_normalizer is not None and (
+            not _is_int(self.constant_length_normalizer) or self.constant_length_normalizer < 1
+        ):
+            yield bad("constant_length_normalizer", "None or an integer >= 1", "e.g. 6144 (the reference's L)")
+        elif self.aggregation == "constant_length" and self.constant_length_normalizer is None:
+            yield bad("constant_length_normalizer", "an integer >= 1 with aggregation='constant_length'",
+                      "set constant_length_normalizer, e.g. 6144 as the reference does")
+        if self.total_updates is not None and (not _is_int(self.total_updates) or self.total_updates < 1):
+            yield bad("total_updates", "None or an integer >= 1", "the run's number of updates, e.g. 500")
+        for name in ("lr_warmup_ratio", "min_lr_ratio"):
+            if not (_is_number(getattr(self, name)) and 0 <= getattr(self, name) <= 1):
+                yield bad(name, "a number in [0, 1]", f"e.g. {name}=0.0")
+        schedules = ("constant", "cosine_with_min_lr")
+        if self.lr_schedule not in schedules:
+            yield bad("lr_schedule", f"one of {schedules}", "use 'constant' or 'cosine_with_min_lr'")
+        elif self.lr_schedule == "cosine_with_min_lr" and self.total_updates is None:
+            yield bad("total_updates", "the run's number of updates with lr_schedule='cosine_with_min_lr' (the "
+                      "schedule's horizon)", "set total_updates, e.g. .training(total_updates=500)")
+        elif self.lr_schedule == "constant":
+            for name in ("lr_warmup_ratio", "min_lr_ratio"):
+                if _is_number(getattr(self, name)) and getattr(self, name) != 0:
+                    yield bad(name, "0.0 with lr_schedule='constant' (only cosine_with_min_lr uses it; Molt's "
+                              "constant schedule ignores it too)", f"set {name}=0.0 or lr_schedule='cosine_with_min_lr'")
+
     def _component_problems(self):
         try:
-            from flashrl.algorithms.flash_reinforce.components import AGGREGATIONS, BASELINES, TRUST_REGIONS
+            from flashrl.algorithms.flash_reinforce.components import (
+                AGGREGATIONS,
+                BASELINES,
+                IMPORTANCE_SAMPLINGS,
+                TRUST_REGIONS,
+            )
         except ImportError:  # pragma: no cover - the loss package ships with the algorithm
             return
         for name, registry, value in (("baseline", BASELINES, self.effective_baseline),
+                                      ("importance_sampling", IMPORTANCE_SAMPLINGS, self.importance_sampling),
                                       ("trust_region", TRUST_REGIONS, self.trust_region),
                                       ("aggregation", AGGREGATIONS, self.aggregation)):
             if value not in registry:
@@ -466,12 +522,12 @@ class FlashReinforceConfig(_TuneConfig):
             elif b % g:
                 yield (f"train_batch_size: expected a multiple of group_size={g} in 'sync_group' mode, got {b}. "
                        f"Fix: use train_batch_size={max(g, b - b % g)}")
-            elif baseline == "group_mean" and g < 2:
-                yield (f"group_size: expected >= 2 with the 'group_mean' baseline, got {g}. Fix: raise "
+            elif baseline in GROUP_BASELINES and g < 2:
+                yield (f"group_size: expected >= 2 with the {baseline!r} baseline, got {g}. Fix: raise "
                        f"group_size or pick baseline='batch_mean'")
-        elif baseline == "group_mean":
+        elif baseline in GROUP_BASELINES:
             yield ("baseline: expected a per-batch baseline in 'async' mode (one rollout per prompt has no "
-                   "groups), got 'group_mean'. Fix: use baseline='batch_mean' or rollout_mode='sync_group'")
+                   f"groups), got {baseline!r}. Fix: use baseline='batch_mean' or rollout_mode='sync_group'")
         if self.num_learners > 1 and b < self.num_learners:
             yield (f"train_batch_size: expected >= num_learners ({self.num_learners}) so every learner gets "
                    f"data, got {b}. Fix: raise train_batch_size or lower num_learners")
