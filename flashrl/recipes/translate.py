@@ -236,6 +236,12 @@ def flashrl_fields(resolved: ResolvedSetting, *, env_config: Mapping[str, Any] |
                     f"{source}: {key}={value} over {runners} env runners")
             continue
         out.set(rule.field, value, f"{source}: {key}")
+    if out.values.get("lr_schedule") == "constant":
+        # Molt builds transformers' get_scheduler("constant", ...) with the warmup and min-lr arguments
+        # (molt/trainer/fsdp/strategy.py); that schedule takes neither, so they are inert there
+        for name in ("lr_warmup_ratio", "min_lr_ratio"):
+            out.set(name, 0.0, f"{out.sources[name]}, inert under actor.lr_scheduler=constant (Molt 0.2.1 "
+                    "passes it to transformers' constant schedule, which ignores it)")
     out.set("model", setting.model, f"{setting.source}: model")
     out.set("env", ENVIRONMENTS[setting.agent_kind], f"{setting.source}: agent_kind={setting.agent_kind!r}")
     env = dict(env_config or {})

@@ -115,7 +115,7 @@ def test_memory_plan_of_the_math_preset(capsys: pytest.CaptureFixture[str]) -> N
     # 1,543,714,304 parameters x 2 bytes = 2.88 GiB; 128 / 4 = 32 rows x 6144 tokens per learner
     assert "weights 2.88 GiB + gradients 2.88 GiB" in out
     assert "196608 padded tokens per forward" in out
-    assert "4 episodes x 6144 tokens" in out  # 16 rollouts in flight (common.json) over 4 env runners
+    assert "(4 sequences x 6144 tokens x" in out  # 16 rollouts in flight (common.json) over 4 env runners
 
 
 def test_the_moe_preset_states_its_learner_limit(capsys: pytest.CaptureFixture[str]) -> None:

@@ -146,3 +146,10 @@ def test_every_setting_has_its_tuned_example() -> None:
         text = (EXAMPLES / f"{choices.script}.py").read_text()
         assert f'run_setting("{name}")' in text
         assert len(ast.parse(text).body) <= 6  # docstring, imports, the main: thin
+
+
+def test_a_constant_schedule_leaves_warmup_and_min_lr_inert() -> None:
+    out = flashrl_fields(resolved("alfworld"))
+    assert (out.values["lr_schedule"], out.values["lr_warmup_ratio"], out.values["min_lr_ratio"]) == (
+        "constant", 0.0, 0.0)
+    assert "inert under actor.lr_scheduler=constant" in out.sources["lr_warmup_ratio"]
