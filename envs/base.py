@@ -9,6 +9,17 @@ actions are the model's reply text:
 * ``step(action_text) -> (new_messages, reward, terminated, truncated, info)``: ``new_messages`` are
   only the messages to append to the conversation (the environment's reply turn); it is ``[]`` when
   the episode has ended. Verification details go to ``info``.
+* **The success signal.** Every ``step`` info should carry ``info["success"]``, a ``bool``: whether
+  the task is solved as of this step (False before the end of a multi-turn task). The info of an
+  episode's last step becomes :attr:`flashrl.episode.Episode.success`. It is the explicit failure
+  label of the failure-token entropy filter (``negative_token_fraction < 1``), which, as the method's
+  reference release does, never infers failure from the reward or the advantage's sign: a reward can
+  be positive without a success (a format bonus) and an advantage is negative for half the successes
+  of an easy batch. flashrl's choice for an env that reports no ``success``: no label is guessed (not
+  from ``reward > 0`` either); such episodes carry ``success=None`` and a learner with the filter on
+  refuses their batch with an error naming this key. Everything else works without it. The flashrl
+  envs report it: Math (``correct``), PythonTool (``correct`` at the end, False before) and ALFWorld
+  (``won``).
 
 Subclasses implement :meth:`LanguageEnv._reset_task` and :meth:`LanguageEnv._step_action`; the base
 class owns the bookkeeping every environment needs and gets wrong in the same ways: seeding through
@@ -151,6 +162,11 @@ class LanguageEnv(gym.Env[Messages, str]):
         self._turn += 1
         self._check_messages(new_messages, "step")
         terminated, truncated = bool(terminated), bool(truncated)
+        if "success" in info and not isinstance(info["success"], bool):
+            raise TypeError(
+                f"{type(self).__name__}.step returned info['success'] = {info['success']!r} "
+                f"({type(info['success']).__name__}); expected a bool (whether the task is solved). Use bool(...)."
+            )
         if self.max_turns is not None and self._turn >= self.max_turns and not terminated:
             if not truncated:
                 new_messages = []

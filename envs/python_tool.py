@@ -127,9 +127,9 @@ class PythonToolEnv(MathEnv):
     (``info["turn_limit_reached"]``); the last reply is then verified as it is and its code is not run.
 
     ## Info
-    As :class:`MathEnv` at the end (``correct``, ``extracted``, ``reason``, ...); every step also has
-    ``tool_calls`` (runs so far), ``sandbox_backend`` and, after a run, ``exit_code``, ``timed_out``,
-    ``output_truncated``.
+    As :class:`MathEnv` at the end (``correct``, ``success``, ``extracted``, ``reason``, ...); every
+    step also has ``success`` (False before the final answer), ``tool_calls`` (runs so far),
+    ``sandbox_backend`` and, after a run, ``exit_code``, ``timed_out``, ``output_truncated``.
 
     ## Arguments
     ``max_turns`` (default 4), ``sandbox`` (a :class:`SandboxConfig` or a ready
@@ -212,6 +212,7 @@ class PythonToolEnv(MathEnv):
                 "to run it, or give the final answer in \\boxed{}."
             )
         info["tool_calls"] = self._tool_calls
+        info["success"] = False  # no final answer yet (the env contract's success signal)
         assert self.task is not None
         info["prompt_id"] = self.task.prompt_id
         return [{"role": self.observation_role, "content": content}], 0.0, False, False, info

@@ -73,7 +73,8 @@ class ALFWorldEnv(LanguageEnv):
     ``reset``: ``prompt_id``, ``game_file``, ``task_type``, ``task`` (the task sentence),
     ``admissible_commands``, ``walkthrough`` (the game file's stored winning commands, or None),
     ``game_index``. ``step``: ``prompt_id``, ``command`` (as parsed), ``admissible`` (whether it was
-    an admissible command), ``feedback``, ``won``, ``admissible_commands``, ``turn``.
+    an admissible command), ``feedback``, ``won``, ``success`` (= ``won``), ``admissible_commands``,
+    ``turn``.
     :meth:`walkthrough` returns winning commands for the current game, planning them when the file
     stores none.
 
@@ -232,6 +233,7 @@ class ALFWorldEnv(LanguageEnv):
             "admissible": state.valid,
             "feedback": state.feedback,
             "won": state.won,
+            "success": bool(state.won),  # the env contract's success signal (flashrl.envs.base)
             "admissible_commands": list(state.admissible_commands),
         }
         reward = 1.0 if state.won else 0.0

@@ -56,8 +56,8 @@ class MathEnv(LanguageEnv):
 
     ## Info
     ``reset``: ``prompt_id`` (stable task key), ``question``, ``answer``, ``task_index`` (finite
-    sources). ``step``: ``prompt_id``, ``answer``, ``extracted``, ``correct``, ``boxed``,
-    ``reason``, ``verifier_failed``, ``turn``.
+    sources). ``step``: ``prompt_id``, ``answer``, ``extracted``, ``correct``, ``success`` (=
+    ``correct``; a format bonus is not a success), ``boxed``, ``reason``, ``verifier_failed``, ``turn``.
 
     ## Reset options
     ``{"task_index": i}`` picks task ``i`` of a finite source; ``{"task": {"question": ...,
@@ -201,6 +201,7 @@ class MathEnv(LanguageEnv):
             "answer": self.task.answer,
             "extracted": result.extracted,
             "correct": result.correct,
+            "success": bool(result.correct),  # the env contract's success signal (flashrl.envs.base)
             "boxed": result.boxed,
             "reason": result.reason,
             "verifier_failed": result.failed,
