@@ -71,24 +71,8 @@ class FlashReinforce(Trainable):
         check_resources(self.algo_config)
         cfg = self.algo_config
         self.model_path = resolve_model(cfg.model)
-        spec = LearnerSpec(
-            model=self.model_path,
-            dtype=cfg.dtype,
-            lr=cfg.lr,
-            optimizer=cfg.optimizer,
-            betas=tuple(cfg.betas),
-            weight_decay=cfg.weight_decay,
-            grad_clip=cfg.grad_clip,
-            delta=cfg.delta,
-            baseline=cfg.effective_baseline,
-            trust_region=cfg.trust_region,
-            aggregation=cfg.aggregation,
-            failure_entropy_quantile=cfg.failure_entropy_quantile,
-            temperature=cfg.temperature,
-            logprob_chunk_size=cfg.logprob_chunk_size,
-            seed=cfg.seed,
-            gradient_checkpointing=cfg.gradient_checkpointing,
-        )
+        # Every LearnerSpec field the config also has, by name; baseline, eps and the model derived.
+        spec = LearnerSpec.from_config(cfg, model=self.model_path)
         self.env_runner_group: EnvRunnerGroup | None = None
         self.learner_group = LearnerGroup(
             spec,

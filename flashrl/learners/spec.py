@@ -194,6 +194,20 @@ class LearnerSpec:
         return asdict(self)
 
     @classmethod
+    def from_config(cls, config: Any, *, model: str, **overrides: Any) -> LearnerSpec:
+        """The spec of a ``FlashReinforceConfig``: every field both have, by name, and the rest derived.
+
+        The learner's settings are config fields of the same name (``lr``, ``delta``, ``betas``, the
+        component names, the schedule, ...). Derived: ``model`` (the resolved local folder), ``baseline``
+        (the config's ``effective_baseline``), ``eps`` (the config's ``adam_eps``). ``overrides`` win.
+        """
+        shared = {f.name for f in fields(cls)} & {f.name for f in fields(config)}
+        settings = {name: getattr(config, name) for name in shared}
+        settings.update(model=model, baseline=config.effective_baseline, betas=tuple(config.betas),
+                        eps=config.adam_eps, **overrides)
+        return cls(**settings)
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LearnerSpec:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)

@@ -5,7 +5,6 @@ Each is checked by validate() (expected, actual, fix) and reaches the learner's 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -19,14 +18,6 @@ def _valid() -> FlashReinforceConfig:
     return FlashReinforceConfig().environment("flashrl/Math-v0").training(train_batch_size=8)
 
 
-def _spec_settings(config: FlashReinforceConfig) -> dict:
-    """What `FlashReinforce.setup()` gives LearnerSpec: the shared fields by name, adam_eps as eps."""
-    shared = {f.name for f in dataclasses.fields(LearnerSpec)} & {f.name for f in dataclasses.fields(config)}
-    settings = {name: getattr(config, name) for name in shared}
-    settings.update(model="m", baseline=config.effective_baseline, betas=tuple(config.betas), eps=config.adam_eps)
-    return settings
-
-
 def test_the_reference_options_validate_and_reach_the_learner_spec():
     config = _valid().training(
         delta=math.inf, negative_token_fraction=0.2, importance_sampling="none", aggregation="constant_length",
@@ -34,7 +25,7 @@ def test_the_reference_options_validate_and_reach_the_learner_spec():
         min_lr_ratio=0.1, total_updates=200, betas=(0.9, 0.95), adam_eps=1e-6, weight_decay=0.1,
     )
     config.validate()
-    spec = LearnerSpec(**_spec_settings(config))
+    spec = LearnerSpec.from_config(config, model="m")  # what FlashReinforce.setup() builds
     assert (spec.delta, spec.negative_token_fraction, spec.importance_sampling) == (math.inf, 0.2, "none")
     assert (spec.aggregation, spec.constant_length_normalizer, spec.trust_region) == ("constant_length", 6144, "tv")
     assert (spec.lr_schedule, spec.lr_warmup_ratio, spec.min_lr_ratio, spec.total_updates) == (
@@ -85,3 +76,14 @@ def test_validate_says_expected_actual_and_fix(change, needle):
     assert needle in message
     assert "Fix:" in message
 
+
+
+def test_every_learner_setting_comes_from_the_config():
+    # LearnerSpec fields the config lacks are derived (model, eps from adam_eps) or the learner's own.
+    import dataclasses
+
+    config = _valid().training(rollout_mode="sync_group", group_size=4, adam_eps=1e-7)
+    spec = LearnerSpec.from_config(config, model="m")
+    names = {f.name for f in dataclasses.fields(FlashReinforceConfig)}
+    assert {f.name for f in dataclasses.fields(LearnerSpec)} - names == {"eps", "device"}
+    assert (spec.model, spec.baseline, spec.eps, spec.device) == ("m", "group_mean", 1e-7, "auto")
