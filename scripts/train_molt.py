@@ -31,8 +31,8 @@ from pathlib import Path
 # a clean checkout works without installing flashrl: the table needs nothing beyond the standard library
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flashrl.recipes.molt import MOLT_MODULE, MOLT_PACKAGE, MOLT_VERSION, Placement, molt_command  # noqa: E402
-from flashrl.recipes.settings import SETTINGS, SettingError, resolve_setting  # noqa: E402
+from flashrl.recipes.molt import MOLT_MODULE, MOLT_PACKAGE, MOLT_VERSION, Placement, molt_command
+from flashrl.recipes.settings import SETTINGS, SettingError, resolve_setting
 
 PLACEHOLDERS = {
     "train_data": "<TRAIN_DATA>",
@@ -46,14 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--recipe", choices=sorted(SETTINGS), default="r1", help="reference setting")
     parser.add_argument(
-        "--variant", action="append", default=[], metavar="NAME",
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME",
         help="a variant by the reference's name (repeatable, applied in order)",
     )
     parser.add_argument("--model", help="local checkpoint or hub id (default: the setting's model)")
     parser.add_argument("--train-data", type=Path, help="Molt saved dataset for training")
     parser.add_argument("--eval-data", type=Path, help="Molt saved dataset for evaluation")
     parser.add_argument(
-        "--agent-path", type=Path,
+        "--agent-path",
+        type=Path,
         help="Molt agent for the setting's environment (default with --molt-path and a math setting: "
         "the checkout's examples/python/agents/math.py)",
     )
@@ -66,8 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--actor-tp", type=int, default=1, help="actor tensor parallel size")
     parser.add_argument("--actor-ep", type=int, default=1, help="actor expert parallel size (MoE)")
     parser.add_argument("--actor-cp", type=int, default=1, help="actor context parallel size")
-    parser.add_argument("--episodes", type=int, help="override train.num_episodes (dataset passes, not updates)")
-    parser.add_argument("--delta", type=float, help="override the trust-region threshold (inf: no trust region)")
+    parser.add_argument(
+        "--episodes", type=int, help="override train.num_episodes (dataset passes, not updates)"
+    )
+    parser.add_argument(
+        "--delta", type=float, help="override the trust-region threshold (inf: no trust region)"
+    )
     parser.add_argument("--attention", default="flash_attention_2", choices=["flash_attention_2", "te"])
     parser.add_argument("--print-config", action="store_true", help="print the resolved setting as JSON")
     parser.add_argument(
@@ -94,20 +102,31 @@ def main(argv: list[str] | None = None) -> int:
         overrides["actor.flash_gate_delta"] = args.delta
     if overrides:
         resolved = type(resolved)(
-            setting=resolved.setting, variants=resolved.variants, dropped=resolved.dropped,
+            setting=resolved.setting,
+            variants=resolved.variants,
+            dropped=resolved.dropped,
             flags={**resolved.flags, **overrides},
             origin={**resolved.origin, **{key: "command line" for key in overrides}},
         )
     if args.print_config:
         print(json.dumps(resolved.to_json(), indent=2))
         return 0
-    counts = (args.actor_nodes, args.actor_gpus, args.rollout_gpus, args.rollout_tp, args.actor_tp,
-              args.actor_ep, args.actor_cp)
+    counts = (
+        args.actor_nodes,
+        args.actor_gpus,
+        args.rollout_gpus,
+        args.rollout_tp,
+        args.actor_tp,
+        args.actor_ep,
+        args.actor_cp,
+    )
     if min(counts) < 1:
         parser.error(f"GPU and parallelism counts: expected integers >= 1, got {counts}")
     batch = resolved.flags["train.batch_size"]
     if batch % (args.actor_nodes * args.actor_gpus):
-        parser.error(f"actor GPUs ({args.actor_nodes} x {args.actor_gpus}) must divide train.batch_size {batch}")
+        parser.error(
+            f"actor GPUs ({args.actor_nodes} x {args.actor_gpus}) must divide train.batch_size {batch}"
+        )
 
     agent = args.agent_path
     if agent is None and args.molt_path is not None and resolved.setting.agent_kind == "math":
@@ -116,19 +135,27 @@ def main(argv: list[str] | None = None) -> int:
     missing = [name for name, value in given.items() if value is None]
     if missing and not args.dry_run:
         parser.error(
-            "to run Molt, pass " + ", ".join("--" + name.replace("_", "-") for name in missing)
+            "to run Molt, pass "
+            + ", ".join("--" + name.replace("_", "-") for name in missing)
             + f" (the {resolved.setting.agent_kind} setting's agent and Molt saved datasets; see docs/training.md)"
         )
-    paths = {name: PLACEHOLDERS[name] if value is None else str(value.expanduser().resolve())
-             for name, value in given.items()}
+    paths = {
+        name: PLACEHOLDERS[name] if value is None else str(value.expanduser().resolve())
+        for name, value in given.items()
+    }
     command = molt_command(
         resolved,
         model=args.model or resolved.setting.model,
         output=str(args.output.expanduser().resolve()),
         placement=Placement(
-            actor_nodes=args.actor_nodes, actor_gpus=args.actor_gpus, rollout_engines=args.rollout_gpus,
-            rollout_tp=args.rollout_tp, actor_tp=args.actor_tp, actor_ep=args.actor_ep,
-            actor_cp=args.actor_cp, attention=args.attention,
+            actor_nodes=args.actor_nodes,
+            actor_gpus=args.actor_gpus,
+            rollout_engines=args.rollout_gpus,
+            rollout_tp=args.rollout_tp,
+            actor_tp=args.actor_tp,
+            actor_ep=args.actor_ep,
+            actor_cp=args.actor_cp,
+            attention=args.attention,
         ),
         **paths,
     )
@@ -148,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# working directory: {args.molt_path.expanduser().resolve()}")
     placeholders = [PLACEHOLDERS[name] for name in missing]
     if placeholders:
-        print(f"# placeholders to replace: {', '.join(placeholders)} (pass --train-data, --eval-data, --agent-path)")
+        print(
+            f"# placeholders to replace: {', '.join(placeholders)} (pass --train-data, --eval-data, --agent-path)"
+        )
     print(env_line + " " + shlex.join(command.argv()), flush=True)
     if args.dry_run:
         print(f"# dry run: every flag is in Molt {MOLT_VERSION}'s recorded list; nothing was started")
@@ -161,18 +190,27 @@ def launch(command, args: argparse.Namespace, parser: argparse.ArgumentParser) -
     try:
         installed = importlib.metadata.version(MOLT_PACKAGE)
     except importlib.metadata.PackageNotFoundError:
-        parser.error(f"{MOLT_PACKAGE} is not installed: expected {MOLT_PACKAGE}=={MOLT_VERSION}. "
-                     f"Fix: pip install '{MOLT_PACKAGE}=={MOLT_VERSION}' (and its GPU dependencies)")
+        parser.error(
+            f"{MOLT_PACKAGE} is not installed: expected {MOLT_PACKAGE}=={MOLT_VERSION}. "
+            f"Fix: pip install '{MOLT_PACKAGE}=={MOLT_VERSION}' (and its GPU dependencies)"
+        )
     if installed != MOLT_VERSION:
-        parser.error(f"{MOLT_PACKAGE}: expected version {MOLT_VERSION}, found {installed}. "
-                     f"Fix: pip install '{MOLT_PACKAGE}=={MOLT_VERSION}'")
+        parser.error(
+            f"{MOLT_PACKAGE}: expected version {MOLT_VERSION}, found {installed}. "
+            f"Fix: pip install '{MOLT_PACKAGE}=={MOLT_VERSION}'"
+        )
     for name in ("data.prompt_dataset", "eval.dataset", "train.agent_path"):
         if not Path(command.flags[name]).exists():
             parser.error(f"{name}: {command.flags[name]} does not exist")
     cwd = str(args.molt_path.expanduser().resolve()) if args.molt_path is not None else None
     env = {**os.environ, **command.env}
     help_run = subprocess.run(
-        [sys.executable, "-m", MOLT_MODULE, "--help"], cwd=cwd, env=env, capture_output=True, text=True
+        [sys.executable, "-m", MOLT_MODULE, "--help"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if help_run.returncode:
         parser.error(f"`python -m {MOLT_MODULE} --help` failed:\n{help_run.stderr[-3000:]}")
@@ -180,7 +218,7 @@ def launch(command, args: argparse.Namespace, parser: argparse.ArgumentParser) -
     unknown = command.unknown_flags(available)
     if unknown:
         parser.error(f"the installed Molt's --help lacks {unknown}; expected Molt {MOLT_VERSION}'s flags")
-    return subprocess.run(command.argv(), cwd=cwd, env=env).returncode
+    return subprocess.run(command.argv(), cwd=cwd, env=env, check=False).returncode
 
 
 if __name__ == "__main__":

@@ -45,7 +45,34 @@ _EXPORTS = {
     "resolve_setting": "settings",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "CPU_PINS",
+    "GPU_PINS",
+    "OVERRIDES",
+    "SETTINGS",
+    "Check",
+    "NodePlan",
+    "Plan",
+    "Preset",
+    "ResolvedSetting",
+    "SettingError",
+    "TrainSummary",
+    "apply_overrides",
+    "build_config",
+    "config_factory",
+    "make_plan",
+    "node_plan_from_args",
+    "plot_curves",
+    "recipe_parser",
+    "resolve_setting",
+    "run_built",
+    "run_preset",
+    "run_setting",
+    "setting_config",
+    "setting_preset",
+    "train",
+    "validate_or_exit",
+]
 
 
 def __getattr__(name: str) -> Any:

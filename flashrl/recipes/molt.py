@@ -36,7 +36,15 @@ from typing import Any
 from flashrl.recipes.molt_rl_0_2_1_flags import MOLT_0_2_1_CHOICES, MOLT_0_2_1_FLAGS
 from flashrl.recipes.settings import FLASHRL_CHOICES, ResolvedSetting
 
-__all__ = ["MOLT_0_2_1_CHOICES", "MOLT_0_2_1_FLAGS", "MOLT_PACKAGE", "MOLT_VERSION", "MoltCommand", "extract_flags", "molt_command"]
+__all__ = [
+    "MOLT_0_2_1_CHOICES",
+    "MOLT_0_2_1_FLAGS",
+    "MOLT_PACKAGE",
+    "MOLT_VERSION",
+    "MoltCommand",
+    "extract_flags",
+    "molt_command",
+]
 
 MOLT_PACKAGE = "molt-rl"
 MOLT_VERSION = "0.2.1"
@@ -79,8 +87,11 @@ class MoltCommand:
 
     def unknown_flags(self, known: Mapping[str, Any] | set[str] = MOLT_0_2_1_FLAGS) -> list[str]:
         """Flags about to be passed that `known` (a flag list, or a `--help` scan) lacks."""
-        return sorted(f"--{key}" for key, value in self.flags.items()
-                      if value is not False and value is not None and f"--{key}" not in known)
+        return sorted(
+            f"--{key}"
+            for key, value in self.flags.items()
+            if value is not False and value is not None and f"--{key}" not in known
+        )
 
 
 def _render(value: Any) -> str:
@@ -110,32 +121,36 @@ def molt_command(
         _flash_reinforce_flags(flags, out, native)
     else:
         flags.setdefault("actor.loss_agg_mode", "token-mean")  # the trainer's PPO reduction, made explicit
-        if (flags["rollout.vllm_generate_batch_size"] > flags["rollout.batch_size"]
-                and flags["algo.advantage.is_correction_level"] == "off"):
+        if (
+            flags["rollout.vllm_generate_batch_size"] > flags["rollout.batch_size"]
+            and flags["algo.advantage.is_correction_level"] == "off"
+        ):
             out.refusals.append(
                 f"rollout.vllm_generate_batch_size={flags['rollout.vllm_generate_batch_size']} > "
                 f"rollout.batch_size={flags['rollout.batch_size']} without behavior correction: Molt 0.2.1 "
                 "turns on partial rollout and then rejects the uncorrected off-policy tokens at start "
                 f"(molt/cli/train_rl_ray.py); {native}"
             )
-    flags.update({
-        "actor.model_name_or_path": model,
-        "train.agent_path": agent_path,
-        "data.prompt_dataset": train_data,
-        "eval.dataset": eval_data,
-        "actor.num_nodes": placement.actor_nodes,
-        "actor.num_gpus_per_node": placement.actor_gpus,
-        "ref.num_nodes": placement.actor_nodes,
-        "ref.num_gpus_per_node": placement.actor_gpus,
-        "fsdp.tp_size": placement.actor_tp,
-        "fsdp.ep_size": placement.actor_ep,
-        "fsdp.cp_size": placement.actor_cp,
-        "vllm.num_engines": placement.rollout_engines,
-        "vllm.tensor_parallel_size": placement.rollout_tp,
-        "fsdp.attn_implementation": placement.attention,
-        "ckpt.output_dir": str(Path(output) / "hf"),
-        "ckpt.path": str(Path(output) / "state"),
-    })
+    flags.update(
+        {
+            "actor.model_name_or_path": model,
+            "train.agent_path": agent_path,
+            "data.prompt_dataset": train_data,
+            "eval.dataset": eval_data,
+            "actor.num_nodes": placement.actor_nodes,
+            "actor.num_gpus_per_node": placement.actor_gpus,
+            "ref.num_nodes": placement.actor_nodes,
+            "ref.num_gpus_per_node": placement.actor_gpus,
+            "fsdp.tp_size": placement.actor_tp,
+            "fsdp.ep_size": placement.actor_ep,
+            "fsdp.cp_size": placement.actor_cp,
+            "vllm.num_engines": placement.rollout_engines,
+            "vllm.tensor_parallel_size": placement.rollout_tp,
+            "fsdp.attn_implementation": placement.attention,
+            "ckpt.output_dir": str(Path(output) / "hf"),
+            "ckpt.path": str(Path(output) / "state"),
+        }
+    )
     out.flags = flags
     out.env = {
         "MAX_AGENT_TURNS": str(resolved.setting.max_agent_turns),  # read by the agent, not by Molt
@@ -150,19 +165,24 @@ def _flash_reinforce_flags(flags: dict[str, Any], out: MoltCommand, native: str)
     """Replace the native-loss flags (`actor.flash_*`) by 0.2.1's behavior-correction route."""
     q = flags.pop("actor.flash_neg_topq")
     if q != 1:
-        out.refusals.append(f"actor.flash_neg_topq={q} (failure-token entropy filter, q < 1): Molt 0.2.1 has "
-                            f"no such option; {native}")
+        out.refusals.append(
+            f"actor.flash_neg_topq={q} (failure-token entropy filter, q < 1): Molt 0.2.1 has "
+            f"no such option; {native}"
+        )
     if flags.pop("actor.flash_no_is", False):
-        out.refusals.append(f"actor.flash_no_is (no_is): Molt 0.2.1 always divides by the behavior "
-                            f"probability; {native}")
+        out.refusals.append(
+            f"actor.flash_no_is (no_is): Molt 0.2.1 always divides by the behavior probability; {native}"
+        )
     reduction = flags.pop("actor.flash_loss_agg")
     flags.pop("actor.loss_scale_factor", None)
     modes = {"seq-mean-token-mean": "seq-mean-token-mean", "token-mean": "token-mean"}
     if reduction in modes:
         flags["actor.loss_agg_mode"] = modes[reduction]
     else:
-        out.refusals.append(f"actor.flash_loss_agg={reduction} (constant_length): Molt 0.2.1's "
-                            f"actor.loss_agg_mode has no constant-length reduction; {native}")
+        out.refusals.append(
+            f"actor.flash_loss_agg={reduction} (constant_length): Molt 0.2.1's "
+            f"actor.loss_agg_mode has no constant-length reduction; {native}"
+        )
     level = flags.pop("actor.flash_gate_level")
     if level != "seq":
         out.refusals.append(f"actor.flash_gate_level={level}: expected 'seq' (one decision per trajectory)")
@@ -187,8 +207,7 @@ def extract_flags(package_root: str | Path) -> tuple[dict[str, str], dict[str, t
     source = (root / CLI_SOURCE).read_text(encoding="utf-8")
     tree = ast.parse(source)
     main = next(
-        node for node in tree.body
-        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+        node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
     )
     body = []
     for statement in main.body:
@@ -205,7 +224,13 @@ def extract_flags(package_root: str | Path) -> tuple[dict[str, str], dict[str, t
     for action in namespace["parser"]._actions:
         if isinstance(action, argparse._HelpAction):
             continue
-        kind = "switch" if action.nargs == 0 else "value" if action.nargs in (None, "?") else f"values:{action.nargs}"
+        kind = (
+            "switch"
+            if action.nargs == 0
+            else "value"
+            if action.nargs in (None, "?")
+            else f"values:{action.nargs}"
+        )
         for option in action.option_strings:
             flags[option] = kind
             if action.choices is not None:
@@ -219,12 +244,12 @@ def _module_text(flags: Mapping[str, str], choices: Mapping[str, tuple[str, ...]
         "",
         f"Extracted from the registry package {MOLT_PACKAGE}=={MOLT_VERSION} (its wheel, unpacked) with",
         "`python -m flashrl.recipes.molt extract <folder holding molt/>`: that runs only the parser-building",
-        f"statements of the `if __name__ == \"__main__\":` block of `{CLI_SOURCE}` (up to",
+        f'statements of the `if __name__ == "__main__":` block of `{CLI_SOURCE}` (up to',
         "`args = parser.parse_args()`), which lists the flags without importing Ray or vLLM.",
         "Kinds: 'switch' (takes no value), 'value' (one), 'values:N' / 'values:+' (N / one or more).",
         '"""',
         "",
-        f"MOLT_0_2_1_FLAGS: dict[str, str] = {{",
+        "MOLT_0_2_1_FLAGS: dict[str, str] = {",
     ]
     lines += [f'    "{flag}": "{kind}",' for flag, kind in flags.items()]
     lines += ["}", '"""Flag -> kind."""', "", "MOLT_0_2_1_CHOICES: dict[str, tuple[str, ...]] = {"]
@@ -236,8 +261,9 @@ def _module_text(flags: Mapping[str, str], choices: Mapping[str, tuple[str, ...]
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Extract Molt's RL CLI flags.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    extract = sub.add_parser("extract", help="print the flag module for a folder holding molt/",
-                             allow_abbrev=False)
+    extract = sub.add_parser(
+        "extract", help="print the flag module for a folder holding molt/", allow_abbrev=False
+    )
     extract.add_argument("package_root", help="the folder that holds the molt/ package (an unpacked wheel)")
     args = parser.parse_args(argv)
     print(_module_text(*extract_flags(args.package_root)), end="")

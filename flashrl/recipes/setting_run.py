@@ -53,7 +53,8 @@ def setting_preset(name: str, variants: Sequence[str] = ()) -> Preset:
         pins["pyseccomp"] = ">=0.1"
     out = flashrl_fields(resolved)
     sources = {
-        f"{key}={_short(_field_value(out.values, key))}": origin for key, origin in sorted(out.sources.items())
+        f"{key}={_short(_field_value(out.values, key))}": origin
+        for key, origin in sorted(out.sources.items())
     }
     sources[f"success {choices.success_threshold:g} on {SUCCESS_METRIC}"] = FLASHRL_CHOICE
     sources["node plan, actors, GPUs"] = FLASHRL_CHOICE + " (the reference's launch commands are examples)"
@@ -99,10 +100,16 @@ def add_setting_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         f"{', '.join(setting.variants)}",
     )
     group.add_argument(
-        "--print-config", action="store_true", help="print the resolved setting and its flashrl fields as JSON"
+        "--print-config",
+        action="store_true",
+        help="print the resolved setting and its flashrl fields as JSON",
     )
     if setting.agent_kind == "alfworld":
-        official = os.path.join(os.environ["ALFWORLD_DATA"], "json_2.1.1") if os.environ.get("ALFWORLD_DATA") else None
+        official = (
+            os.path.join(os.environ["ALFWORLD_DATA"], "json_2.1.1")
+            if os.environ.get("ALFWORLD_DATA")
+            else None
+        )
         group.add_argument(
             "--alfworld-data",
             default=official,
@@ -142,7 +149,9 @@ def setting_config(resolved: ResolvedSetting, args: argparse.Namespace) -> Any:
             f"{ {k: out.sources.get(k, '') for k in missing} }). Fix: update flashrl; nothing is dropped."
         )
     config = FlashReinforceConfig()
-    config.update_from_dict({**values, "engine_options": {**config.engine_options, **values["engine_options"]}})
+    config.update_from_dict(
+        {**values, "engine_options": {**config.engine_options, **values["engine_options"]}}
+    )
     return config
 
 

@@ -175,8 +175,10 @@ SETTINGS: Mapping[str, Setting] = _frozen(
             ),
             notes=(
                 "Fresh-start segment with AIME24/25 avg@32 evaluation. Episodes count dataset passes.",
-                "gate_5e3 is a separate setting; selecting it does not reconstruct checkpoint continuation "
-                "or schedule changes.",
+                (
+                    "gate_5e3 is a separate setting; selecting it does not reconstruct checkpoint continuation "
+                    "or schedule changes."
+                ),
             ),
             evaluation="AIME24/25, avg@32, every 128 updates",
         ),
@@ -206,8 +208,10 @@ SETTINGS: Mapping[str, Setting] = _frozen(
             ),
             notes=(
                 "Use deduplicated 7,500-problem DAPO training data.",
-                "Default online evaluation uses AMC23/Minerva/AIME25 avg@4; five_benchmark_eval16 requires "
-                "the five-task dataset.",
+                (
+                    "Default online evaluation uses AMC23/Minerva/AIME25 avg@4; five_benchmark_eval16 requires "
+                    "the five-task dataset."
+                ),
                 "Model configuration must support a total context of 6,144 tokens.",
             ),
             evaluation="AMC23/Minerva/AIME25, avg@4, every 100 updates",
@@ -249,13 +253,19 @@ SETTINGS: Mapping[str, Setting] = _frozen(
                 }
             ),
             notes=(
-                "Use tool-formatted DAPO prompts and a Python-tool agent that grades only the committed final "
-                "answer.",
+                (
+                    "Use tool-formatted DAPO prompts and a Python-tool agent that grades only the committed final "
+                    "answer."
+                ),
                 "This is the 10-turn / 8,192-context setting, not a later expanded-context continuation.",
-                "Reduction variants select the loss only; they do not load a checkpoint or reproduce a "
-                "continuation run.",
-                "GRPO uses the same one-pass collection/update schedule and the trainer's token-mean PPO "
-                "reduction.",
+                (
+                    "Reduction variants select the loss only; they do not load a checkpoint or reproduce a "
+                    "continuation run."
+                ),
+                (
+                    "GRPO uses the same one-pass collection/update schedule and the trainer's token-mean PPO "
+                    "reduction."
+                ),
             ),
             evaluation="AMC23/Minerva/AIME25, avg@4, every 100 updates",
         ),
@@ -283,8 +293,10 @@ SETTINGS: Mapping[str, Setting] = _frozen(
             ),
             notes=(
                 "20-turn tool trust ablation; distinct from the 10-turn / 18,432-context setting in the paper.",
-                "no_is uses the current policy as the detached denominator; the binary-KL gate then also "
-                "becomes inactive.",
+                (
+                    "no_is uses the current policy as the detached denominator; the binary-KL gate then also "
+                    "becomes inactive."
+                ),
                 "Choose actor EP/CP and rollout TP to fit the MoE model on the available GPUs.",
             ),
             evaluation="AMC23/Minerva/AIME25, avg@4, every 100 updates",
@@ -332,10 +344,14 @@ SETTINGS: Mapping[str, Setting] = _frozen(
             notes=(
                 "Requires ALFWorld, its game data, and an agent returning terminal success reward.",
                 "Evaluation contains 140 seen and 134 unseen games, with three samples per game.",
-                "Set ALFWORLD_DATA to a local installation; game_file values must resolve in the worker "
-                "environment.",
-                "GRPO uses the same one-pass collection/update schedule and the trainer's token-mean PPO "
-                "reduction.",
+                (
+                    "Set ALFWORLD_DATA to a local installation; game_file values must resolve in the worker "
+                    "environment."
+                ),
+                (
+                    "GRPO uses the same one-pass collection/update schedule and the trainer's token-mean PPO "
+                    "reduction."
+                ),
             ),
             evaluation="140 seen + 134 unseen games, 3 samples/game, every 40 updates",
         ),
@@ -510,7 +526,9 @@ def resolve_setting(name: str, variants: Sequence[str] = ()) -> ResolvedSetting:
         raise SettingError(f"unknown setting {name!r}: expected one of {sorted(SETTINGS)}.")
     setting = SETTINGS[name]
     flags = {**RUNTIME_DEFAULTS, **COMMON}
-    origin = {key: RUNTIME_DEFAULTS_SOURCE for key in RUNTIME_DEFAULTS} | {key: COMMON_SOURCE for key in COMMON}
+    origin = {key: RUNTIME_DEFAULTS_SOURCE for key in RUNTIME_DEFAULTS} | {
+        key: COMMON_SOURCE for key in COMMON
+    }
     flags.update(setting.flags)
     origin.update({key: setting.source for key in setting.flags})
     for variant in variants:

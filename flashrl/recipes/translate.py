@@ -78,82 +78,132 @@ _NO_COUNTERPART = "no flashrl counterpart: "
 
 TRANSLATION: Mapping[str, Translation] = {
     # --- data: Molt's saved-dataset format; flashrl's environments read their own rows ---------------
-    "data.input_key": Translation(None, _NO_COUNTERPART + "Molt's prompt column; flashrl envs read "
-                                  "question_field (docs/training.md, data preparation)", implied=("prompt",)),
-    "data.label_key": Translation(None, _NO_COUNTERPART + "Molt's label column; flashrl envs read "
-                                  "answer_field / ALFWorld game files", implied=("reward_model", "game_file")),
-    "data.apply_chat_template": Translation(None, "flashrl envs always render the model's chat template",
-                                            implied=(True,)),
-    "data.max_samples": Translation(None, "training prompts used; with train.num_episodes it gives "
-                                    "total_updates (a dataset of this many prompts is expected)"),
+    "data.input_key": Translation(
+        None,
+        _NO_COUNTERPART + "Molt's prompt column; flashrl envs read "
+        "question_field (docs/training.md, data preparation)",
+        implied=("prompt",),
+    ),
+    "data.label_key": Translation(
+        None,
+        _NO_COUNTERPART + "Molt's label column; flashrl envs read answer_field / ALFWorld game files",
+        implied=("reward_model", "game_file"),
+    ),
+    "data.apply_chat_template": Translation(
+        None, "flashrl envs always render the model's chat template", implied=(True,)
+    ),
+    "data.max_samples": Translation(
+        None,
+        "training prompts used; with train.num_episodes it gives "
+        "total_updates (a dataset of this many prompts is expected)",
+    ),
     "data.max_len": Translation("max_episode_tokens", "total context of an episode (prompt + all turns)"),
     # --- rollout ---------------------------------------------------------------------------------------
-    "rollout.batch_size": Translation(None, "prompts per batch: train_batch_size / group_size "
-                                      "(checked equal by the setting's contract)"),
-    "rollout.vllm_generate_batch_size": Translation("episodes_in_flight", "rollouts in flight over all "
-                                                    "engines, split evenly over the env runners"),
-    "rollout.micro_batch_size": Translation(None, _NO_COUNTERPART + "Molt's rollout micro-batching",
-                                            implied=(1,)),
-    "rollout.n_samples_per_prompt": Translation(None, "rollouts per prompt: 1 = the method (async), "
-                                                "n > 1 = sync_group with group_size n", expand=_group),
+    "rollout.batch_size": Translation(
+        None, "prompts per batch: train_batch_size / group_size (checked equal by the setting's contract)"
+    ),
+    "rollout.vllm_generate_batch_size": Translation(
+        "episodes_in_flight", "rollouts in flight over all engines, split evenly over the env runners"
+    ),
+    "rollout.micro_batch_size": Translation(
+        None, _NO_COUNTERPART + "Molt's rollout micro-batching", implied=(1,)
+    ),
+    "rollout.n_samples_per_prompt": Translation(
+        None,
+        "rollouts per prompt: 1 = the method (async), n > 1 = sync_group with group_size n",
+        expand=_group,
+    ),
     "rollout.max_new_tokens": Translation("max_new_tokens", "tokens the model may generate per turn"),
     "rollout.temperature": Translation("temperature", "sampling temperature"),
     "rollout.top_p": Translation("top_p", "nucleus mass (1.0 keeps the behavior support)"),
     # --- training schedule -----------------------------------------------------------------------------
     "train.batch_size": Translation("train_batch_size", "B: trajectories per update"),
-    "train.micro_batch_size": Translation(None, _NO_COUNTERPART + "Molt's gradient-accumulation "
-                                          "micro-batch; flashrl's learners take their whole share at once"),
+    "train.micro_batch_size": Translation(
+        None,
+        _NO_COUNTERPART + "Molt's gradient-accumulation "
+        "micro-batch; flashrl's learners take their whole share at once",
+    ),
     "train.max_epochs": Translation(None, "flashrl takes exactly one optimizer step per batch", implied=(1,)),
-    "train.force_on_policy": Translation(None, "flashrl never re-evaluates an old policy: the ratio's "
-                                         "numerator is the current policy", implied=(True,)),
+    "train.force_on_policy": Translation(
+        None,
+        "flashrl never re-evaluates an old policy: the ratio's numerator is the current policy",
+        implied=(True,),
+    ),
     "train.num_episodes": Translation(None, "dataset passes; gives total_updates with data.max_samples"),
-    "train.async_queue_size": Translation("async_queue_size", "finished batches allowed ahead of the "
-                                          "learner (the staleness bound)"),
-    "train.colocate_fsdp_models": Translation(None, _NO_COUNTERPART + "Molt's FSDP placement",
-                                              implied=(True,)),
+    "train.async_queue_size": Translation(
+        "async_queue_size", "finished batches allowed ahead of the learner (the staleness bound)"
+    ),
+    "train.colocate_fsdp_models": Translation(
+        None, _NO_COUNTERPART + "Molt's FSDP placement", implied=(True,)
+    ),
     "fsdp.param_dtype": Translation("dtype", "learner parameter dtype", values={"bf16": "bfloat16"}),
-    "fsdp.packing_samples": Translation(None, _NO_COUNTERPART + "Molt's sequence packing (flashrl pads)",
-                                        implied=(True,)),
+    "fsdp.packing_samples": Translation(
+        None, _NO_COUNTERPART + "Molt's sequence packing (flashrl pads)", implied=(True,)
+    ),
     # --- optimizer -------------------------------------------------------------------------------------
-    "actor.gradient_checkpoint": Translation("gradient_checkpointing", "activation checkpointing",
-                                             values={"full": True, "none": False}),
+    "actor.gradient_checkpoint": Translation(
+        "gradient_checkpointing", "activation checkpointing", values={"full": True, "none": False}
+    ),
     "actor.optim": Translation("optimizer", "Adam with decoupled weight decay", values={"adam": "adamw"}),
     "actor.adam.lr": Translation("lr", "peak learning rate"),
     "actor.adam.weight_decay": Translation("weight_decay", "decoupled weight decay"),
     "actor.adam.betas": Translation("betas", "Adam betas", convert=tuple),
     "actor.adam.eps": Translation("adam_eps", "Adam epsilon"),
-    "actor.lr_scheduler": Translation("lr_schedule", "learning-rate schedule",
-                                      values={"cosine_with_min_lr": "cosine_with_min_lr", "constant": "constant"}),
+    "actor.lr_scheduler": Translation(
+        "lr_schedule",
+        "learning-rate schedule",
+        values={"cosine_with_min_lr": "cosine_with_min_lr", "constant": "constant"},
+    ),
     "actor.lr_warmup_ratio": Translation("lr_warmup_ratio", "warmup share of total_updates"),
     "actor.min_lr_ratio": Translation("min_lr_ratio", "final learning rate / peak (cosine)"),
     "actor.max_norm": Translation("grad_clip", "global gradient-norm clip"),
     "actor.entropy_coef": Translation(None, "flashrl's loss has no entropy bonus", implied=(0, 0.0)),
     # --- the loss --------------------------------------------------------------------------------------
-    "actor.loss_mode": Translation(None, "flash_reinforce = the method; ppo = the GRPO comparison "
-                                   "(see the module docstring)", expand=_loss_mode),
-    "actor.flash_neg_topq": Translation("negative_token_fraction", "q: a failed trajectory trains on its "
-                                        "ceil(q T_i) highest-entropy tokens (1 = all: the base method)"),
-    "actor.flash_gate_delta": Translation("delta", "Sequence Trust Region threshold on the mean "
-                                          "Bernoulli KL ('inf' / 1e9 = no trust region)", convert=_delta),
-    "actor.flash_gate_level": Translation(None, "flashrl's trust decision is per trajectory",
-                                          implied=("seq",)),
-    "actor.flash_loss_agg": Translation("aggregation", "loss aggregation", values={
-        "seq-mean-token-mean": "sample_mean",
-        "token-mean": "token_mean",
-        "seq-mean-token-sum-norm": "constant_length",
-    }),
-    "actor.loss_scale_factor": Translation("constant_length_normalizer", "the constant length L of "
-                                           "constant_length aggregation"),
-    "actor.flash_no_is": Translation("importance_sampling", "no_is: the detached current policy replaces "
-                                     "the behavior one (ratio 1, the gate inactive)",
-                                     values={True: "none", False: "token"}),
-    "actor.eps_clip_low_high": Translation(None, "PPO clip of the GRPO variant: never binds at ratio 1",
-                                           implied=((0.2, 0.2),)),
-    "algo.advantage.estimator": Translation("baseline", "advantage baseline",
-                                            values={"flash_reinforce": "batch_mean", "grpo": GROUP_BASELINE}),
-    "algo.advantage.is_correction_level": Translation(None, "off: the native loss applies the behavior "
-                                                      "correction itself (no double correction)",
-                                                      implied=("off",)),
+    "actor.loss_mode": Translation(
+        None,
+        "flash_reinforce = the method; ppo = the GRPO comparison (see the module docstring)",
+        expand=_loss_mode,
+    ),
+    "actor.flash_neg_topq": Translation(
+        "negative_token_fraction",
+        "q: a failed trajectory trains on its ceil(q T_i) highest-entropy tokens (1 = all: the base method)",
+    ),
+    "actor.flash_gate_delta": Translation(
+        "delta",
+        "Sequence Trust Region threshold on the mean Bernoulli KL ('inf' / 1e9 = no trust region)",
+        convert=_delta,
+    ),
+    "actor.flash_gate_level": Translation(
+        None, "flashrl's trust decision is per trajectory", implied=("seq",)
+    ),
+    "actor.flash_loss_agg": Translation(
+        "aggregation",
+        "loss aggregation",
+        values={
+            "seq-mean-token-mean": "sample_mean",
+            "token-mean": "token_mean",
+            "seq-mean-token-sum-norm": "constant_length",
+        },
+    ),
+    "actor.loss_scale_factor": Translation(
+        "constant_length_normalizer", "the constant length L of constant_length aggregation"
+    ),
+    "actor.flash_no_is": Translation(
+        "importance_sampling",
+        "no_is: the detached current policy replaces the behavior one (ratio 1, the gate inactive)",
+        values={True: "none", False: "token"},
+    ),
+    "actor.eps_clip_low_high": Translation(
+        None, "PPO clip of the GRPO variant: never binds at ratio 1", implied=((0.2, 0.2),)
+    ),
+    "algo.advantage.estimator": Translation(
+        "baseline", "advantage baseline", values={"flash_reinforce": "batch_mean", "grpo": GROUP_BASELINE}
+    ),
+    "algo.advantage.is_correction_level": Translation(
+        None,
+        "off: the native loss applies the behavior correction itself (no double correction)",
+        implied=("off",),
+    ),
     "algo.advantage.no_whiten": Translation(None, "flashrl never whitens advantages", implied=(True,)),
     "algo.kl.init_coef": Translation(None, "flashrl has no reference model or KL term", implied=(0, 0.0)),
     # --- evaluation, checkpoints, logging, engine --------------------------------------------------------
@@ -164,10 +214,12 @@ TRANSLATION: Mapping[str, Translation] = {
     "eval.eval_at_start": Translation("evaluation_at_start", "evaluate before the first update"),
     "ckpt.save_steps": Translation("checkpoint_frequency", "updates between checkpoints"),
     "logger.logging_steps": Translation("console_every", "updates between progress lines"),
-    "vllm.sync_backend": Translation(None, _NO_COUNTERPART + "flashrl broadcasts weights its own way",
-                                     implied=("nccl",)),
-    "vllm.gpu_memory_utilization": Translation("engine_options.gpu_memory_utilization",
-                                               "share of GPU memory vLLM may use"),
+    "vllm.sync_backend": Translation(
+        None, _NO_COUNTERPART + "flashrl broadcasts weights its own way", implied=("nccl",)
+    ),
+    "vllm.gpu_memory_utilization": Translation(
+        "engine_options.gpu_memory_utilization", "share of GPU memory vLLM may use"
+    ),
 }
 """Every reference flag the settings use -> its flashrl meaning."""
 
@@ -187,7 +239,9 @@ class FlashrlFields:
         self.sources[name] = source
 
 
-def flashrl_fields(resolved: ResolvedSetting, *, env_config: Mapping[str, Any] | None = None) -> FlashrlFields:
+def flashrl_fields(
+    resolved: ResolvedSetting, *, env_config: Mapping[str, Any] | None = None
+) -> FlashrlFields:
     """The `FlashReinforceConfig` fields of a resolved setting, each with its source.
 
     Args:
@@ -232,16 +286,23 @@ def flashrl_fields(resolved: ResolvedSetting, *, env_config: Mapping[str, Any] |
         if rule.convert is not None:
             value = rule.convert(value)
         if rule.field == "episodes_in_flight":
-            out.set("episodes_in_flight_per_env_runner", max(1, -(-int(value) // runners)),
-                    f"{source}: {key}={value} over {runners} env runners")
+            out.set(
+                "episodes_in_flight_per_env_runner",
+                max(1, -(-int(value) // runners)),
+                f"{source}: {key}={value} over {runners} env runners",
+            )
             continue
         out.set(rule.field, value, f"{source}: {key}")
     if out.values.get("lr_schedule") == "constant":
         # Molt builds transformers' get_scheduler("constant", ...) with the warmup and min-lr arguments
         # (molt/trainer/fsdp/strategy.py); that schedule takes neither, so they are inert there
         for name in ("lr_warmup_ratio", "min_lr_ratio"):
-            out.set(name, 0.0, f"{out.sources[name]}, inert under actor.lr_scheduler=constant (Molt 0.2.1 "
-                    "passes it to transformers' constant schedule, which ignores it)")
+            out.set(
+                name,
+                0.0,
+                f"{out.sources[name]}, inert under actor.lr_scheduler=constant (Molt 0.2.1 "
+                "passes it to transformers' constant schedule, which ignores it)",
+            )
     out.set("model", setting.model, f"{setting.source}: model")
     out.set("env", ENVIRONMENTS[setting.agent_kind], f"{setting.source}: agent_kind={setting.agent_kind!r}")
     env = dict(env_config or {})
@@ -249,9 +310,12 @@ def flashrl_fields(resolved: ResolvedSetting, *, env_config: Mapping[str, Any] |
         env["max_turns"] = setting.max_agent_turns
         out.sources["env_config.max_turns"] = f"{setting.source}: max_agent_turns"
     out.set("env_config", env, out.sources.get("env_config.max_turns", FLASHRL_CHOICE))
-    out.set("total_updates", resolved.total_updates,
-            f"ceil(data.max_samples / rollout.batch_size) x train.num_episodes ({resolved.origin['train.num_episodes']}; "
-            "Molt 0.2.1's schedule horizon, molt/trainer/rl_trainer.py)")
+    out.set(
+        "total_updates",
+        resolved.total_updates,
+        f"ceil(data.max_samples / rollout.batch_size) x train.num_episodes ({resolved.origin['train.num_episodes']}; "
+        "Molt 0.2.1's schedule horizon, molt/trainer/rl_trainer.py)",
+    )
     _evaluation_data(resolved, out)
     _choices(resolved, out)
     return out
@@ -261,11 +325,17 @@ def _evaluation_data(resolved: ResolvedSetting, out: FlashrlFields) -> None:
     """Which held-out sets the online evaluation reports (examples/README.md)."""
     readme = "examples/README.md"
     if resolved.setting.agent_kind == "alfworld":
-        out.set("evaluation_splits", {"valid_seen": {"split": "valid_seen"}, "valid_unseen": {"split": "valid_unseen"}},
-                f"{readme}: 140 seen + 134 unseen games ({resolved.setting.source} notes)")
+        out.set(
+            "evaluation_splits",
+            {"valid_seen": {"split": "valid_seen"}, "valid_unseen": {"split": "valid_unseen"}},
+            f"{readme}: 140 seen + 134 unseen games ({resolved.setting.source} notes)",
+        )
     else:
-        out.set("evaluation_datasource_key", "datasource",
-                f"{readme}: math data carry a benchmark 'datasource' ({resolved.setting.evaluation})")
+        out.set(
+            "evaluation_datasource_key",
+            "datasource",
+            f"{readme}: math data carry a benchmark 'datasource' ({resolved.setting.evaluation})",
+        )
 
 
 def _choices(resolved: ResolvedSetting, out: FlashrlFields) -> None:

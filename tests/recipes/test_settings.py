@@ -32,21 +32,40 @@ def test_the_five_settings_and_their_variants_by_the_reference_names() -> None:
     assert {name: list(s.variants) for name, s in SETTINGS.items()} == {
         "r1": ["gate_5e3", "no_trust"],
         "qwen_math": ["gate_1e3", "negative_q09", "negative_q02", "five_benchmark_eval16"],
-        "qwen7b_tool": ["negative_q09", "negative_q02", "negative_q00", "token_mean", "constant_length", "grpo"],
+        "qwen7b_tool": [
+            "negative_q09",
+            "negative_q02",
+            "negative_q00",
+            "token_mean",
+            "constant_length",
+            "grpo",
+        ],
         "qwen3_tool_ablation": ["no_trust", "no_is"],
         "alfworld": ["negative_q02", "no_is", "grpo"],
     }
-    assert all(s.source.startswith("examples/settings/") and s.source.endswith(".json") for s in SETTINGS.values())
+    assert all(
+        s.source.startswith("examples/settings/") and s.source.endswith(".json") for s in SETTINGS.values()
+    )
 
 
 def test_common_values_are_the_reference_ones() -> None:
     # examples/settings/common.json
     assert len(COMMON) == 43
     assert (COMMON["actor.flash_gate_delta"], COMMON["actor.adam.weight_decay"], COMMON["actor.adam.lr"]) == (
-        0.001, 0.1, 1e-6)
+        0.001,
+        0.1,
+        1e-6,
+    )
     assert (COMMON["actor.lr_scheduler"], COMMON["actor.lr_warmup_ratio"], COMMON["actor.min_lr_ratio"]) == (
-        "cosine_with_min_lr", 0.03, 0.1)
-    assert (COMMON["eval.n_samples_per_prompt"], COMMON["eval.temperature"], COMMON["eval.top_p"]) == (4, 0.7, 0.7)
+        "cosine_with_min_lr",
+        0.03,
+        0.1,
+    )
+    assert (COMMON["eval.n_samples_per_prompt"], COMMON["eval.temperature"], COMMON["eval.top_p"]) == (
+        4,
+        0.7,
+        0.7,
+    )
     assert (COMMON["rollout.vllm_generate_batch_size"], COMMON["train.async_queue_size"]) == (16, 1)
 
 
@@ -68,7 +87,10 @@ def test_each_setting_resolves_to_the_reference_values(
     assert (flags["data.max_len"], flags["rollout.max_new_tokens"]) == (total, generated)
     assert flags["actor.flash_gate_delta"] == delta
     assert (flags["rollout.batch_size"], flags["train.batch_size"], flags["train.async_queue_size"]) == (
-        batch, batch, queue)
+        batch,
+        batch,
+        queue,
+    )
     assert r.setting.max_agent_turns == turns
     assert r.origin["actor.adam.lr"] == "examples/settings/common.json"
     assert r.origin["data.max_len"] == r.setting.source
@@ -77,9 +99,17 @@ def test_each_setting_resolves_to_the_reference_values(
 def test_setting_specific_evaluation_and_schedule() -> None:
     r1, alf = resolved("r1").flags, resolved("alfworld").flags
     assert (r1["eval.n_samples_per_prompt"], r1["eval.temperature"], r1["eval.top_p"], r1["eval.steps"]) == (
-        32, 0.6, 0.95, 128)
-    assert (alf["eval.n_samples_per_prompt"], alf["eval.temperature"], alf["eval.top_p"], alf["eval.steps"]) == (
-        3, 1.0, 0.7, 40)
+        32,
+        0.6,
+        0.95,
+        128,
+    )
+    assert (
+        alf["eval.n_samples_per_prompt"],
+        alf["eval.temperature"],
+        alf["eval.top_p"],
+        alf["eval.steps"],
+    ) == (3, 1.0, 0.7, 40)
     assert (alf["actor.lr_scheduler"], alf["actor.flash_neg_topq"]) == ("constant", 0.9)
     assert resolved("qwen_math", "five_benchmark_eval16").flags["eval.n_samples_per_prompt"] == 16
 
@@ -104,9 +134,17 @@ def test_grpo_leaves_the_native_loss_flags_out_and_keeps_the_batch() -> None:
     assert not any(key.startswith("actor.flash_") for key in r.flags)
     assert (r.flags["rollout.batch_size"], r.flags["rollout.n_samples_per_prompt"]) == (32, 4)
     fields = flashrl_fields(r).values
-    assert (fields["rollout_mode"], fields["group_size"], fields["train_batch_size"]) == ("sync_group", 4, 128)
-    assert (fields["baseline"], fields["aggregation"], fields["importance_sampling"], fields["trust_region"]) == (
-        "group_norm", "token_mean", "none", "none")
+    assert (fields["rollout_mode"], fields["group_size"], fields["train_batch_size"]) == (
+        "sync_group",
+        4,
+        128,
+    )
+    assert (
+        fields["baseline"],
+        fields["aggregation"],
+        fields["importance_sampling"],
+        fields["trust_region"],
+    ) == ("group_norm", "token_mean", "none", "none")
 
 
 @pytest.mark.parametrize(("name", "variant"), CASES)
@@ -114,25 +152,55 @@ def test_every_flag_of_every_setting_translates(name: str, variant: str | None) 
     r = resolved(name, *([variant] if variant else []))
     assert set(r.flags) <= set(TRANSLATION)
     out = flashrl_fields(r)
-    assert set(out.sources) >= {"lr", "weight_decay", "lr_schedule", "train_batch_size", "max_new_tokens",
-                                "max_episode_tokens", "temperature", "async_queue_size", "total_updates",
-                                "evaluation_num_samples_per_prompt", "evaluation_temperature", "evaluation_top_p"}
+    assert set(out.sources) >= {
+        "lr",
+        "weight_decay",
+        "lr_schedule",
+        "train_batch_size",
+        "max_new_tokens",
+        "max_episode_tokens",
+        "temperature",
+        "async_queue_size",
+        "total_updates",
+        "evaluation_num_samples_per_prompt",
+        "evaluation_temperature",
+        "evaluation_top_p",
+    }
     for field_name, source in out.sources.items():
-        assert source.startswith(("examples/", "ceil(", "molt-rl 0.2.1 default", FLASHRL_CHOICE)), (field_name, source)
+        assert source.startswith(("examples/", "ceil(", "molt-rl 0.2.1 default", FLASHRL_CHOICE)), (
+            field_name,
+            source,
+        )
     values = out.values
     assert values["max_new_tokens"] < values["max_episode_tokens"]
-    assert values["episodes_in_flight_per_env_runner"] * FLASHRL_CHOICES[name].num_env_runners == (
-        r.flags["rollout.vllm_generate_batch_size"])
+    assert (
+        values["episodes_in_flight_per_env_runner"] * FLASHRL_CHOICES[name].num_env_runners
+        == (r.flags["rollout.vllm_generate_batch_size"])
+    )
     json.dumps(r.to_json())  # JSON-ready, inf included
 
 
 def test_translated_values_of_the_qwen7b_tool_setting() -> None:
     values = flashrl_fields(resolved("qwen7b_tool")).values
-    assert (values["lr"], values["weight_decay"], values["lr_schedule"], values["lr_warmup_ratio"],
-            values["min_lr_ratio"], values["grad_clip"]) == (1e-6, 0.1, "cosine_with_min_lr", 0.03, 0.1, 1.0)
-    assert (values["delta"], values["negative_token_fraction"], values["aggregation"]) == (0.001, 1.0, "sample_mean")
+    assert (
+        values["lr"],
+        values["weight_decay"],
+        values["lr_schedule"],
+        values["lr_warmup_ratio"],
+        values["min_lr_ratio"],
+        values["grad_clip"],
+    ) == (1e-6, 0.1, "cosine_with_min_lr", 0.03, 0.1, 1.0)
+    assert (values["delta"], values["negative_token_fraction"], values["aggregation"]) == (
+        0.001,
+        1.0,
+        "sample_mean",
+    )
     assert values["env_config"] == {"max_turns": 10}
-    assert (values["dtype"], values["gradient_checkpointing"], values["optimizer"]) == ("bfloat16", True, "adamw")
+    assert (values["dtype"], values["gradient_checkpointing"], values["optimizer"]) == (
+        "bfloat16",
+        True,
+        "adamw",
+    )
     assert (values["betas"], values["adam_eps"]) == ((0.9, 0.95), 1e-8)  # Molt 0.2.1's defaults
     assert values["total_updates"] == 59 * 68  # ceil(7500 / 128) rounds x 68 dataset passes
     constant = flashrl_fields(resolved("qwen7b_tool", "constant_length")).values
@@ -151,5 +219,8 @@ def test_every_setting_has_its_tuned_example() -> None:
 def test_a_constant_schedule_leaves_warmup_and_min_lr_inert() -> None:
     out = flashrl_fields(resolved("alfworld"))
     assert (out.values["lr_schedule"], out.values["lr_warmup_ratio"], out.values["min_lr_ratio"]) == (
-        "constant", 0.0, 0.0)
+        "constant",
+        0.0,
+        0.0,
+    )
     assert "inert under actor.lr_scheduler=constant" in out.sources["lr_warmup_ratio"]

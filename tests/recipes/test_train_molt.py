@@ -45,7 +45,7 @@ def dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 def command_of(out: str) -> list[str]:
     line = next(line for line in out.splitlines() if "molt.cli.train_rl_ray" in line)
     argv = shlex.split(line)
-    return argv[argv.index("molt.cli.train_rl_ray") + 1:]
+    return argv[argv.index("molt.cli.train_rl_ray") + 1 :]
 
 
 def parse(argv: list[str]) -> dict[str, list[str]]:
@@ -58,12 +58,14 @@ def parse(argv: list[str]) -> dict[str, list[str]]:
         j = i + 1
         while j < len(argv) and not argv[j].startswith("--"):
             j += 1
-        values = argv[i + 1:j]
+        values = argv[i + 1 : j]
         kind = MOLT_0_2_1_FLAGS[flag]
         if kind == "values:+":
             assert len(values) >= 1, (flag, values)
         else:
-            arity = {"switch": 0, "value": 1}[kind] if kind in ("switch", "value") else int(kind.split(":")[1])
+            arity = (
+                {"switch": 0, "value": 1}[kind] if kind in ("switch", "value") else int(kind.split(":")[1])
+            )
             assert len(values) == arity, (flag, kind, values)
         for value in values:
             assert value in MOLT_0_2_1_CHOICES.get(flag, (value,)), (flag, value)
@@ -73,21 +75,31 @@ def parse(argv: list[str]) -> dict[str, list[str]]:
     return flags
 
 
-def test_dry_run_with_no_argument_works_and_shows_the_placeholders(capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_with_no_argument_works_and_shows_the_placeholders(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     code = train_molt.main(["--dry-run"])
     out = capsys.readouterr().out
     assert code == 0
     assert "placeholders to replace: <TRAIN_DATA>, <EVAL_DATA>, <AGENT_PATH>" in out
     flags = parse(command_of(out))
-    assert flags["--data.prompt_dataset"] == ["<TRAIN_DATA>"] and flags["--train.agent_path"] == ["<AGENT_PATH>"]
+    assert flags["--data.prompt_dataset"] == ["<TRAIN_DATA>"] and flags["--train.agent_path"] == [
+        "<AGENT_PATH>"
+    ]
     assert flags["--actor.model_name_or_path"] == ["deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"]
     assert "MAX_AGENT_TURNS=1 " in out
 
 
 def test_clean_checkout_dry_run_needs_no_installed_package(tmp_path: Path) -> None:
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONNOUSERSITE": "1"}
-    result = subprocess.run([sys.executable, "-S", str(SCRIPT), "--dry-run"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True)  # -S: no site-packages, so no installed flashrl
+    result = subprocess.run(
+        [sys.executable, "-S", str(SCRIPT), "--dry-run"],
+        cwd=tmp_path,
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+    )  # -S: no site-packages, so no installed flashrl
     assert result.returncode == 0, result.stderr
     assert "--algo.advantage.estimator flash_reinforce" in result.stdout
 
@@ -198,9 +210,25 @@ def test_launch_checks_version_and_help_before_starting(tmp_path: Path, version:
     agent.write_text("")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--recipe", "qwen_math", "--train-data", str(data), "--eval-data",
-         str(data), "--agent-path", str(agent), "--output", str(tmp_path / "out")],
-        cwd=tmp_path, env=env, capture_output=True, text=True,
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--recipe",
+            "qwen_math",
+            "--train-data",
+            str(data),
+            "--eval-data",
+            str(data),
+            "--agent-path",
+            str(agent),
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        cwd=tmp_path,
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     started = tmp_path / "started"
     if version == "0.2.1" and complete:
