@@ -105,10 +105,13 @@ def test_packed_equals_padded_and_alone_float64(name: str, impl: str, tiny_llama
     assert bool((lp[predicted] < 0).all()) and bool((ent[predicted] > 0).all())
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_packed_equals_padded_float32(temperature: float, tiny_llama_path: str) -> None:
-    """The learner's dtype: float32 agrees with the padded path to float32 rounding."""
-    model = _model("llama", "sdpa", torch.float32, tiny_llama_path)
+@pytest.mark.parametrize(
+    ("name", "impl", "temperature"),
+    [("llama", "sdpa", 1.0), ("llama", "sdpa", 0.7), ("qwen2", "flex_attention", 0.7)],
+)
+def test_packed_equals_padded_float32(name: str, impl: str, temperature: float, tiny_llama_path: str) -> None:
+    """The learner's dtype: float32 agrees with the padded path to float32 rounding (flex: float32 only)."""
+    model = _model(name, impl, torch.float32, tiny_llama_path)
     ids, mask = _rows(model.config.vocab_size, seed=1)
     with torch.no_grad():
         lp, ent = _packed(model, ids, mask, temperature=temperature)
