@@ -224,3 +224,26 @@ def test_without_entropy_and_single_token(tiny_llama_path: str) -> None:
         single, _ = compute_packed_token_logprobs(model, torch.tensor([[5]]), torch.tensor([[0]]))
     assert ent is None and lp.shape == (1, 3) and lp[0, 0] == 0 and lp[0, 2] == 0 and lp[0, 1] < 0
     assert torch.equal(single, torch.zeros(1, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["sdpa", "flash_attention_2"])
+def test_packed_equals_padded_on_cuda(impl: str, tiny_llama_path: str) -> None:
+    """The GPU paths (not run on CPU machines): sdpa's packed mask, and flash's explicit varlen kwargs."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (the 'gpu' marker)")
+    if impl == "flash_attention_2":
+        pytest.importorskip("flash_attn", reason="flash_attention_2 needs the flash-attn package")
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if impl.startswith("flash") else torch.float32  # flash kernels take 16-bit only
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=dtype, attn_implementation=impl)
+    model = model.to("cuda").eval()
+    ids, mask = _rows(model.config.vocab_size)
+    ids, mask = ids.cuda(), mask.cuda()
+    with torch.no_grad():
+        lp, ent = _packed(model, ids, mask)
+        ref_lp, ref_ent = compute_token_logprobs(model, ids, mask)
+    atol = 5e-2 if dtype == torch.bfloat16 else 1e-4  # bf16 hidden states: ~3 significant digits
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=atol)
+    torch.testing.assert_close(ent, ref_ent, rtol=0, atol=atol)
