@@ -129,7 +129,7 @@ def test_the_moe_preset_states_its_learner_limit(capsys: pytest.CaptureFixture[s
 def test_negative_delta_fails_with_the_config_message(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = dry_run(capsys, "qwen25_math_1p5b", "--dry-run", "--delta", "-0.1")
     assert code == 2
-    assert "delta: expected a finite number > 0, got -0.1" in err
+    assert "delta: expected a number >= 0 (math.inf = no trust region), got -0.1" in err
     assert "VERDICT" not in out
 
 
