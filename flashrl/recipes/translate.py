@@ -309,7 +309,7 @@ def flashrl_fields(
     if setting.agent_kind != "math":
         env["max_turns"] = setting.max_agent_turns
         out.sources["env_config.max_turns"] = f"{setting.source}: max_agent_turns"
-    out.set("env_config", env, out.sources.get("env_config.max_turns", FLASHRL_CHOICE))
+    out.values["env_config"] = env  # its data arguments come from the command line (--data, ...)
     out.set(
         "total_updates",
         resolved.total_updates,

@@ -82,7 +82,11 @@ def test_print_config_resolves_every_field(
     assert config["train_batch_size"] == resolved.flags["train.batch_size"]
     assert config["max_episode_tokens"] == resolved.flags["data.max_len"]
     assert config["total_updates"] == resolved.total_updates
-    assert set(config) <= set(printed["flashrl_sources"]) | {"evaluation_env_config", "engine_options"}
+    assert set(config) <= set(printed["flashrl_sources"]) | {
+        "env_config",
+        "evaluation_env_config",
+        "engine_options",
+    }
 
 
 def test_unknown_variant_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
