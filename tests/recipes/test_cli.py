@@ -58,6 +58,13 @@ def test_bad_flag_values_are_usage_errors() -> None:
         parser.parse_args(["--env-config", "{not json"])
 
 
+def test_flags_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = recipe_parser(PRESET)
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--stop-it", "3"])  # would be --stop-iters if abbreviations were allowed
+    assert exit_.value.code == 2 and "unrecognized arguments: --stop-it" in capsys.readouterr().err
+
+
 def test_train_list_names_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--list"]) == 0
     out = capsys.readouterr().out

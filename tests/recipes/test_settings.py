@@ -224,3 +224,46 @@ def test_a_constant_schedule_leaves_warmup_and_min_lr_inert() -> None:
         0.0,
     )
     assert "inert under actor.lr_scheduler=constant" in out.sources["lr_warmup_ratio"]
+
+
+def test_a_field_the_config_lacks_is_an_error_not_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from flashrl.recipes import setting_run
+
+    real = setting_run.flashrl_fields
+
+    def with_extra(resolved, **kwargs):
+        out = real(resolved, **kwargs)
+        out.set("no_such_field", 1, "examples/settings/common.json: a future flag")
+        return out
+
+    monkeypatch.setattr(setting_run, "flashrl_fields", with_extra)
+    args = argparse.Namespace(data="train.jsonl", eval_data="eval.jsonl")
+    with pytest.raises(SettingError, match=r"needs FlashReinforceConfig fields \['no_such_field'\]"):
+        setting_run.setting_config(resolved("qwen_math"), args)
+
+
+def test_every_setting_builds_a_valid_config() -> None:
+    import argparse
+
+    from flashrl.recipes.setting_run import setting_config
+
+    for name, variant in CASES:
+        r = resolved(name, *([variant] if variant else []))
+        args = argparse.Namespace(
+            data="t.jsonl", eval_data="e.jsonl", alfworld_data=None, num_generated_games=8
+        )
+        config = setting_config(r, args)
+        with pytest.warns(UserWarning) if config.rollout_mode == "sync_group" else _no_warning():
+            config.validate()
+        assert (config.delta, config.train_batch_size) == (
+            flashrl_fields(r).values.get("delta", config.delta),
+            r.flags["train.batch_size"],
+        )
+
+
+def _no_warning():
+    import contextlib
+
+    return contextlib.nullcontext()
