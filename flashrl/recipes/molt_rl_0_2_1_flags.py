@@ -2,8 +2,9 @@
 
 Extracted from the registry package molt-rl==0.2.1 (its wheel, unpacked) with
 `python -m flashrl.recipes.molt extract <folder holding molt/>` (then `ruff format`): that runs
-only the parser-building statements of the `if __name__ == "__main__":` block of `molt/cli/train_rl_ray.py`
-(up to `args = parser.parse_args()`), which lists the flags without importing Ray or vLLM.
+only the parser-building statements of the `if __name__ == "__main__":` block of
+`molt/cli/train_rl_ray.py` (up to `args = parser.parse_args()`), which lists the flags without importing
+Ray or vLLM.
 Kinds: 'switch' (takes no value), 'value' (one), 'values:N' / 'values:+' (N / one or more).
 """
 
