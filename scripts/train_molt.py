@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrl.recipes.molt import MOLT_MODULE, MOLT_PACKAGE, MOLT_VERSION, Placement, molt_command
-from flashrl.recipes.settings import SETTINGS, SettingError, resolve_setting
+from flashrl.recipes.settings import SETTINGS, ResolvedSetting, SettingError, resolve_setting
 
 PLACEHOLDERS = {
     "train_data": "<TRAIN_DATA>",
@@ -87,47 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        resolved = resolve_setting(args.recipe, args.variant)
-    except SettingError as err:
-        parser.error(str(err))
-    overrides = {}
-    if args.episodes is not None:
-        overrides["train.num_episodes"] = args.episodes
-    if args.delta is not None:
-        if math.isnan(args.delta) or args.delta <= 0:
-            parser.error(f"--delta: expected a number > 0 (or inf), got {args.delta}")
-        if not resolved.is_flash_reinforce:
-            parser.error("--delta: the GRPO variant has no trust region; drop --delta")
-        overrides["actor.flash_gate_delta"] = args.delta
-    if overrides:
-        resolved = type(resolved)(
-            setting=resolved.setting,
-            variants=resolved.variants,
-            dropped=resolved.dropped,
-            flags={**resolved.flags, **overrides},
-            origin={**resolved.origin, **{key: "command line" for key in overrides}},
-        )
+    resolved = resolve_with_overrides(args, parser)
     if args.print_config:
         print(json.dumps(resolved.to_json(), indent=2))
         return 0
-    counts = (
-        args.actor_nodes,
-        args.actor_gpus,
-        args.rollout_gpus,
-        args.rollout_tp,
-        args.actor_tp,
-        args.actor_ep,
-        args.actor_cp,
-    )
-    if min(counts) < 1:
-        parser.error(f"GPU and parallelism counts: expected integers >= 1, got {counts}")
-    batch = resolved.flags["train.batch_size"]
-    if batch % (args.actor_nodes * args.actor_gpus):
-        parser.error(
-            f"actor GPUs ({args.actor_nodes} x {args.actor_gpus}) must divide train.batch_size {batch}"
-        )
-
+    check_placement(args, parser, resolved.flags["train.batch_size"])
     agent = args.agent_path
     if agent is None and args.molt_path is not None and resolved.setting.agent_kind == "math":
         agent = args.molt_path / "examples/python/agents/math.py"
@@ -137,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "to run Molt, pass "
             + ", ".join("--" + name.replace("_", "-") for name in missing)
-            + f" (the {resolved.setting.agent_kind} setting's agent and Molt saved datasets; see docs/training.md)"
+            + f" (the {resolved.setting.agent_kind} setting's agent and Molt saved datasets; "
+            "see docs/training.md)"
         )
     paths = {
         name: PLACEHOLDERS[name] if value is None else str(value.expanduser().resolve())
@@ -169,20 +134,61 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # a bug in flashrl/recipes/molt.py, never a user error
         print(f"error: flags not in Molt {MOLT_VERSION}'s recorded list: {unknown}", file=sys.stderr)
         return EXIT_REFUSED
-    env_line = " ".join(f"{k}={shlex.quote(v)}" for k, v in command.env.items())
-    print(f"# molt-rl {MOLT_VERSION}, setting {label} ({resolved.setting.source} of the reference)")
-    if args.molt_path is not None:
-        print(f"# working directory: {args.molt_path.expanduser().resolve()}")
-    placeholders = [PLACEHOLDERS[name] for name in missing]
-    if placeholders:
-        print(
-            f"# placeholders to replace: {', '.join(placeholders)} (pass --train-data, --eval-data, --agent-path)"
-        )
-    print(env_line + " " + shlex.join(command.argv()), flush=True)
+    print_command(command, args, label, resolved.setting.source, [PLACEHOLDERS[name] for name in missing])
     if args.dry_run:
         print(f"# dry run: every flag is in Molt {MOLT_VERSION}'s recorded list; nothing was started")
         return 0
     return launch(command, args, parser)
+
+
+def resolve_with_overrides(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ResolvedSetting:
+    """The setting with its variants, then `--episodes` and `--delta` (usage errors exit 2)."""
+    try:
+        resolved = resolve_setting(args.recipe, args.variant)
+    except SettingError as err:
+        parser.error(str(err))
+    overrides = {}
+    if args.episodes is not None:
+        overrides["train.num_episodes"] = args.episodes
+    if args.delta is not None:
+        if math.isnan(args.delta) or args.delta <= 0:
+            parser.error(f"--delta: expected a number > 0 (or inf), got {args.delta}")
+        if not resolved.is_flash_reinforce:
+            parser.error("--delta: the GRPO variant has no trust region; drop --delta")
+        overrides["actor.flash_gate_delta"] = args.delta
+    if not overrides:
+        return resolved
+    return ResolvedSetting(
+        setting=resolved.setting,
+        variants=resolved.variants,
+        dropped=resolved.dropped,
+        flags={**resolved.flags, **overrides},
+        origin={**resolved.origin, **{key: "command line" for key in overrides}},
+    )
+
+
+def check_placement(args: argparse.Namespace, parser: argparse.ArgumentParser, batch: int) -> None:
+    counts = (args.actor_nodes, args.actor_gpus, args.rollout_gpus, args.rollout_tp, args.actor_tp,
+              args.actor_ep, args.actor_cp)  # fmt: skip
+    if min(counts) < 1:
+        parser.error(f"GPU and parallelism counts: expected integers >= 1, got {counts}")
+    if batch % (args.actor_nodes * args.actor_gpus):
+        parser.error(
+            f"actor GPUs ({args.actor_nodes} x {args.actor_gpus}) must divide train.batch_size {batch}"
+        )
+
+
+def print_command(
+    command, args: argparse.Namespace, label: str, source: str, placeholders: list[str]
+) -> None:
+    env_line = " ".join(f"{k}={shlex.quote(v)}" for k, v in command.env.items())
+    print(f"# molt-rl {MOLT_VERSION}, setting {label} ({source} of the reference)")
+    if args.molt_path is not None:
+        print(f"# working directory: {args.molt_path.expanduser().resolve()}")
+    if placeholders:
+        hint = "pass --train-data, --eval-data, --agent-path"
+        print(f"# placeholders to replace: {', '.join(placeholders)} ({hint})")
+    print(env_line + " " + shlex.join(command.argv()), flush=True)
 
 
 def launch(command, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -244,6 +244,9 @@ def flashrl_fields(
 ) -> FlashrlFields:
     """The `FlashReinforceConfig` fields of a resolved setting, each with its source.
 
+    Flags that set several fields (`actor.loss_mode`, `rollout.n_samples_per_prompt`) go first, so
+    that a specific flag (`actor.flash_no_is`) refines what they set.
+
     Args:
         resolved: the setting with its variants.
         env_config: the environment's data arguments (task files, games), merged under the
@@ -263,36 +266,8 @@ def flashrl_fields(
             "flashrl.recipes.translate.TRANSLATION; expected every flag to be translated or explained. "
             "Fix: add their rows."
         )
-    # flags that set several fields first, so that a specific flag (actor.flash_no_is) refines them
     for key in sorted(flags, key=lambda k: TRANSLATION[k].expand is None):
-        rule, value, source = TRANSLATION[key], flags[key], resolved.origin[key]
-        if rule.expand is not None:
-            for name, val in rule.expand(value).items():
-                out.set(name, val, f"{source}: {key}={value!r}")
-            continue
-        if rule.field is None:
-            if rule.implied and value not in rule.implied:
-                raise SettingError(
-                    f"reference flag {key}={value!r} (from {source}): flashrl only supports "
-                    f"{list(rule.implied)} ({rule.meaning})."
-                )
-            continue
-        if rule.values is not None:
-            if value not in rule.values:
-                raise SettingError(
-                    f"reference flag {key}={value!r} (from {source}): expected one of {list(rule.values)}."
-                )
-            value = rule.values[value]
-        if rule.convert is not None:
-            value = rule.convert(value)
-        if rule.field == "episodes_in_flight":
-            out.set(
-                "episodes_in_flight_per_env_runner",
-                max(1, -(-int(value) // runners)),
-                f"{source}: {key}={value} over {runners} env runners",
-            )
-            continue
-        out.set(rule.field, value, f"{source}: {key}")
+        _translate_flag(key, flags[key], resolved.origin[key], out, runners)
     if out.values.get("lr_schedule") == "constant":
         # Molt builds transformers' get_scheduler("constant", ...) with the warmup and min-lr arguments
         # (molt/trainer/fsdp/strategy.py); that schedule takes neither, so they are inert there
@@ -310,15 +285,49 @@ def flashrl_fields(
         env["max_turns"] = setting.max_agent_turns
         out.sources["env_config.max_turns"] = f"{setting.source}: max_agent_turns"
     out.values["env_config"] = env  # its data arguments come from the command line (--data, ...)
+    horizon = "Molt 0.2.1's schedule horizon, molt/trainer/rl_trainer.py"
     out.set(
         "total_updates",
         resolved.total_updates,
-        f"ceil(data.max_samples / rollout.batch_size) x train.num_episodes ({resolved.origin['train.num_episodes']}; "
-        "Molt 0.2.1's schedule horizon, molt/trainer/rl_trainer.py)",
+        f"ceil(data.max_samples / rollout.batch_size) x train.num_episodes "
+        f"({resolved.origin['train.num_episodes']}; {horizon})",
     )
     _evaluation_data(resolved, out)
     _choices(resolved, out)
     return out
+
+
+def _translate_flag(key: str, value: Any, source: str, out: FlashrlFields, runners: int) -> None:
+    """One reference flag into `out` (flags that set several fields go first: see the caller)."""
+    rule = TRANSLATION[key]
+    if rule.expand is not None:
+        for name, val in rule.expand(value).items():
+            out.set(name, val, f"{source}: {key}={value!r}")
+        return
+    if rule.field is None:
+        if rule.implied and value not in rule.implied:
+            raise SettingError(
+                f"reference flag {key}={value!r} (from {source}): flashrl only supports "
+                f"{list(rule.implied)} ({rule.meaning})."
+            )
+        return
+    if rule.values is not None:
+        if value not in rule.values:
+            raise SettingError(
+                f"reference flag {key}={value!r} (from {source}): expected one of {list(rule.values)}."
+            )
+        value = rule.values[value]
+    if rule.convert is not None:
+        value = rule.convert(value)
+    if rule.field == "episodes_in_flight":
+        per_runner = max(1, -(-int(value) // runners))
+        out.set(
+            "episodes_in_flight_per_env_runner",
+            per_runner,
+            f"{source}: {key}={value} over {runners} env runners",
+        )
+        return
+    out.set(rule.field, value, f"{source}: {key}")
 
 
 def _evaluation_data(resolved: ResolvedSetting, out: FlashrlFields) -> None:
