@@ -4,6 +4,8 @@ Today every learner holds a full float32 copy of the policy and its AdamW state,
 by hand (``flashrl.learners.distributed``). This module is the building block that shards them
 instead, with torch's own engines and nothing home-made where those serve:
 
+- ``load_pretrained_sharded``: build a Hugging Face model on the meta device, shard it, and fill the
+  shards from rank 0's copy of the weights, so only rank 0 ever holds the whole model.
 - ``shard_model``: ``fully_shard`` on every decoder layer and on the root (parameters, gradients and
   optimizer state live as dim-0 shards, ``DTensor`` s); optional bf16 compute with float32 reduction
   (``MixedPrecisionPolicy``), activation checkpointing per decoder layer, CPU offload
@@ -48,6 +50,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -68,6 +71,7 @@ __all__ = [
     "export_hf",
     "iter_full_buckets",
     "iter_full_tensors",
+    "load_pretrained_sharded",
     "load_sharded",
     "save_sharded",
     "shard_model",
@@ -186,6 +190,51 @@ def shard_model(
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def load_pretrained_sharded(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    **shard_options: Any,
+) -> nn.Module:
+    """A Hugging Face causal LM from ``path``, sharded, without every rank loading the whole model.
+
+    Every rank builds the model on the meta device (no memory) and shards it; the shards are then
+    allocated on ``device`` and filled from rank 0, which alone loads the checkpoint (host memory),
+    through DCP's ``set_model_state_dict(..., broadcast_from_rank0=True)``. Buffers that are not in the
+    checkpoint (rotary ``inv_freq``) are broadcast from rank 0's loaded copy as well. ``dtype`` is the
+    master dtype (what the optimizer steps); ``shard_options`` go to ``shard_model``.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    device = torch.device(device)
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    shard_options.setdefault("mesh", init_device_mesh(device.type, (dist.get_world_size(),)))
+    shard_model(model, **shard_options)
+    # Offloaded shards live in host memory; buffers (rotary tables) are used by compute on ``device``.
+    model.to_empty(device="cpu" if shard_options.get("cpu_offload") else device)
+    for module in model.modules():
+        for key, buffer in module.named_buffers(recurse=False):
+            module._buffers[key] = buffer.to(device)
+    full: dict[str, torch.Tensor] = {}
+    buffers: dict[str, torch.Tensor] = {}
+    if _rank() == 0:
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        full = loaded.state_dict()
+        buffers = {clean_name(k): v for k, v in loaded.named_buffers()}
+    set_model_state_dict(
+        model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if _rank() == 0:
+                buffer.copy_(buffers[clean_name(name)])
+            dist.broadcast(buffer, src=0)
+    return model.eval()
 
 
 def _default_mesh(model: nn.Module) -> DeviceMesh:

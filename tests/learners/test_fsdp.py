@@ -29,6 +29,7 @@ SCENARIOS = {
     "plain": {"activation_checkpointing": False, "cpu_offload": False},
     "checkpointed": {"activation_checkpointing": True, "cpu_offload": False},
     "offloaded": {"activation_checkpointing": False, "cpu_offload": True},
+    "meta_init": {"activation_checkpointing": True, "cpu_offload": True},  # via load_pretrained_sharded
 }
 WORKER_TIMEOUT_S = 240
 
@@ -92,17 +93,21 @@ def _worker(out_dir: Path, model_dir: Path) -> None:
     def count_call(module, args, kwargs) -> None:
         layer_calls[0] += 1
 
-    def build(options):
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPE).eval()
+    def build(scenario, options):
+        if scenario == "meta_init":
+            model = fsdp.load_pretrained_sharded(model_dir, dtype=DTYPE, **options)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPE).eval()
+            model = fsdp.shard_model(model, **options)
         for layer in fsdp.decoder_layers(model):  # the layers themselves: fires again on a recompute
-            layer.register_forward_pre_hook(count_call, with_kwargs=True)
-        model = fsdp.shard_model(model, **options)
+            inner = getattr(layer, "_checkpoint_wrapped_module", layer)
+            inner.register_forward_pre_hook(count_call, with_kwargs=True)
         optimizer = fsdp.build_adamw(fsdp.decay_param_groups(model, weight_decay=WEIGHT_DECAY), lr=LR)
         return model, optimizer
 
     for scenario, options in SCENARIOS.items():
         result: dict = {}
-        model, optimizer = build(options)
+        model, optimizer = build(scenario, options)
         result["tied"] = model.lm_head.weight is model.model.embed_tokens.weight
         result["num_fsdp_units"] = sum(isinstance(m, fsdp.FSDPModule) for m in model.modules())
         layer_calls[0] = 0
@@ -120,7 +125,7 @@ def _worker(out_dir: Path, model_dir: Path) -> None:
         result["step2"] = dict(fsdp.iter_full_tensors(model))
         del model, optimizer
 
-        resumed, resumed_optimizer = build(options)
+        resumed, resumed_optimizer = build(scenario, options)
         result["extra"] = fsdp.load_sharded(ckpt, resumed, resumed_optimizer)
         result["resumed_norm2"] = _step(resumed, resumed_optimizer, batches[1], rows, fsdp.clip_grad_norm)
         result["resumed_step2"] = dict(fsdp.iter_full_tensors(resumed))
