@@ -31,6 +31,7 @@ import random
 import shutil
 import tempfile
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -134,8 +135,6 @@ class Learner:
         if reason is not None:
             return self._skip(reason, batch, start)
 
-        if self.spec.negative_token_fraction < 1.0:
-            batch.failures  # raises, with the fix, when the env gave no success labels
         advantages = self._advantages(batch)  # [B] over the GLOBAL batch
         shard = batch.shard(self.rank, self.world_size).to(self.device)
         t0 = time.perf_counter()
@@ -193,7 +192,8 @@ class Learner:
             valid,
             delta=spec.delta,
             entropy=entropy,
-            failures=shard.failures if filter_on else None,  # [b_r] from the env's success labels
+            # [b_r] from the env's success labels; raises (on every rank alike) when the batch has none
+            failures=shard.failures if filter_on else None,
             negative_token_fraction=spec.negative_token_fraction,
             importance_sampling=spec.importance_sampling,
             trust_region=spec.trust_region,
@@ -408,8 +408,10 @@ class Learner:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         else:  # a state saved before schedules existed: the schedule is at its `version`-th update
             self.lr_scheduler = make_lr_scheduler(self.optimizer, self.spec)
-            for _ in range(int(state["version"])):
-                self.lr_scheduler.step()
+            with warnings.catch_warnings():  # fast-forwarding without optimizer steps is the point here
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+                for _ in range(int(state["version"])):
+                    self.lr_scheduler.step()
         _set_rng_state(state["rng"])
         self.version = int(state["version"])
         self.skip_counts = Counter(state.get("skip_counts", {}))

@@ -143,3 +143,26 @@ def test_a_skipped_batch_does_not_advance_the_schedule(make_spec, batch):
     assert learner.lr_scheduler.last_epoch == 0
     # W = 2: update 0 has lr 0, update 1 has 1/2 of it.
     assert [learner.update(batch)["lr"] for _ in range(2)] == pytest.approx([0.0, 5e-4], abs=1e-15)
+
+
+def test_a_state_without_a_scheduler_resumes_the_schedule_at_its_version(make_spec, batch, next_batch):
+    options = {"lr": 1e-3, "lr_schedule": "cosine_with_min_lr", "total_updates": 4, "lr_warmup_ratio": 0.25,
+               "min_lr_ratio": 0.1}
+    first = Learner(make_spec(**options))
+    first.update(batch)
+    first.update(next_batch)
+    state = first.get_state()
+    del state["lr_scheduler"]  # as saved before the learner had a schedule
+    second = Learner(make_spec(**options))
+    second.set_state(state)
+    assert second.lr_scheduler.last_epoch == 2
+    assert second.update(batch)["lr"] == pytest.approx(7.75e-4, rel=1e-9)  # update 2 of the schedule
+
+
+def test_the_filter_without_success_labels_is_an_error_with_the_fix(make_spec, batch):
+    from dataclasses import replace
+
+    learner = Learner(make_spec(negative_token_fraction=0.5))
+    with pytest.raises(ValueError, match=r"no success labels .* info\['success'\]"):
+        learner.update(replace(batch, success=None))
+    assert learner.version == 0
