@@ -14,9 +14,11 @@
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.group import LearnerGroup, LearnerGroupError
 from flashrl.learners.learner import Learner
+from flashrl.learners.schedule import LR_SCHEDULES
 from flashrl.learners.spec import OPTIMIZERS, LearnerSpec, register_optimizer
 
 __all__ = [
+    "LR_SCHEDULES",
     "OPTIMIZERS",
     "Learner",
     "LearnerGroup",
