@@ -8,9 +8,11 @@ Both take the same ``SamplingConfig`` and return the same ``Completion``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
-from flashrl.engines.types import Completion, Engine, FinishReason, RequestError, SamplingConfig
+if TYPE_CHECKING:
+    from flashrl.engines.types import Completion, Engine, FinishReason, RequestError, SamplingConfig
 
 __all__ = [
     "ENGINE_KINDS",
@@ -19,10 +21,27 @@ __all__ = [
     "FinishReason",
     "RequestError",
     "SamplingConfig",
+    "engine_options_for_run",
     "make_engine",
 ]
 
 ENGINE_KINDS = ("vllm", "torch")
+
+# the option of each engine kind that bounds how many sequences it serves at once
+_SEQS_OPTION = {"vllm": "max_num_seqs", "torch": "max_batch_size"}
+
+
+_TYPES = ("Completion", "Engine", "FinishReason", "RequestError", "SamplingConfig")
+
+
+def __getattr__(name: str) -> Any:
+    # the engine types import torch; the dry-run plan imports this package (engine_options_for_run,
+    # flashrl.engines.memory) on machines that may have no torch, so they load on first use
+    if name in _TYPES:
+        from flashrl.engines import types
+
+        return getattr(types, name)
+    raise AttributeError(f"module 'flashrl.engines' has no attribute {name!r}")
 
 
 def make_engine(kind: Literal["vllm", "torch"], model: str, *, seed: int, **options: Any) -> Engine:
@@ -50,6 +69,23 @@ def make_engine(kind: Literal["vllm", "torch"], model: str, *, seed: int, **opti
 
         return VLLMEngine(model, seed=seed, options=_options(VLLMEngineOptions, kind, options))
     raise ValueError(f"unknown engine kind {kind!r}; expected one of {ENGINE_KINDS}.")
+
+
+def engine_options_for_run(
+    kind: str, options: Mapping[str, Any], *, max_model_len: int, num_seqs: int
+) -> dict[str, Any]:
+    """An env runner's engine options: the user's, plus the run's context and sequences in flight.
+
+    ``max_model_len`` (the run's context budget) and the sequences in flight (``max_num_seqs`` for
+    vLLM, which also sizes its CPU KV cache; ``max_batch_size`` for torch) are filled in only where
+    the user's ``options`` do not set them.
+    """
+    if kind not in _SEQS_OPTION:
+        raise ValueError(f"unknown engine kind {kind!r}; expected one of {ENGINE_KINDS}.")
+    out = dict(options)
+    out.setdefault("max_model_len", int(max_model_len))
+    out.setdefault(_SEQS_OPTION[kind], int(num_seqs))
+    return out
 
 
 def _options(cls: type, kind: str, options: dict[str, Any]) -> Any:

@@ -21,10 +21,19 @@ from typing import Any
 
 import torch
 
+from flashrl.engines.memory import (
+    CPU_BLOCK_SIZE,
+    DEFAULT_MAX_NUM_SEQS,
+    GIB,
+    GPU_BLOCK_SIZE,
+    check_kv_cache_bytes,
+    kv_bytes_per_token_from_hf,
+    kv_cache_budget,
+)
 from flashrl.engines.types import Completion, Engine, SamplingConfig, check_full_state_dict
 from flashrl.engines.vllm_worker import WeightEntry
 
-__all__ = ["VLLMEngine", "VLLMEngineOptions", "cpu_thread_defaults"]
+__all__ = ["VLLMEngine", "VLLMEngineOptions", "cpu_thread_defaults", "vllm_engine_args"]
 
 logger = logging.getLogger("flashrl.engines")
 
@@ -38,12 +47,18 @@ class VLLMEngineOptions:
     dtype: str | None = None
     """Model dtype; default float32 on CPU (exact log-probs), the checkpoint's dtype on GPU."""
     gpu_memory_utilization: float | None = None
-    """Share of accelerator memory for vLLM; on CPU the share of host RAM for the KV cache (default
-    0.15 on CPU: vLLM's 0.92 fails on a shared host; 0.85 on GPU)."""
+    """GPU: share of the device's memory vLLM may take (weights + KV cache; default 0.85). CPU: not
+    used, the KV cache gets a byte budget (``kv_cache_memory_bytes``) instead of a share of RAM."""
     max_model_len: int | None = None
-    """Context length (prompt + completion); default: the model's."""
-    max_num_seqs: int = 64
-    """Most sequences vLLM schedules at once."""
+    """Context length (prompt + completion); default: the model's ``max_position_embeddings``. An
+    env runner passes the run's ``max_episode_tokens``."""
+    max_num_seqs: int | None = None
+    """Most sequences vLLM schedules at once, and on CPU the sequences the KV budget is sized for;
+    default 64. An env runner passes its episodes in flight."""
+    kv_cache_memory_bytes: int | None = None
+    """KV-cache bytes. Default on CPU: ``flashrl.engines.memory.kv_cache_budget`` (max_num_seqs x
+    max_model_len x the model's KV bytes per token, with a floor and a cap); on GPU: none
+    (``gpu_memory_utilization`` decides). A budget below one full-context sequence is a ValueError."""
     enforce_eager: bool | None = None
     """Disable CUDA graphs / compilation; default True on CPU (fast start), False on GPU."""
     cpu_threads: str | None = None
@@ -72,6 +87,77 @@ def _ranges(cores: list[int]) -> str:
             parts.append(f"{start}-{prev}" if start != prev else f"{start}")
             start = cur
     return ",".join(parts)
+
+
+def vllm_engine_args(
+    options: VLLMEngineOptions,
+    *,
+    path: str,
+    seed: int,
+    on_cpu: bool,
+    hf_config: Any,
+    environ: Mapping[str, str] = os.environ,
+) -> dict[str, Any]:
+    """The ``vllm.AsyncEngineArgs`` fields of an engine; on CPU with a KV budget in bytes.
+
+    On CPU the budget is ``flashrl.engines.memory.kv_cache_budget`` of ``max_num_seqs`` sequences of
+    ``max_model_len`` tokens unless ``kv_cache_memory_bytes`` (or vLLM's legacy
+    ``VLLM_CPU_KVCACHE_SPACE``, GiB, which vLLM lets win over the engine argument) sets it; a budget
+    that cannot hold one full-context sequence raises ``ValueError`` here, before vLLM starts.
+    """
+    o = options
+    args: dict[str, Any] = {
+        "model": path,
+        "tokenizer": path,
+        "seed": seed,
+        "dtype": o.dtype or ("float32" if on_cpu else "auto"),
+        # CPU: a number is needed to size the KV cache; GPU: None lets vLLM derive it (rope scaling)
+        "max_model_len": o.max_model_len or (_model_context(hf_config) if on_cpu else None),
+        "max_num_seqs": o.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+        "enforce_eager": o.enforce_eager if o.enforce_eager is not None else on_cpu,
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": "flashrl.engines.vllm_worker.FlashRLWorkerExtension",
+        "disable_log_stats": True,
+    }
+    if not on_cpu or o.gpu_memory_utilization is not None:
+        args["gpu_memory_utilization"] = o.gpu_memory_utilization or 0.85
+    if o.kv_cache_memory_bytes is not None:
+        args["kv_cache_memory_bytes"] = int(o.kv_cache_memory_bytes)
+    args.update(o.engine_args)
+    context = args.get("max_model_len")
+    if context is None:  # GPU without a set context: vLLM sizes and checks the KV cache itself
+        return args
+    kv_dtype = str(args.get("kv_cache_dtype") or "auto")
+    per_token = kv_bytes_per_token_from_hf(
+        hf_config, kv_dtype if kv_dtype != "auto" else _model_dtype(args["dtype"], hf_config)
+    )
+    block = int(args.get("block_size") or (CPU_BLOCK_SIZE if on_cpu else GPU_BLOCK_SIZE))
+    check = {"context_tokens": int(context), "bytes_per_token": per_token, "block_size": block}
+    legacy = environ.get("VLLM_CPU_KVCACHE_SPACE", "") if on_cpu else ""
+    if legacy:
+        check_kv_cache_bytes(int(legacy) * GIB, source=f"VLLM_CPU_KVCACHE_SPACE={legacy} (GiB)", **check)
+    elif args.get("kv_cache_memory_bytes") is not None:
+        check_kv_cache_bytes(int(args["kv_cache_memory_bytes"]), source="kv_cache_memory_bytes", **check)
+    elif on_cpu:
+        budget = kv_cache_budget(num_seqs=int(args["max_num_seqs"]), **check)
+        args["kv_cache_memory_bytes"] = budget.reserved_bytes
+    return args
+
+
+def _model_context(hf_config: Any) -> int:
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    context = getattr(text, "max_position_embeddings", None)
+    if not context:
+        raise ValueError(
+            "the model's config has no max_position_embeddings; pass max_model_len in the engine options."
+        )
+    return int(context)
+
+
+def _model_dtype(dtype: str, hf_config: Any) -> str:
+    if dtype != "auto":
+        return dtype
+    return str(getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "float32")
 
 
 class VLLMEngine(Engine):
@@ -105,22 +191,19 @@ class VLLMEngine(Engine):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        o = self.options
-        args: dict[str, Any] = {
-            "model": path,
-            "tokenizer": path,
-            "seed": seed,
-            "dtype": o.dtype or ("float32" if on_cpu else "auto"),
-            "gpu_memory_utilization": o.gpu_memory_utilization or (0.15 if on_cpu else 0.85),
-            "max_model_len": o.max_model_len,
-            "max_num_seqs": o.max_num_seqs,
-            "enforce_eager": o.enforce_eager if o.enforce_eager is not None else on_cpu,
-            "logprobs_mode": "processed_logprobs",
-            "worker_extension_cls": "flashrl.engines.vllm_worker.FlashRLWorkerExtension",
-            "disable_log_stats": True,
-            **o.engine_args,
-        }
-        logger.info("starting vLLM (%s) on %s", "CPU build" if on_cpu else "GPU", path)
+        args = vllm_engine_args(self.options, path=path, seed=seed, on_cpu=on_cpu, hf_config=self._hf_config)
+        self.kv_cache_memory_bytes: int | None = args.get("kv_cache_memory_bytes")
+        """KV-cache bytes asked of vLLM (None: vLLM sizes it from ``gpu_memory_utilization``)."""
+        logger.info(
+            "starting vLLM (%s) on %s: max_model_len %s, max_num_seqs %s, KV cache %s",
+            "CPU build" if on_cpu else "GPU",
+            path,
+            args.get("max_model_len"),
+            args.get("max_num_seqs"),
+            f"{self.kv_cache_memory_bytes} bytes"
+            if self.kv_cache_memory_bytes
+            else "from gpu_memory_utilization",
+        )
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
     # -- Engine API -------------------------------------------------------------------------------

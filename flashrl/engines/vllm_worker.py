@@ -35,6 +35,23 @@ class FlashRLWorkerExtension:
         _retie_output_embedding(runner.get_model(), runner.model_config.hf_config)
         return len(entries)
 
+    def flashrl_kv_cache_bytes(self) -> int:
+        """Bytes of the KV-cache tensors this worker allocated (tests check them against the budget)."""
+        caches = self.model_runner.kv_caches  # type: ignore[attr-defined]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors(caches)}
+        return sum(storages.values())
+
+
+def _tensors(obj: object):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item)
+
 
 def _retie_output_embedding(model: torch.nn.Module, hf_config: object) -> None:
     """Point a tied ``lm_head`` at the reloaded input embedding again and re-run its processing.

@@ -20,6 +20,10 @@ Env runner (one vLLM engine, split over its GPUs by tensor / expert parallelism)
     weights  = P x e                   e = the engine's dtype bytes (bfloat16 on GPU, float32 on CPU)
     kv_cache = K x max_episode_tokens x 2 x L x kv_heads x head_dim x e
                (K episodes in flight, each at its full context budget: an upper bound)
+    reserved = on vLLM's CPU build, the bytes the engine asks for: ``kv_cache_budget`` of
+               ``flashrl/engines/memory.py`` (the same call the engine makes: whole blocks, a floor
+               and a cap), or the engine options' ``kv_cache_memory_bytes``; on GPU the engine takes
+               its ``gpu_memory_utilization`` share and the plan compares the need with it
 
 This mirrors ``flashrl/learners/learner.py`` (float32 master weights and AdamW state under bfloat16)
 and ``flashrl/models/logprobs.py`` (one forward pass over a learner's whole shard of the batch).
@@ -30,6 +34,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from flashrl.engines.memory import (
+    CPU_BLOCK_SIZE,
+    GPU_BLOCK_SIZE,
+    check_kv_cache_bytes,
+    kv_bytes_per_token,
+    kv_cache_budget,
+)
 from flashrl.recipes.architectures import DTYPE_BYTES, Architecture
 
 __all__ = ["EnvRunnerMemory", "LearnerMemory", "env_runner_memory", "format_bytes", "learner_memory"]
@@ -60,11 +71,14 @@ class EnvRunnerMemory:
 
     weights: int
     kv_cache: int
+    """What the episodes in flight hold at their full context budget."""
     kv_bytes_per_token: int
+    kv_cache_reserved: int | None = None
+    """KV-cache bytes the engine reserves when it reserves a fixed number (vLLM's CPU build)."""
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache
+        return self.weights + (self.kv_cache if self.kv_cache_reserved is None else self.kv_cache_reserved)
 
 
 def learner_memory(
@@ -104,15 +118,48 @@ def learner_memory(
 
 
 def env_runner_memory(
-    arch: Architecture, *, engine_dtype: str, episodes_in_flight: int, max_episode_tokens: int
+    arch: Architecture,
+    *,
+    engine_dtype: str,
+    episodes_in_flight: int,
+    max_episode_tokens: int,
+    cpu_vllm: bool = False,
+    kv_cache_memory_bytes: int | None = None,
 ) -> EnvRunnerMemory:
-    """The env-runner formula of the module docstring."""
+    """The env-runner formula of the module docstring.
+
+    ``cpu_vllm``: the engine is vLLM's CPU build, which reserves ``kv_cache_budget`` bytes (or
+    ``kv_cache_memory_bytes`` when given, on either platform); raises its ``ValueError`` when one
+    full-context sequence cannot fit.
+    """
     e = DTYPE_BYTES[engine_dtype]
-    per_token = arch.kv_cache_bytes_per_token(e)
+    per_token = kv_bytes_per_token(
+        num_layers=arch.num_layers,
+        num_kv_heads=arch.num_key_value_heads,
+        head_dim=arch.head_dim,
+        element_bytes=e,
+    )
+    reserved = kv_cache_memory_bytes
+    if reserved is not None:
+        check_kv_cache_bytes(
+            int(reserved),
+            context_tokens=max_episode_tokens,
+            bytes_per_token=per_token,
+            block_size=CPU_BLOCK_SIZE if cpu_vllm else GPU_BLOCK_SIZE,
+            source="kv_cache_memory_bytes",
+        )
+    elif cpu_vllm:
+        reserved = kv_cache_budget(
+            num_seqs=episodes_in_flight,
+            context_tokens=max_episode_tokens,
+            bytes_per_token=per_token,
+            block_size=CPU_BLOCK_SIZE,
+        ).reserved_bytes
     return EnvRunnerMemory(
         weights=arch.num_parameters() * e,
         kv_cache=episodes_in_flight * max_episode_tokens * per_token,
         kv_bytes_per_token=per_token,
+        kv_cache_reserved=reserved,
     )
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flashrl.engines import engine_options_for_run
+from flashrl.engines.memory import DEFAULT_MAX_NUM_SEQS
 from flashrl.recipes.architectures import Architecture, architecture_for
 from flashrl.recipes.memory import GIB, env_runner_memory, format_bytes, learner_memory
 from flashrl.recipes.preset import NodePlan, Preset
@@ -342,18 +344,40 @@ def _memory(plan: Plan, arch: Architecture | None) -> list[str]:
     engine_dtype = str(config.engine_options.get("dtype") or ("bfloat16" if on_gpu else "float32"))
     if engine_dtype not in ("float32", "bfloat16", "float16"):
         engine_dtype = "bfloat16"
-    rm = env_runner_memory(
-        arch,
-        engine_dtype=engine_dtype,
-        episodes_in_flight=config.episodes_in_flight_per_env_runner,
-        max_episode_tokens=config.max_episode_tokens,
+    # the engine options an env runner starts its engine with (flashrl/env_runners/env_runner.py)
+    opts = engine_options_for_run(
+        config.engine,
+        config.engine_options,
+        max_model_len=config.max_episode_tokens,
+        num_seqs=config.episodes_in_flight_per_env_runner,
     )
+    seqs = int(opts.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS) if config.engine == "vllm" else None
+    seqs = seqs or config.episodes_in_flight_per_env_runner
+    context = int(opts.get("max_model_len") or config.max_episode_tokens)
+    try:
+        rm = env_runner_memory(
+            arch,
+            engine_dtype=engine_dtype,
+            episodes_in_flight=seqs,
+            max_episode_tokens=context,
+            cpu_vllm=config.engine == "vllm" and not on_gpu,
+            kv_cache_memory_bytes=opts.get("kv_cache_memory_bytes"),
+        )
+    except ValueError as err:  # the engine would refuse to start with this KV-cache budget
+        plan.errors.append(f"env runner KV cache: {err}")
+        return [*lines, f"  per env runner: KV cache budget impossible ({err})"]
     lines += [
         f"  per env runner ({config.engine}, {engine_dtype}):",
         (
             f"    weights {format_bytes(rm.weights)} + KV cache {format_bytes(rm.kv_cache)} "
-            f"({config.episodes_in_flight_per_env_runner} episodes x {config.max_episode_tokens} tokens x "
-            f"{format_bytes(rm.kv_bytes_per_token)}/token) = {format_bytes(rm.total)}"
+            f"({seqs} sequences x {context} tokens x "
+            f"{format_bytes(rm.kv_bytes_per_token)}/token)"
+            + (
+                f", engine reserves {format_bytes(rm.kv_cache_reserved)} (kv_cache_memory_bytes)"
+                if rm.kv_cache_reserved is not None
+                else ""
+            )
+            + f" = {format_bytes(rm.total)}"
         ),
     ]
     if on_gpu:
