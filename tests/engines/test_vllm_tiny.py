@@ -1,4 +1,8 @@
-"""The vLLM engine on the tiny random Llama: concurrent generation and an in-place weight update."""
+"""The vLLM engine on the tiny random Llama: concurrent generation and in-place weight updates.
+
+An update during a request re-prefills it: tokens sampled before the update have the old weights'
+log-probs, tokens after it exactly the new weights' (never a mix of new queries and old KV).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import asyncio
 import pytest
 import torch
 
-from flashrl.engines import SamplingConfig, make_engine
+from flashrl.engines import Completion, SamplingConfig, make_engine
 from flashrl.engines.agreement import measure_agreement
 
 pytestmark = pytest.mark.vllm
@@ -47,3 +51,41 @@ def test_generate_and_update_weights(engine, tiny_llama_path: str, chat_prompts,
     report = measure_agreement(model, prompts, after)
     assert report.mean_drift < 1e-5 and report.max_abs_diff < 1e-3
     assert measure_agreement(model, prompts, before).max_abs_diff > 1e-2  # the old samples: old policy
+
+
+def test_a_request_in_flight_during_an_update_is_prefilled_again(
+    engine, tiny_llama_path: str, chat_prompts, event_loop_runner
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    old = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32).eval()
+    new = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        new.load_state_dict(
+            {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in new.state_dict().items()}
+        )
+    prompt = chat_prompts(engine.tokenizer, 1)[0]
+    event_loop_runner.run_until_complete(engine.update_weights(old.state_dict(), version=6))
+
+    async def update_midway() -> Completion:
+        task = asyncio.create_task(engine.generate(prompt, SamplingConfig(max_tokens=300, seed=3)))
+        # vLLM's own per-request state says how far the request is (the engine returns it only at the end)
+        states = engine._llm.output_processor.request_states
+        while not any(s.detokenizer.num_output_tokens() >= 40 for s in states.values()):
+            assert not task.done(), "the request finished before the update"
+            await asyncio.sleep(0.01)
+        await engine.update_weights(new.state_dict(), version=7)
+        return await task
+
+    comp = event_loop_runner.run_until_complete(update_midway())
+    spans = comp.metrics["version_spans"]
+    assert [v for v, _ in spans] == [6, 7] and spans[0][1] == 0, spans
+    switch = spans[1][1]
+    assert 40 <= switch < len(comp.token_ids) == 300
+    head = Completion(comp.token_ids[:switch], comp.logprobs[:switch], "length", 6)
+    tail = Completion(comp.token_ids[switch:], comp.logprobs[switch:], "length", 7)
+    before = measure_agreement(old, [prompt], [head])
+    after = measure_agreement(new, [prompt + head.token_ids], [tail])
+    print(f"in-flight update at token {switch}: before {before}, after {after}")
+    assert before.mean_abs_diff < 1e-3 and after.mean_abs_diff < 1e-3
