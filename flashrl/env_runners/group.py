@@ -40,6 +40,8 @@ class _RunnerSlot:
     in_flight: int = 0
     buffered: int = 0
     poll: Any = None
+    granted: int | None = None
+    """Start limit last sent to the runner (absolute data cursor); None = no admission budget."""
 
 
 class EnvRunnerGroup:
@@ -66,6 +68,8 @@ class EnvRunnerGroup:
         self._slots: dict[int, _RunnerSlot] = {}
         for index in range(self.num_runners):
             self._slots[index] = _RunnerSlot(actor=self._new_actor(index, counters[index]), started=counters[index])
+        self._budgeted = getattr(config, "async_queue_size", None) is not None
+        """Whether training episodes start only as `grant()` allows (bounded staleness)."""
         self._streaming = False
         self._weights: tuple[int, Any] | None = None
         self._weight_calls: dict[Any, tuple[int, Any]] = {}
@@ -127,6 +131,7 @@ class EnvRunnerGroup:
         self._get([self._slots[i].actor.set_counter.remote(int(c)) for i, c in enumerate(counters)], "reset")
         for i, c in enumerate(counters):
             self._slots[i].started = int(c)
+            self._slots[i].granted = None
 
     @property
     def streaming(self) -> bool:
@@ -181,16 +186,57 @@ class EnvRunnerGroup:
     # ------------------------------------------------------------------------------------------
     # the async stream
     # ------------------------------------------------------------------------------------------
-    def start_streaming(self) -> None:
-        """Every runner starts playing episodes and keeps K in flight."""
+    def start_streaming(self, allowed: int | None = None) -> None:
+        """Every runner starts playing episodes and keeps K in flight.
+
+        Args:
+            allowed: with an admission budget (`async_queue_size`), how many training episodes the
+                runners may have started in total (see `grant`).
+        """
         self._streaming = True
         for index in self._slots:
             self._start_slot(index)
+        if allowed is not None:
+            self.grant(allowed)
 
     def _start_slot(self, index: int) -> None:
+        """Start runner `index` streaming; the current weights load before its first episode."""
         slot = self._slots[index]
-        slot.actor.start.remote()
+        if self._budgeted and slot.granted is None:
+            slot.granted = slot.started
+        version, weights = self._weights if self._weights is not None else (None, None)
+        # One call: a separate set_weights could land after the stream started (async actors do not
+        # run calls in order, and this one waits for its weights to be fetched first).
+        slot.actor.start.remote(version, weights, slot.granted)
         slot.poll = slot.actor.poll.remote(self.config.train_batch_size, POLL_TIMEOUT_S)
+
+    @property
+    def granted(self) -> int:
+        """Training episodes the runners may start in total (their data cursors' limits)."""
+        return sum(slot.granted if slot.granted is not None else slot.started for slot in self._slots.values())
+
+    def grant(self, allowed: int) -> None:
+        """Raise the runners' start limits until, together, they may have started `allowed` episodes.
+
+        The extra allowance goes one episode at a time to the runner with the fewest granted but not
+        yet started episodes (a runner that keeps up gets more). Limits only grow; a call that
+        allows nothing new sends nothing.
+        """
+        if not self._budgeted:
+            return
+        extra = int(allowed) - self.granted
+        if extra <= 0:
+            return
+        unused = {index: slot.granted - slot.started for index, slot in self._slots.items()}
+        raised: set[int] = set()
+        for _ in range(extra):
+            index = min(unused, key=lambda i: (unused[i], i))
+            unused[index] += 1
+            self._slots[index].granted += 1
+            raised.add(index)
+        for index in sorted(raised):
+            slot = self._slots[index]
+            slot.actor.set_start_limit.remote(slot.granted)  # fire and forget: a death shows in poll
 
     def next_reports(self, timeout_s: float) -> list[RunnerReport]:
         """Reports of the runners that have answered, waiting up to `timeout_s` for the first."""
@@ -271,12 +317,18 @@ class EnvRunnerGroup:
             index, type(err).__name__, lost, self.num_restarts,
         )
         ray.kill(slot.actor, no_restart=True)
-        new = _RunnerSlot(actor=self._new_actor(index, slot.started), started=slot.started)
+        # The new runner replays the data cursor from the last report on: the episodes started after
+        # it were never reported, so they are neither lost nor granted any more.
+        new = _RunnerSlot(
+            actor=self._new_actor(index, slot.started),
+            started=slot.started,
+            granted=slot.started if slot.granted is not None else None,
+        )
         self._slots[index] = new
-        if self._weights is not None:
-            new.actor.set_weights.remote(*self._weights)  # queued before start: loaded first
         if self._streaming:
-            self._start_slot(index)
+            self._start_slot(index)  # loads the current weights before its first episode
+        elif self._weights is not None:
+            new.actor.set_weights.remote(*self._weights)
 
     def kill(self, index: int) -> None:
         """Kill runner `index` (fault-injection for tests and drills); the group restarts it."""
