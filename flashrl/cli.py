@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["evaluate_policy", "find_tuned_examples", "main"]
+__all__ = ["evaluate_policy", "evaluate_with_runner", "evaluation_config", "find_tuned_examples", "main"]
 
 EXAMPLES_ENV_VAR = "FLASHRL_TUNED_EXAMPLES"
 
@@ -96,6 +96,56 @@ def _train(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------- eval
+def evaluation_config(base: dict[str, Any] | None = None, **fields: Any) -> Any:
+    """A `FlashReinforceConfig` for evaluation: `base` (a checkpoint's config) with `fields` set.
+
+    Fields of `base` this flashrl does not know (a checkpoint of another version) are ignored, and
+    `fields` that are None keep the base's value.
+    """
+    from dataclasses import fields as dataclass_fields
+
+    from flashrl.algorithms import FlashReinforceConfig
+
+    known = {f.name for f in dataclass_fields(FlashReinforceConfig)}
+    config = FlashReinforceConfig.from_dict({k: v for k, v in (base or {}).items() if k in known})
+    return config.update_from_dict({k: v for k, v in fields.items() if v is not None})
+
+
+def evaluate_with_runner(config: Any, model_path: str) -> tuple[dict[str, float], dict[str | None, list[Any]]]:
+    """Run the evaluation protocol of `FlashReinforce.evaluate()` on an in-process `EnvRunner`.
+
+    The same `EnvRunner.sample(..., evaluation=True, split=...)` calls with the same prompt indices,
+    so a checkpoint scores the same prompts the same way here as in training; returns the metrics
+    and, per split, the runner's reports (every scored episode).
+    """
+    import asyncio
+
+    from flashrl.env_runners import EnvRunner
+    from flashrl.env_runners.evaluation import evaluation_metrics, evaluation_splits, num_prompts
+
+    config.validate()
+
+    async def run() -> dict[str | None, list[Any]]:
+        runner = EnvRunner(config.to_dict(), runner_index=0, num_runners=1, model_path=model_path)
+        try:
+            results = {}
+            for split in evaluation_splits(config):
+                n = num_prompts(config, await runner.evaluation_size(split))
+                report = await runner.sample(
+                    list(range(n)), group_size=config.evaluation_num_samples_per_prompt, evaluation=True, split=split
+                )
+                results[split] = [report]
+            return results
+        finally:
+            await runner.stop()
+
+    results = asyncio.run(run())
+    metrics = evaluation_metrics(
+        results, num_samples=config.evaluation_num_samples_per_prompt, datasource_key=config.evaluation_datasource_key
+    )
+    return metrics, results
+
+
 def evaluate_policy(
     model: str,
     *,
@@ -110,118 +160,101 @@ def evaluate_policy(
     concurrency: int = 16,
     seed: int = 0,
 ) -> dict[str, float]:
-    """Play `num_episodes` episodes of `env` with `model` and return mean return, length and counts.
+    """Evaluate `model` on `env` (`num_episodes` prompts) the way `FlashReinforce.evaluate()` does."""
+    from flashrl.models import resolve_model
 
-    Episode `i` resets its env with the algorithm's evaluation seed of index `i`, so with the same
-    env config and seed this scores the same prompts as `FlashReinforce.evaluate()`.
-    """
-    import asyncio
-    from concurrent.futures import ThreadPoolExecutor
-
-    import gymnasium as gym
-
-    import flashrl.envs  # noqa: F401 - registers the flashrl/* ids
-    from flashrl.engines import RequestError, make_engine
-    from flashrl.env_runners import EVAL_STREAM, EnvError, play_episode, stream_seed
-
-    policy = make_engine(engine, model, seed=seed, **(engine_options or {}))
-    sampling = {
-        "temperature": float(temperature),
-        "top_p": 1.0,
-        "top_k": 0,
-        "max_tokens": int(max_new_tokens),
-    }
-    width = max(1, min(concurrency, num_episodes))
-    envs = [gym.make(env, **env_config) for _ in range(width)]
-    returns: list[float] = []
-    lengths: list[int] = []
-    failed = 0
-
-    async def run() -> None:
-        nonlocal failed
-        pool = list(envs)
-        gate = asyncio.Semaphore(width)
-        with ThreadPoolExecutor(max_workers=width) as executor:
-
-            async def one(index: int) -> None:
-                nonlocal failed
-                async with gate:
-                    instance = pool.pop()
-                    try:
-                        episode = await play_episode(
-                            instance,
-                            policy,
-                            reset_seed=stream_seed(seed, EVAL_STREAM, index),
-                            sampling_seed=lambda turn: stream_seed(seed, EVAL_STREAM, index, 0, turn),
-                            sampling=sampling,
-                            max_episode_tokens=max_episode_tokens,
-                            executor=executor,
-                        )
-                        returns.append(float(episode.reward))
-                        lengths.append(len(episode.token_ids))
-                    except (EnvError, RequestError) as err:
-                        failed += 1
-                        print(f"episode {index} dropped: {err}", file=sys.stderr)
-                    finally:
-                        pool.append(instance)
-
-            await asyncio.gather(*(one(i) for i in range(num_episodes)))
-
-    try:
-        asyncio.run(run())
-    finally:
-        for instance in envs:
-            instance.close()
-        policy.close()
-    n = len(returns)
-    return {
-        "evaluation/episode_return_mean": sum(returns) / n if n else float("nan"),
-        "evaluation/episode_len_mean": sum(lengths) / n if n else float("nan"),
-        "evaluation/num_episodes": float(n),
-        "evaluation/num_skipped": float(failed),
-    }
+    config = evaluation_config(
+        env=env,
+        evaluation_env_config=dict(env_config),
+        evaluation_num_episodes=num_episodes,
+        engine=engine,
+        engine_options=dict(engine_options or {}),
+        evaluation_temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        max_episode_tokens=max_episode_tokens,
+        episodes_in_flight_per_env_runner=concurrency,
+        seed=seed,
+    )
+    metrics, _ = evaluate_with_runner(config, resolve_model(model))
+    return metrics
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from flashrl.algorithms.flash_reinforce.config import ConfigError
     from flashrl.checkpoints import CheckpointError, read_config
+    from flashrl.models import resolve_model
 
-    model, env, env_config = args.checkpoint, args.env, {}
-    config: dict[str, Any] = {}
+    model, base = args.checkpoint, None
     marker = Path(args.checkpoint).expanduser() / "flashrl_checkpoint.json"
     if marker.is_file():
         try:
-            config = read_config(args.checkpoint)
+            base = read_config(args.checkpoint)
         except CheckpointError as err:
             raise SystemExit(f"flashrl eval: {err}") from err
         model = str(Path(args.checkpoint).expanduser() / "policy")
-        env = env or config.get("env")
-        env_config = {**config.get("env_config", {}), **config.get("evaluation_env_config", {})}
-    if not env:
+    elif not args.env:
         raise SystemExit(
             "flashrl eval: --env is required when the model is not a flashrl checkpoint "
             "(e.g. --env flashrl/Math-v0)."
         )
-    if args.env_config is not None:
-        if not isinstance(args.env_config, dict):
-            raise SystemExit(f"flashrl eval: --env-config must be a JSON object, got {args.env_config!r}.")
-        env_config |= args.env_config
-    metrics = evaluate_policy(
-        model,
-        env=env,
-        env_config=env_config,
-        num_episodes=args.num_episodes,
-        engine=args.engine,
-        engine_options=args.engine_options,
-        temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens or int(config.get("max_new_tokens", 256)),
-        max_episode_tokens=args.max_episode_tokens or int(config.get("max_episode_tokens", 2048)),
-        concurrency=args.concurrency,
-        seed=args.seed if args.seed is not None else int(config.get("seed", 0)),
-    )
-    print(
-        json.dumps({"model": model, "env": env, "env_config": env_config, **metrics}, indent=2, default=str)
-    )
+    for flag, value in (("--env-config", args.env_config), ("--engine-options", args.engine_options),
+                        ("--splits", args.splits)):
+        if value is not None and not isinstance(value, dict):
+            raise SystemExit(f"flashrl eval: {flag} must be a JSON object, got {value!r}.")
+    evaluation_env_config = None
+    if args.env_config is not None:  # on top of the checkpoint's evaluation overrides
+        evaluation_env_config = {**(base or {}).get("evaluation_env_config", {}), **args.env_config}
+    try:
+        config = evaluation_config(
+            base,
+            env=args.env,
+            evaluation_env_config=evaluation_env_config,
+            evaluation_splits=args.splits,
+            evaluation_num_episodes=args.num_episodes,
+            evaluation_num_samples_per_prompt=args.num_samples_per_prompt,
+            evaluation_temperature=args.temperature,
+            evaluation_top_p=args.top_p,
+            engine=args.engine or (None if base else "torch"),
+            engine_options=args.engine_options if args.engine_options is not None else (None if base else {}),
+            max_new_tokens=args.max_new_tokens,
+            max_episode_tokens=args.max_episode_tokens,
+            episodes_in_flight_per_env_runner=args.concurrency,
+            seed=args.seed,
+        )
+        model_path = resolve_model(model)
+        metrics, results = evaluate_with_runner(config, model_path)
+    except (ConfigError, FileNotFoundError) as err:
+        raise SystemExit(f"flashrl eval: {err}") from err
+    if args.details:
+        _write_details(args.details, results, config.evaluation_datasource_key)
+    summary = {
+        "model": model,
+        "env": config.env,
+        "env_config": config.env_config,
+        "evaluation_env_config": config.evaluation_env_config,
+        "evaluation_splits": config.evaluation_splits,
+        **metrics,
+    }
+    print(json.dumps(summary, indent=2, default=str))
     return 0
+
+
+def _write_details(path: str, results: dict[str | None, list[Any]], datasource_key: str | None) -> None:
+    """One JSON line per scored episode: split, prompt index, replica, prompt id, return, benchmark."""
+    with open(path, "w", encoding="utf-8") as f:
+        for split, reports in results.items():
+            for report in reports:
+                for ep in report.episodes:
+                    row = {
+                        "split": split,
+                        "index": ep.info["episode_index"],
+                        "replica": ep.info["replica"],
+                        "prompt_id": ep.prompt_id,
+                        "reward": ep.reward,
+                    }
+                    if datasource_key and datasource_key in ep.info:
+                        row["data_source"] = ep.info[datasource_key]
+                    f.write(json.dumps(row, default=str) + "\n")
 
 
 # ------------------------------------------------------------------------------------------- models
@@ -243,8 +276,9 @@ def _models(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False everywhere: a misspelt or shortened flag is an error, never another flag.
     parser = argparse.ArgumentParser(
-        prog="flashrl", description="FlashREINFORCE: train, evaluate, fetch models."
+        prog="flashrl", description="FlashREINFORCE: train, evaluate, fetch models.", allow_abbrev=False
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -252,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="run a tuned example (a preset) with overrides",
         description="Run tuned_examples/<preset>.py; the flags after the preset are its own.",
+        allow_abbrev=False,
     )
     train.add_argument("--list", action="store_true", help="list the presets")
     train.add_argument("preset", nargs="?", help="preset name (see --list) or a path to a .py script")
@@ -260,46 +295,68 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.set_defaults(func=_train)
 
-    ev = sub.add_parser("eval", help="evaluate a checkpoint (or any model) on an environment")
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate a checkpoint (or any model) on an environment",
+        description="The evaluation of FlashReinforce.evaluate() (same prompts, same protocol) on an "
+        "in-process EnvRunner. Flags left out take the checkpoint's settings (or the config defaults).",
+        allow_abbrev=False,
+    )
     ev.add_argument(
         "checkpoint", help="a flashrl checkpoint folder, a Hugging Face folder, a hub id or built-in name"
     )
     ev.add_argument("--env", default=None, help="Gymnasium id (default: the checkpoint's env)")
     ev.add_argument(
-        "--env-config", type=json.loads, default=None, help="JSON object of env keyword arguments"
+        "--env-config", type=json.loads, default=None,
+        help="JSON object of env keyword arguments (on top of the checkpoint's evaluation_env_config)",
     )
-    ev.add_argument("--num-episodes", type=int, default=64, help="episodes to play")
-    ev.add_argument("--engine", choices=("torch", "vllm"), default="torch", help="inference engine")
+    ev.add_argument(
+        "--splits", type=json.loads, default=None,
+        help='JSON object of named splits, e.g. \'{"seen": {"split": "valid_seen"}}\' (evaluation_splits)',
+    )
+    ev.add_argument("--num-episodes", type=int, default=None, help="prompts per split (evaluation_num_episodes)")
+    ev.add_argument(
+        "--num-samples-per-prompt", type=int, default=None, help="k of avg@k (evaluation_num_samples_per_prompt)"
+    )
+    ev.add_argument("--engine", choices=("torch", "vllm"), default=None,
+                    help="inference engine (default: the checkpoint's, else torch)")
     ev.add_argument(
         "--engine-options",
         type=json.loads,
         default=None,
         help='JSON object of engine options, e.g. \'{"device": "cuda"}\' for the torch engine',
     )
-    ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ev.add_argument("--temperature", type=float, default=None, help="evaluation_temperature; 0 = greedy")
+    ev.add_argument("--top-p", type=float, default=None, help="evaluation_top_p")
     ev.add_argument(
         "--max-new-tokens", type=int, default=None, help="tokens per turn (default: checkpoint's or 256)"
     )
     ev.add_argument(
         "--max-episode-tokens", type=int, default=None, help="context budget (default: checkpoint's or 2048)"
     )
-    ev.add_argument("--concurrency", type=int, default=16, help="episodes played at once")
+    ev.add_argument("--concurrency", type=int, default=None, help="episodes played at once")
     ev.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the checkpoint's or 0)")
+    ev.add_argument("--details", default=None, help="write one JSON line per scored episode to this file")
     ev.set_defaults(func=_eval)
 
-    models = sub.add_parser("models", help="obtain models")
+    models = sub.add_parser("models", help="obtain models", allow_abbrev=False)
     models_sub = models.add_subparsers(dest="models_command", required=True)
-    fetch = models_sub.add_parser("fetch", help="build a built-in model in the cache (or download a hub id)")
+    fetch = models_sub.add_parser(
+        "fetch", help="build a built-in model in the cache (or download a hub id)", allow_abbrev=False
+    )
     fetch.add_argument("name", nargs="?", default="smollm2-135m-instruct", help="built-in name or hub id")
-    models_sub.add_parser("list", help="list the built-in models")
+    models_sub.add_parser("list", help="list the built-in models", allow_abbrev=False)
     models.set_defaults(func=_models)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "eval" and args.num_episodes < 1:
-        build_parser().error(f"--num-episodes: expected an integer >= 1, got {args.num_episodes}")
+    if args.command == "eval":
+        for flag in ("num_episodes", "num_samples_per_prompt", "concurrency"):
+            value = getattr(args, flag)
+            if value is not None and value < 1:
+                build_parser().error(f"--{flag.replace('_', '-')}: expected an integer >= 1, got {value}")
     return int(args.func(args))
 
 

@@ -86,6 +86,8 @@ class FlashReinforce(Trainable):
         facts = self.env_runner_group.setup()
         self.pad_token_id = int(facts["pad_token_id"])
         self._pending: deque[Episode] = deque()
+        self.last_evaluation: dict[str | None, list[RunnerReport]] = {}
+        """The reports of the latest `evaluate()`, per split (what was scored, episode by episode)."""
         self._cursor = 0  # sync_group: next prompt index
         self._returns = Window(cfg.metrics_num_episodes_for_smoothing)
         self._lengths = Window(cfg.metrics_num_episodes_for_smoothing)
@@ -100,6 +102,7 @@ class FlashReinforce(Trainable):
     def step(self) -> dict[str, Any]:
         """One iteration: collect a batch, one learner update, broadcast the new weights."""
         cfg = self.algo_config
+        at_start = self._evaluate_at_start()
         start = time.perf_counter()
         if cfg.rollout_mode == "async":
             episodes, group_ids, reports, wait_s = self._collect_async()
@@ -123,9 +126,29 @@ class FlashReinforce(Trainable):
             )
         iteration_s = time.perf_counter() - start
         metrics = self._metrics(episodes, reports, lags, learner_metrics, wait_s, update_s, sync_s, iteration_s)
+        metrics.update(at_start)
         if cfg.evaluation_interval and (self.iteration + 1) % cfg.evaluation_interval == 0:
-            metrics.update(self.evaluate())
+            metrics.update(self.evaluate())  # after the update: the policy of version iteration + 1
         self._report(metrics, episodes, lags, learner_metrics)
+        return metrics
+
+    def _evaluate_at_start(self) -> dict[str, float]:
+        """`evaluation_at_start`: evaluate the initial policy once, before the first update of a fresh run.
+
+        As in Molt (`eval.eval_at_start`), a resumed run does not evaluate again. The result goes to
+        TensorBoard at step 0 and into the first iteration's result, where an evaluation after that
+        iteration's update (`evaluation_interval=1`) overrides it (`evaluation/learner_version` says
+        which policy a result scored).
+        """
+        cfg = self.algo_config
+        if not cfg.evaluation_at_start or self.iteration != 0 or self.learner_group.version != 0:
+            return {}
+        if getattr(self, "_evaluated_at_start", False):
+            return {}
+        self._evaluated_at_start = True
+        metrics = self.evaluate()
+        if self._tensorboard is not None:
+            self._tensorboard.log(0, metrics)
         return metrics
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
@@ -294,25 +317,37 @@ class FlashReinforce(Trainable):
     # evaluation
     # ------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Play `evaluation_num_episodes` evaluation episodes (same prompts every time)."""
+        """Evaluate the current policy on every evaluation split (same prompts every time).
+
+        Per split, `evaluation_num_episodes` prompts (at most every task of a finite list once), each
+        played `evaluation_num_samples_per_prompt` times at `evaluation_temperature` /
+        `evaluation_top_p`; metrics as `flashrl.env_runners.evaluation` describes (`avg@k`, `pass@k`,
+        per split and per benchmark). `flashrl eval` runs the same protocol on an in-process runner.
+        """
+        from flashrl.env_runners.evaluation import evaluation_metrics, evaluation_splits, num_prompts
+
         cfg = self.algo_config
+        group = self.env_runner_group
         start = time.perf_counter()
-        reports = self.env_runner_group.sample(
-            list(range(cfg.evaluation_num_episodes)), group_size=1, evaluation=True
+        results = {}
+        for split in evaluation_splits(cfg):
+            n = num_prompts(cfg, group.evaluation_size(split))
+            results[split] = group.sample(
+                list(range(n)), group_size=cfg.evaluation_num_samples_per_prompt, evaluation=True, split=split
+            )
+        self.last_evaluation = results
+        metrics = evaluation_metrics(
+            results, num_samples=cfg.evaluation_num_samples_per_prompt, datasource_key=cfg.evaluation_datasource_key
         )
-        episodes = [ep for report in reports for ep in report.episodes]
-        return {
-            "evaluation/episode_return_mean": mean([ep.reward for ep in episodes]),
-            "evaluation/episode_len_mean": mean([len(ep.token_ids) for ep in episodes]),
-            "evaluation/num_episodes": float(len(episodes)),
-            "evaluation/num_skipped": float(sum(sum(r.skipped.values()) for r in reports)),
-            "timers/evaluation_s": time.perf_counter() - start,
-        }
+        metrics["evaluation/learner_version"] = float(self.learner_group.version)
+        metrics["timers/evaluation_s"] = time.perf_counter() - start
+        return metrics
 
     # ------------------------------------------------------------------------------------------
     # metrics
     # ------------------------------------------------------------------------------------------
     def _metrics(self, episodes, reports, lags, learner_metrics, wait_s, update_s, sync_s, iteration_s):
+        cfg = self.algo_config
         group = self.env_runner_group
         returns = [ep.reward for ep in episodes]
         lengths = [len(ep.token_ids) for ep in episodes]

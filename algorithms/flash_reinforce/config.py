@@ -164,11 +164,22 @@ class FlashReinforceConfig(_TuneConfig):
     evaluation_interval: int | None = None
     """Evaluate every this many `train()` iterations; None = never automatically."""
     evaluation_num_episodes: int = 32
-    """Episodes per evaluation."""
+    """Prompts per evaluation (and per split); a finite task list with fewer tasks plays each once."""
+    evaluation_num_samples_per_prompt: int = 1
+    """k: episodes per evaluation prompt (avg@k = mean over prompts of the mean return of its k)."""
     evaluation_temperature: float = 0.0
     """Sampling temperature during evaluation; 0 = greedy."""
+    evaluation_top_p: float = 1.0
+    """Nucleus mass during evaluation (the reference evaluates at its own top_p, e.g. 0.7)."""
+    evaluation_at_start: bool = False
+    """Also evaluate the initial policy, before the first update (step 0) of a fresh run."""
     evaluation_env_config: dict[str, Any] = field(default_factory=dict)
     """Overrides of env_config for the evaluation env (e.g. a held-out split or seed)."""
+    evaluation_splits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Named evaluation splits, each env_config overrides on top of evaluation_env_config, reported per
+    split (e.g. ALFWorld {"seen": {"split": "valid_seen"}, "unseen": {"split": "valid_unseen"}}); {} = one."""
+    evaluation_datasource_key: str | None = "data_source"
+    """Episode info field naming the benchmark, for `evaluation/<datasource>/avg@k`; None = no split."""
 
     # --- reporting --------------------------------------------------------------------------------
     metrics_num_episodes_for_smoothing: int = 100
@@ -286,12 +297,19 @@ class FlashReinforceConfig(_TuneConfig):
         *,
         evaluation_interval: int | None = NotProvided,
         evaluation_num_episodes: int = NotProvided,
+        evaluation_num_samples_per_prompt: int = NotProvided,
         evaluation_temperature: float = NotProvided,
+        evaluation_top_p: float = NotProvided,
+        evaluation_at_start: bool = NotProvided,
         evaluation_env_config: Mapping[str, Any] | None = NotProvided,
+        evaluation_splits: Mapping[str, Mapping[str, Any]] | None = NotProvided,
+        evaluation_datasource_key: str | None = NotProvided,
     ) -> FlashReinforceConfig:
         """Periodic evaluation on the env runners (greedy by default)."""
         if evaluation_env_config is not NotProvided:
             evaluation_env_config = dict(evaluation_env_config or {})
+        if evaluation_splits is not NotProvided:
+            evaluation_splits = {str(k): dict(v) for k, v in (evaluation_splits or {}).items()}
         return self._set(**{k: v for k, v in locals().items() if k != "self"})
 
     def reporting(
@@ -396,6 +414,7 @@ class FlashReinforceConfig(_TuneConfig):
                 yield problem
         for name in ("num_env_runners", "episodes_in_flight_per_env_runner", "max_new_tokens",
                      "max_episode_tokens", "logprob_chunk_size", "evaluation_num_episodes",
+                     "evaluation_num_samples_per_prompt",
                      "metrics_num_episodes_for_smoothing"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 yield bad(name, "an integer >= 1", f"set {name} to a positive integer")
@@ -454,6 +473,21 @@ class FlashReinforceConfig(_TuneConfig):
             yield bad("evaluation_interval", "None or an integer >= 1", "use None to disable evaluation")
         if not (_is_number(self.evaluation_temperature) and self.evaluation_temperature >= 0):
             yield bad("evaluation_temperature", "a number >= 0", "use 0.0 for greedy")
+        if not (_is_number(self.evaluation_top_p) and 0 < self.evaluation_top_p <= 1):
+            yield bad("evaluation_top_p", "a number in (0, 1]", "use 1.0 (no truncation) or e.g. 0.7")
+        if not isinstance(self.evaluation_at_start, bool):
+            yield bad("evaluation_at_start", "a bool", "use True to evaluate the initial policy")
+        if not (isinstance(self.evaluation_splits, dict) and all(
+            isinstance(k, str) and k and "/" not in k and isinstance(v, dict)
+            for k, v in self.evaluation_splits.items()
+        )):
+            yield bad("evaluation_splits", "a dict of split name (str without '/') -> env_config overrides (dict)",
+                      "e.g. {'seen': {'split': 'valid_seen'}, 'unseen': {'split': 'valid_unseen'}}, or {} for one")
+        if self.evaluation_datasource_key is not None and not (
+            isinstance(self.evaluation_datasource_key, str) and self.evaluation_datasource_key
+        ):
+            yield bad("evaluation_datasource_key", "None or a non-empty str (an episode info field)",
+                      "use 'data_source', or None for no per-benchmark metrics")
         if self.num_checkpoints_to_keep is not None and (
             not _is_int(self.num_checkpoints_to_keep) or self.num_checkpoints_to_keep < 1
         ):

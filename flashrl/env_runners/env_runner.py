@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,7 +29,14 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from flashrl.env_runners.rollout import EnvError, evaluation_reset_options, play_episode, skip_reason
+from flashrl.env_runners.evaluation import split_env_config
+from flashrl.env_runners.rollout import (
+    EnvError,
+    evaluation_reset_options,
+    finite_task_count,
+    play_episode,
+    skip_reason,
+)
 from flashrl.env_runners.types import EVAL_STREAM, TRAIN_STREAM, RunnerReport, stream_seed
 from flashrl.episode import Episode
 
@@ -70,7 +77,8 @@ class EnvRunner:
         self._context = self.config.max_episode_tokens
         self._env_spec = env_spec
         self._engine: Any = None
-        self._pools: dict[int, list[gym.Env]] = {TRAIN_STREAM: [], EVAL_STREAM: []}
+        self._pools: dict[tuple[int, str | None], list[gym.Env]] = defaultdict(list)
+        """Idle env instances per (stream, evaluation split)."""
         self._executor = ThreadPoolExecutor(
             max_workers=max(2, self.config.episodes_in_flight_per_env_runner),
             thread_name_prefix=f"env-runner-{runner_index}",
@@ -279,19 +287,35 @@ class EnvRunner:
     # on-demand sampling (sync_group mode, evaluation)
     # ------------------------------------------------------------------------------------------
     async def sample(
-        self, indices: list[int], *, group_size: int = 1, evaluation: bool = False
+        self,
+        indices: list[int],
+        *,
+        group_size: int = 1,
+        evaluation: bool = False,
+        split: str | None = None,
     ) -> RunnerReport:
-        """Play `group_size` episodes of each prompt index and wait for all of them."""
+        """Play `group_size` episodes of each prompt index and wait for all of them.
+
+        Args:
+            indices: prompt indices (episode `i` resets its env with the stream's seed of `i`).
+            group_size: replicas per index (sync_group's G, evaluation's samples per prompt).
+            evaluation: the evaluation stream: its seeds, `evaluation_temperature` / `evaluation_top_p`,
+                the env made from `env_config | evaluation_env_config | evaluation_splits[split]`.
+            split: a name in `evaluation_splits` (None: no named split).
+        """
         await self.setup()
         stream = EVAL_STREAM if evaluation else TRAIN_STREAM
-        temperature = self.config.evaluation_temperature if evaluation else self.config.temperature
-        sampling = self._sampling(temperature)
+        if evaluation:
+            sampling = self._sampling(self.config.evaluation_temperature, self.config.evaluation_top_p)
+        else:
+            sampling = self._sampling(self.config.temperature)
+        self._check_split(split, evaluation)
         gate = asyncio.Semaphore(self.config.episodes_in_flight_per_env_runner)
         accounts = _Accounts()  # kept apart from the stream's books
 
         async def one(index: int, replica: int) -> Episode | None:
             async with gate:
-                return accounts.book(await self._play(index, stream, replica, sampling))
+                return accounts.book(await self._play(index, stream, replica, sampling, split))
 
         results = await asyncio.gather(*(one(i, r) for i in indices for r in range(group_size)))
         return self._report([ep for ep in results if ep is not None], accounts)
@@ -299,26 +323,47 @@ class EnvRunner:
     # ------------------------------------------------------------------------------------------
     # one episode
     # ------------------------------------------------------------------------------------------
-    def _sampling(self, temperature: float) -> dict[str, Any]:
+    async def evaluation_size(self, split: str | None = None) -> int | None:
+        """Tasks in the split's evaluation env when it is a finite list (evaluated once each), else None."""
+        self._check_split(split, True)
+        pool = self._pools[(EVAL_STREAM, split)]
+        env = pool.pop() if pool else self._make_env(EVAL_STREAM, split)
+        pool.append(env)
+        return finite_task_count(env)
+
+    def _check_split(self, split: str | None, evaluation: bool) -> None:
+        if split is None:
+            return
+        if not evaluation or split not in self.config.evaluation_splits:
+            raise ValueError(
+                f"split {split!r}: expected None or, with evaluation=True, one of the evaluation_splits "
+                f"{sorted(self.config.evaluation_splits)}. Fix: add it to evaluation_splits."
+            )
+
+    def _sampling(self, temperature: float, top_p: float | None = None) -> dict[str, Any]:
         return {
             "temperature": float(temperature),
-            "top_p": float(self.config.top_p),
+            "top_p": float(self.config.top_p if top_p is None else top_p),
             "top_k": int(self.config.top_k),
             "max_tokens": int(self.config.max_new_tokens),
         }
 
-    def _make_env(self, stream: int) -> gym.Env:
+    def _make_env(self, stream: int, split: str | None = None) -> gym.Env:
         import flashrl.envs  # noqa: F401 - registers the flashrl/* ids
 
-        env_config = dict(self.config.env_config)
         if stream == EVAL_STREAM:
-            env_config |= self.config.evaluation_env_config
+            env_config = split_env_config(self.config, split)
+        else:
+            env_config = dict(self.config.env_config)
         return gym.make(self._env_spec if self._env_spec is not None else self.config.env, **env_config)
 
-    async def _play(self, index: int, stream: int, replica: int, sampling: dict[str, Any]) -> _Outcome:
+    async def _play(
+        self, index: int, stream: int, replica: int, sampling: dict[str, Any], split: str | None = None
+    ) -> _Outcome:
         """Play one episode; the caller books the outcome (atomically with its in-flight count)."""
-        pool = self._pools[stream]
-        env = pool.pop() if pool else self._make_env(stream)
+        pool = self._pools[(stream, split)]
+        env = pool.pop() if pool else self._make_env(stream, split)
+        datasource = self.config.evaluation_datasource_key
         start = time.perf_counter()
         try:
             episode = await play_episode(
@@ -330,6 +375,7 @@ class EnvRunner:
                 max_episode_tokens=self._context,
                 executor=self._executor,
                 reset_options=evaluation_reset_options(env, index) if stream == EVAL_STREAM else None,
+                keep_reset_info=(datasource,) if stream == EVAL_STREAM and datasource else (),
             )
         except EnvError as err:
             logger.warning("EnvRunner %d: environment error in episode %d: %s", self.runner_index, index, err)

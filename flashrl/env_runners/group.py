@@ -269,11 +269,18 @@ class EnvRunnerGroup:
     # ------------------------------------------------------------------------------------------
     # on-demand sampling (sync_group, evaluation)
     # ------------------------------------------------------------------------------------------
-    def sample(self, indices: Sequence[int], *, group_size: int, evaluation: bool = False) -> list[RunnerReport]:
-        """Play `group_size` episodes for each prompt index, spread over the runners; wait for all."""
+    def sample(
+        self, indices: Sequence[int], *, group_size: int, evaluation: bool = False, split: str | None = None
+    ) -> list[RunnerReport]:
+        """Play `group_size` episodes for each prompt index, spread over the runners; wait for all.
+
+        `evaluation` and `split` as in `EnvRunner.sample`: an episode depends on its index, replica
+        and the weights only, so the split of the indices among the runners changes nothing.
+        """
         shares = {index: list(indices[k :: self.num_runners]) for k, index in enumerate(self._slots)}
+        options = {"group_size": group_size, "evaluation": evaluation, "split": split}
         calls = {
-            index: self._slots[index].actor.sample.remote(share, group_size=group_size, evaluation=evaluation)
+            index: self._slots[index].actor.sample.remote(share, **options)
             for index, share in shares.items()
             if share
         }
@@ -286,14 +293,13 @@ class EnvRunnerGroup:
                 if self._weights is not None:
                     self._get(self._slots[index].actor.set_weights.remote(*self._weights), "load weights")
                 reports.append(
-                    self._get(
-                        self._slots[index].actor.sample.remote(
-                            shares[index], group_size=group_size, evaluation=evaluation
-                        ),
-                        "finish their episodes",
-                    )
+                    self._get(self._slots[index].actor.sample.remote(shares[index], **options), "finish their episodes")
                 )
         return reports
+
+    def evaluation_size(self, split: str | None = None) -> int | None:
+        """Tasks in the split's evaluation env when it is a finite list, else None (asks runner 0)."""
+        return self._get(self._slots[0].actor.evaluation_size.remote(split), "make the evaluation env")
 
     # ------------------------------------------------------------------------------------------
     # failures

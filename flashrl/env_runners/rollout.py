@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -30,13 +30,28 @@ class EnvError(RuntimeError):
 def evaluation_reset_options(env: gym.Env, index: int) -> dict[str, Any] | None:
     """Evaluation on a finite task list walks it in order: episode i plays task i mod N.
 
-    Seeded resets would draw tasks at random (with repeats) from a held-out file; an env exposes a
-    finite, indexable task list with ``finite`` and ``tasks`` (as `MathEnv` does) and accepts
-    ``options={"task_index": i}``. Other envs are reset by seed only.
+    Seeded resets would draw tasks at random (with repeats) from a held-out file. An env exposes a
+    finite, indexable task list either with ``finite`` and ``tasks`` and accepts
+    ``options={"task_index": i}`` (as `MathEnv` does), or with a ``games`` list and
+    ``options={"game_index": i}`` (as `ALFWorldEnv` does). Other envs are reset by seed only.
     """
     unwrapped = env.unwrapped
     if getattr(unwrapped, "finite", False) and hasattr(unwrapped, "tasks"):
         return {"task_index": index % len(unwrapped.tasks)}
+    games = getattr(unwrapped, "games", None)
+    if isinstance(games, Sequence) and games:
+        return {"game_index": index % len(games)}
+    return None
+
+
+def finite_task_count(env: gym.Env) -> int | None:
+    """How many tasks `evaluation_reset_options` walks through, or None for a seeded (infinite) env."""
+    unwrapped = env.unwrapped
+    if getattr(unwrapped, "finite", False) and hasattr(unwrapped, "tasks"):
+        return len(unwrapped.tasks)
+    games = getattr(unwrapped, "games", None)
+    if isinstance(games, Sequence) and games:
+        return len(games)
     return None
 
 
@@ -80,6 +95,7 @@ async def play_episode(
     max_episode_tokens: int,
     executor: Executor,
     reset_options: Mapping[str, Any] | None = None,
+    keep_reset_info: Sequence[str] = (),
 ) -> Episode:
     """Run `env` to the end with `engine` as the policy.
 
@@ -92,6 +108,8 @@ async def play_episode(
         max_episode_tokens: context budget of the whole episode.
         executor: where the env's blocking calls run.
         reset_options: options of `env.reset` (e.g. `{"task_index": i}` for evaluation).
+        keep_reset_info: fields of the reset info copied into the episode's info when the last step's
+            info lacks them (e.g. the benchmark name an evaluation reports by).
     """
     from flashrl.engines import SamplingConfig
     from flashrl.envs.conversation import TokenizedConversation
@@ -124,6 +142,7 @@ async def play_episode(
             break
     if turn == 0:
         truncated = True  # the prompt alone filled the context budget (dropped as 'empty')
+    kept = {key: info[key] for key in keep_reset_info if key in info and key not in step_info}
     return conversation.to_episode(
-        reward=total_reward, terminated=terminated, truncated=truncated, info=step_info
+        reward=total_reward, terminated=terminated, truncated=truncated, info={**step_info, **kept}
     )

@@ -125,3 +125,51 @@ def test_eval_plays_real_episodes_on_a_tiny_model(
     assert 0.0 <= result["evaluation/episode_return_mean"] <= 1.0
     # prompt (chat template + question) plus at most 4 generated tokens
     assert 10 < result["evaluation/episode_len_mean"] < 256
+
+
+def test_abbreviated_flags_are_errors_not_other_flags() -> None:
+    parser = build_parser()
+    for argv in (["eval", "x", "--num", "3"], ["eval", "x", "--temp", "1.0"], ["eval", "x", "--max-new", "4"]):
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args(argv)
+        assert exit_.value.code == 2
+    assert parser.parse_args(["eval", "x", "--num-episodes", "3"]).num_episodes == 3
+
+
+ROWS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(5)]
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_cli_eval_scores_what_the_algorithm_scores(ray_cluster, tiny_llama_path: str, tmp_path, capsys) -> None:
+    """`flashrl eval <checkpoint>` and `FlashReinforce.evaluate()`: the same prompts, samples and returns."""
+    from flashrl.env_runners.evaluation import prompt_ids
+
+    config = (
+        FlashReinforceConfig()
+        .environment("flashrl/Math-v0", env_config={"tasks": ROWS})
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5, engine="torch",
+                     episodes_in_flight_per_env_runner=4, max_new_tokens=6, max_episode_tokens=256)
+        .training(model=tiny_llama_path, train_batch_size=4)
+        .evaluation(evaluation_num_episodes=8, evaluation_num_samples_per_prompt=2, evaluation_temperature=1.0)
+        .reporting(tensorboard=False, console_every=0)
+        .resources(num_cpus_for_main_process=0.25)
+    )
+    algo = config.build_algo()
+    try:
+        expected = algo.evaluate()
+        scored = prompt_ids(r for reports in algo.last_evaluation.values() for r in reports)
+        path = algo.save_to_path(str(tmp_path / "ckpt"))
+    finally:
+        algo.stop()
+    # Five held-out tasks, each once (not 8 seeded draws with repeats), two samples each.
+    assert [(i, r) for i, r, _ in scored] == [(i, r) for i in range(5) for r in range(2)]
+    assert expected["evaluation/num_prompts"] == 5 and expected["evaluation/num_episodes"] == 10
+
+    details = tmp_path / "details.jsonl"
+    assert main(["eval", path, "--details", str(details)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    rows = [json.loads(line) for line in details.read_text().splitlines()]
+    assert sorted((r["index"], r["replica"], r["prompt_id"]) for r in rows) == scored
+    for key in ("evaluation/avg@2", "evaluation/pass@2", "evaluation/episode_return_mean", "evaluation/num_prompts"):
+        assert got[key] == expected[key], key

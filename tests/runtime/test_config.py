@@ -58,7 +58,7 @@ def test_every_field_has_a_docstring():
 
 
 def test_dict_round_trip_is_exact():
-    config = _valid().training(betas=(0.8, 0.95), failure_entropy_quantile=0.8, grad_clip=None)
+    config = _valid().training(betas=(0.8, 0.95), negative_token_fraction=0.8, grad_clip=None)
     data = config.to_dict()
     assert data["betas"] == [0.8, 0.95]
     again = FlashReinforceConfig.from_dict(data)
@@ -75,11 +75,14 @@ def test_dict_round_trip_is_exact():
     batch=st.integers(2, 4096),
     delta=st.floats(1e-6, 10.0),
     runners=st.integers(1, 64),
-    quantile=st.one_of(st.none(), st.floats(0.0, 1.0)),
+    fraction=st.floats(0.0, 1.0),
+    queue=st.one_of(st.none(), st.integers(1, 16)),
+    samples=st.integers(1, 8),
 )
-def test_round_trip_property(lr, batch, delta, runners, quantile):
-    config = _valid().training(lr=lr, train_batch_size=batch, delta=delta, failure_entropy_quantile=quantile)
-    config.env_runners(num_env_runners=runners)
+def test_round_trip_property(lr, batch, delta, runners, fraction, queue, samples):
+    config = _valid().training(lr=lr, train_batch_size=batch, delta=delta, negative_token_fraction=fraction)
+    config.env_runners(num_env_runners=runners, async_queue_size=queue)
+    config.evaluation(evaluation_num_samples_per_prompt=samples, evaluation_splits={"seen": {"split": "valid_seen"}})
     assert FlashReinforceConfig.from_dict(config.to_dict()) == config
 
 
@@ -92,13 +95,20 @@ def test_from_dict_names_the_closest_field():
     ("change", "needle"),
     [
         ({"lr": 0.0}, "lr: expected a finite number > 0, got 0.0"),
-        ({"delta": -1.0}, "delta: expected a finite number > 0, got -1.0"),
-        ({"delta": float("nan")}, "delta: expected a finite number > 0, got nan"),
+        ({"delta": -1.0}, "delta: expected a number >= 0 (math.inf = no trust region), got -1.0"),
+        ({"delta": float("nan")}, "delta: expected a number >= 0 (math.inf = no trust region), got nan"),
         ({"train_batch_size": 1}, "train_batch_size: expected >= 2 with baseline 'batch_mean'"),
         ({"engine": "tgi"}, "engine: expected one of ('vllm', 'torch'), got 'tgi'"),
         ({"baseline": "median"}, "baseline: expected one of"),
         ({"baseline": "group_mean"}, "baseline: expected a per-batch baseline in 'async' mode"),
-        ({"failure_entropy_quantile": 1.5}, "failure_entropy_quantile: expected None or a number in [0, 1]"),
+        ({"negative_token_fraction": 1.5}, "negative_token_fraction: expected a number in [0, 1], got 1.5"),
+        ({"async_queue_size": 0}, "async_queue_size: expected None or an integer >= 1 (batches ahead of the learner), got 0"),
+        ({"evaluation_num_samples_per_prompt": 0}, "evaluation_num_samples_per_prompt: expected an integer >= 1"),
+        ({"evaluation_top_p": 0.0}, "evaluation_top_p: expected a number in (0, 1], got 0.0"),
+        ({"evaluation_at_start": 1}, "evaluation_at_start: expected a bool, got 1"),
+        ({"evaluation_splits": {"a/b": {}}}, "evaluation_splits: expected a dict of split name (str without '/')"),
+        ({"evaluation_splits": {"seen": "valid_seen"}}, "evaluation_splits: expected a dict of split name"),
+        ({"evaluation_datasource_key": ""}, "evaluation_datasource_key: expected None or a non-empty str"),
         ({"max_new_tokens": 4096}, "max_new_tokens: expected less than max_episode_tokens (2048), got 4096"),
         ({"rollout_mode": "sync_group", "train_batch_size": 12}, "Fix: use train_batch_size=8"),
         ({"episodes_in_flight_per_env_runner": 0}, "episodes_in_flight_per_env_runner: expected an integer >= 1"),

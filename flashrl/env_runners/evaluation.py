@@ -1,0 +1,122 @@
+"""The evaluation protocol, shared by `FlashReinforce.evaluate()` and `flashrl eval`.
+
+Both play evaluation episodes with `EnvRunner.sample(..., evaluation=True, split=...)`, so they score
+the same prompts the same way: prompt ``i`` of a split resets its env with the evaluation seed of
+index ``i`` (on a finite task list: task ``i``, in order), and its ``k`` samples (replicas
+``0..k-1``) sample with seeds derived from ``(seed, i, replica, turn)``, at the evaluation
+temperature and top_p. This module holds what they share: which splits and how many prompts
+(`evaluation_splits`, `num_prompts`), and the metrics of the episodes (`evaluation_metrics`).
+
+Metrics, as the reference's runtime reports them (Molt: ``pass1`` and ``pass{k}`` per data source):
+
+- ``evaluation/avg@k``: mean over prompts of the mean return of the prompt's k samples;
+- ``evaluation/pass@k``: mean over prompts of the best return of its k samples;
+- ``evaluation/episode_return_mean``: mean return over all evaluation episodes (= avg@k when no
+  sample was dropped), ``episode_len_mean``, ``num_episodes``, ``num_prompts``, ``num_skipped``;
+- the same under ``evaluation/<split>/`` for each named split, and ``avg@k``, ``pass@k`` and
+  ``num_prompts`` under ``evaluation/[<split>/]<datasource>/`` for each benchmark, read from the
+  episode info field ``evaluation_datasource_key`` (e.g. ``data_source``); episodes without it
+  count as ``unknown`` when others have it, and no per-benchmark key appears when none has it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from flashrl.env_runners.types import RunnerReport
+from flashrl.episode import Episode
+
+UNKNOWN_DATASOURCE = "unknown"
+"""Benchmark name of an episode without the datasource field (when other episodes have it)."""
+
+
+def evaluation_splits(config: Any) -> dict[str | None, dict[str, Any]]:
+    """Split name -> env_config of its evaluation env; ``{None: ...}`` when no split is named."""
+    names = list(config.evaluation_splits) or [None]
+    return {name: split_env_config(config, name) for name in names}
+
+
+def split_env_config(config: Any, split: str | None) -> dict[str, Any]:
+    """``env_config | evaluation_env_config | evaluation_splits[split]`` (no split: the first two)."""
+    overrides = config.evaluation_splits[split] if split is not None else {}
+    return {**config.env_config, **config.evaluation_env_config, **overrides}
+
+
+def num_prompts(config: Any, finite_size: int | None) -> int:
+    """Prompts to evaluate: `evaluation_num_episodes`, at most every task once of a finite list."""
+    n = int(config.evaluation_num_episodes)
+    return n if finite_size is None else max(1, min(n, int(finite_size)))
+
+
+def evaluation_metrics(
+    results: Mapping[str | None, Sequence[RunnerReport]],
+    *,
+    num_samples: int,
+    datasource_key: str | None,
+) -> dict[str, float]:
+    """The evaluation metrics (see the module docstring) of each split's reports."""
+    out: dict[str, float] = {}
+    everything: list[Episode] = []
+    skipped = 0
+    for split, reports in results.items():
+        episodes = [ep for report in reports for ep in report.episodes]
+        split_skipped = sum(sum(report.skipped.values()) for report in reports)
+        everything += episodes
+        skipped += split_skipped
+        if split is not None:
+            out.update(_split_metrics(f"evaluation/{split}/", episodes, split_skipped, num_samples, datasource_key))
+    out.update(_split_metrics("evaluation/", everything, skipped, num_samples, datasource_key))
+    return out
+
+
+def _split_metrics(
+    prefix: str, episodes: list[Episode], skipped: int, k: int, datasource_key: str | None
+) -> dict[str, float]:
+    out = {
+        f"{prefix}episode_return_mean": _mean(ep.reward for ep in episodes),
+        f"{prefix}episode_len_mean": _mean(len(ep.token_ids) for ep in episodes),
+        f"{prefix}num_episodes": float(len(episodes)),
+        f"{prefix}num_skipped": float(skipped),
+    }
+    out.update(_prompt_metrics(prefix, episodes, k))
+    if datasource_key is not None and any(datasource_key in ep.info for ep in episodes):
+        by_source: dict[str, list[Episode]] = defaultdict(list)
+        for ep in episodes:
+            by_source[str(ep.info.get(datasource_key, UNKNOWN_DATASOURCE))].append(ep)
+        for source, group in sorted(by_source.items()):
+            out.update(_prompt_metrics(f"{prefix}{source}/", group, k))
+    return out
+
+
+def _prompt_metrics(prefix: str, episodes: list[Episode], k: int) -> dict[str, float]:
+    """avg@k, pass@k and the prompt count; a prompt is one evaluation index (its k replicas)."""
+    by_prompt: dict[Any, list[float]] = defaultdict(list)
+    for ep in episodes:
+        by_prompt[prompt_key(ep)].append(float(ep.reward))
+    returns = list(by_prompt.values())
+    return {
+        f"{prefix}avg@{k}": _mean(sum(r) / len(r) for r in returns),
+        f"{prefix}pass@{k}": _mean(max(r) for r in returns),
+        f"{prefix}num_prompts": float(len(returns)),
+    }
+
+
+def prompt_key(episode: Episode) -> Any:
+    """The evaluation prompt an episode answers: its evaluation index (two indices may share a task)."""
+    return episode.info.get("episode_index", episode.prompt_id)
+
+
+def prompt_ids(reports: Iterable[RunnerReport]) -> list[tuple[int, int, str]]:
+    """(index, replica, prompt_id) of every episode, sorted: what was scored, for comparisons."""
+    return sorted(
+        (int(ep.info["episode_index"]), int(ep.info["replica"]), ep.prompt_id)
+        for report in reports
+        for ep in report.episodes
+    )
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return float(sum(values) / len(values)) if values else float("nan")
