@@ -45,6 +45,13 @@ def build_prompts(tokenizer: Any, n: int) -> list[list[int]]:
     return prompts
 
 
+def _engine_options(args: argparse.Namespace) -> Any:
+    """The engine options both sides use: a context that fits every prompt and its completion."""
+    from flashrl.engines.vllm_engine import VLLMEngineOptions
+
+    return VLLMEngineOptions(max_model_len=1024, max_num_seqs=max(args.num_prompts, 1))
+
+
 def raw_vllm_tokens_per_s(
     model_path: str, prompts: list[list[int]], args: argparse.Namespace
 ) -> dict[str, float]:
@@ -60,16 +67,21 @@ def raw_vllm_tokens_per_s(
 
         for key, value in cpu_thread_defaults().items():
             os.environ.setdefault(key, value)
-    llm = LLM(
-        model=model_path,
+    # The very engine arguments flashrl's engine uses (KV budget in bytes on CPU, same context and
+    # sequences), so the ratio measures flashrl's layer, not different vLLM settings.
+    from transformers import AutoConfig
+
+    from flashrl.engines.vllm_engine import vllm_engine_args
+
+    engine_args = vllm_engine_args(
+        _engine_options(args),
+        path=model_path,
         seed=args.seed,
-        dtype="float32" if on_cpu else "auto",
-        gpu_memory_utilization=0.15 if on_cpu else 0.85,
-        max_num_seqs=64,
-        enforce_eager=on_cpu,
-        logprobs_mode="processed_logprobs",
-        disable_log_stats=True,
+        on_cpu=on_cpu,
+        hf_config=AutoConfig.from_pretrained(model_path),
     )
+    engine_args.pop("worker_extension_cls")  # weight updates are not measured on the raw engine
+    llm = LLM(**engine_args)
     params = [
         SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=i, logprobs=0, detokenize=False)
         for i in range(len(prompts))
@@ -158,7 +170,9 @@ def main() -> None:
     loop = asyncio.new_event_loop()
 
     raw = raw_vllm_tokens_per_s(model_path, prompts, args)
-    engine = make_engine("vllm", model_path, seed=args.seed)
+    options = _engine_options(args)
+    engine = make_engine("vllm", model_path, seed=args.seed, max_model_len=options.max_model_len,
+                         max_num_seqs=options.max_num_seqs)
     try:
         ours = engine_tokens_per_s(engine, prompts, args, loop)
         update = weight_update_seconds(engine, model_path, loop, repeats=3)
