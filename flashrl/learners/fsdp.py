@@ -317,10 +317,12 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float | None) -> to
     if not params:
         return torch.tensor(0.0)
     grads = [p.grad for p in params]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    if max_norm is not None and bool(torch.isfinite(_full(total))):
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)  # a DTensor when the grads are sharded
+    full = _full(total)
+    if max_norm is not None and bool(torch.isfinite(full)):
+        # The DTensor norm, not the plain copy: DTensor grads refuse to be scaled by a plain tensor.
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return _full(total)
+    return full
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 One pair of rank processes (gloo, float64 so the comparison is exact up to summation order) runs every
 scenario once per session and writes what it saw; the tests below compare it with an unsharded
-single-process AdamW update on the whole batch, computed here. Run this file as a script with
-``--worker`` to be one rank (the fixture does that).
+single-process AdamW update on the whole batch, computed here. Run as a script, this file is one
+rank (``python test_fsdp.py train|resume OUT_DIR MODEL_DIR``, with RANK, WORLD_SIZE, MASTER_PORT set).
 """
 
 from __future__ import annotations
@@ -75,16 +75,22 @@ def _step(model, optimizer, batch, rows: slice, clip) -> float:
 
 # --------------------------------------------------------------------------------------------------
 # The rank processes
-def _worker(out_dir: Path, model_dir: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
+def _join() -> tuple[int, int]:
     from flashrl.learners import distributed as ddp
-    from flashrl.learners import fsdp
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     ddp.init_process_group(master_addr="127.0.0.1", master_port=int(os.environ["MASTER_PORT"]), rank=rank,
                            world_size=world, backend="gloo", timeout_s=120)
     torch.set_num_threads(1)
+    return rank, world
+
+
+def _worker(out_dir: Path, model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from flashrl.learners import fsdp
+
+    rank, world = _join()
     rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     batches = [_batch(1), _batch(2)]
 
@@ -136,6 +142,22 @@ def _worker(out_dir: Path, model_dir: Path) -> None:
     torch.distributed.destroy_process_group()
 
 
+def _resume_worker(out_dir: Path, model_dir: Path) -> None:
+    """Load the 2-rank checkpoint of the plain scenario on this many ranks and take the second step."""
+    from flashrl.learners import fsdp
+
+    rank, world = _join()
+    model = fsdp.load_pretrained_sharded(model_dir, dtype=DTYPE)
+    optimizer = fsdp.build_adamw(fsdp.decay_param_groups(model, weight_decay=WEIGHT_DECAY), lr=LR)
+    fsdp.load_sharded(out_dir / "plain-dcp", model, optimizer)
+    rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    result = {"norm2": _step(model, optimizer, _batch(2), rows, fsdp.clip_grad_norm)}
+    result["step2"] = dict(fsdp.iter_full_tensors(model))
+    if rank == 0:
+        torch.save(result, out_dir / f"resumed-on-{world}.pt")
+    torch.distributed.destroy_process_group()
+
+
 # --------------------------------------------------------------------------------------------------
 # Fixtures: the unsharded reference and the 2-rank run
 @pytest.fixture(scope="module")
@@ -165,21 +187,19 @@ def reference(model_dir: Path) -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def ranks(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Run the two rank processes once; returns rank 0's results per scenario."""
+def _launch(mode: str, world_size: int, out: Path, model_dir: Path) -> None:
+    """Run ``world_size`` rank processes of this file in ``mode``; fail with their logs if one fails."""
     from flashrl.learners.distributed import find_free_port
 
-    out = tmp_path_factory.mktemp("fsdp_ranks")
     port = find_free_port()
     root = Path(__file__).resolve().parents[2]
     procs = []
-    for rank in range(WORLD_SIZE):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE), "MASTER_PORT": str(port),
+    for rank in range(world_size):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-        log = open(out / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, __file__, "--worker", str(out), str(model_dir)],
+        log = open(out / f"{mode}-rank{rank}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, __file__, mode, str(out), str(model_dir)],
                                        env=env, stdout=log, stderr=subprocess.STDOUT), log))
     failed = []
     for rank, (proc, log) in enumerate(procs):
@@ -191,9 +211,17 @@ def ranks(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             code = "timeout"
         log.close()
         if code != 0:
-            failed.append(f"rank {rank} exited with {code}:\n{(out / f'rank{rank}.log').read_text()[-4000:]}")
+            tail = (out / f"{mode}-rank{rank}.log").read_text()[-4000:]
+            failed.append(f"{mode} rank {rank} of {world_size} exited with {code}:\n{tail}")
     if failed:
         pytest.fail("\n".join(failed), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def ranks(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Run the two rank processes once; returns rank 0's results per scenario."""
+    out = tmp_path_factory.mktemp("fsdp_ranks")
+    _launch("train", WORLD_SIZE, out, model_dir)
     results = {name: torch.load(out / f"{name}.pt", weights_only=False) for name in SCENARIOS}
     results["_dir"] = out  # type: ignore[assignment]
     return results
@@ -235,6 +263,14 @@ def test_dcp_resume_reproduces_the_next_step_exactly(ranks, scenario: str) -> No
     assert got["resumed_norm2"] == got["norm2"]
     for name, tensor in got["step2"].items():
         assert torch.equal(got["resumed_step2"][name], tensor), name
+
+
+def test_dcp_checkpoint_of_two_ranks_resumes_on_one(ranks, model_dir: Path) -> None:
+    """DCP reshards on load: one rank holding everything takes the same second step."""
+    _launch("resume", 1, ranks["_dir"], model_dir)
+    got = torch.load(ranks["_dir"] / "resumed-on-1.pt", weights_only=False)
+    assert got["norm2"] == pytest.approx(ranks["plain"]["norm2"], rel=1e-12)
+    assert _max_abs_diff(got["step2"], ranks["plain"]["step2"]) < 1e-12
 
 
 def test_dcp_checkpoint_has_one_shard_file_per_rank(ranks) -> None:
@@ -283,7 +319,9 @@ def test_hf_export_loads_with_transformers_and_equals_the_gathered_weights(ranks
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", nargs=2, metavar=("OUT_DIR", "MODEL_DIR"), required=True)
+    parser = argparse.ArgumentParser(description="One rank of the FSDP tests (started by the fixtures).")
+    parser.add_argument("mode", choices=["train", "resume"])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("model_dir", type=Path)
     args = parser.parse_args()
-    _worker(Path(args.worker[0]), Path(args.worker[1]))
+    (_worker if args.mode == "train" else _resume_worker)(args.out_dir, args.model_dir)
