@@ -279,6 +279,43 @@ def test_dcp_checkpoint_has_one_shard_file_per_rank(ranks) -> None:
     assert (folder / ".metadata").is_file()
 
 
+def test_decoder_layers_fall_back_to_no_split_modules() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from flashrl.learners.fsdp import decoder_layers
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=16, n_head=2, vocab_size=32, n_positions=16))
+    assert not hasattr(model, "model")  # GPT-2 keeps its blocks at transformer.h
+    assert decoder_layers(model) == list(model.transformer.h)
+    with pytest.raises(ValueError, match="Found no decoder layers in Linear"):
+        decoder_layers(torch.nn.Linear(2, 2))
+
+
+def test_decay_groups_exempt_norms_and_count_the_tied_embedding_once() -> None:
+    from transformers import LlamaForCausalLM
+
+    from flashrl.learners.fsdp import decay_param_groups
+
+    model = LlamaForCausalLM(_config())
+    decay, no_decay = decay_param_groups(model, weight_decay=0.1)
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
+    assert "model.embed_tokens.weight" in decay["names"] and "lm_head.weight" not in decay["names"]
+    assert no_decay["names"] == [n for n, p in model.named_parameters() if p.ndim == 1]
+    assert all("norm" in n for n in no_decay["names"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_shard_model_without_a_process_group_says_how_to_start_one() -> None:
+    from transformers import LlamaForCausalLM
+
+    from flashrl.learners.fsdp import shard_model
+
+    if torch.distributed.is_initialized():
+        pytest.skip("this test process already joined a process group")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        shard_model(LlamaForCausalLM(_config()))
+
+
 def test_load_sharded_rejects_an_incomplete_folder(tmp_path: Path) -> None:
     from flashrl.learners.fsdp import load_sharded
 
