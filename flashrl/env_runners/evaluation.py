@@ -58,43 +58,44 @@ def evaluation_metrics(
 ) -> dict[str, float]:
     """The evaluation metrics (see the module docstring) of each split's reports."""
     out: dict[str, float] = {}
-    everything: list[Episode] = []
+    everything: list[tuple[Any, Episode]] = []
     skipped = 0
     for split, reports in results.items():
-        episodes = [ep for report in reports for ep in report.episodes]
+        # A prompt is (split, evaluation index): its k replicas; two indices may share a task.
+        items = [((split, prompt_index(ep)), ep) for report in reports for ep in report.episodes]
         split_skipped = sum(sum(report.skipped.values()) for report in reports)
-        everything += episodes
+        everything += items
         skipped += split_skipped
         if split is not None:
-            out.update(_split_metrics(f"evaluation/{split}/", episodes, split_skipped, num_samples, datasource_key))
+            out.update(_split_metrics(f"evaluation/{split}/", items, split_skipped, num_samples, datasource_key))
     out.update(_split_metrics("evaluation/", everything, skipped, num_samples, datasource_key))
     return out
 
 
 def _split_metrics(
-    prefix: str, episodes: list[Episode], skipped: int, k: int, datasource_key: str | None
+    prefix: str, items: list[tuple[Any, Episode]], skipped: int, k: int, datasource_key: str | None
 ) -> dict[str, float]:
     out = {
-        f"{prefix}episode_return_mean": _mean(ep.reward for ep in episodes),
-        f"{prefix}episode_len_mean": _mean(len(ep.token_ids) for ep in episodes),
-        f"{prefix}num_episodes": float(len(episodes)),
+        f"{prefix}episode_return_mean": _mean(ep.reward for _, ep in items),
+        f"{prefix}episode_len_mean": _mean(len(ep.token_ids) for _, ep in items),
+        f"{prefix}num_episodes": float(len(items)),
         f"{prefix}num_skipped": float(skipped),
     }
-    out.update(_prompt_metrics(prefix, episodes, k))
-    if datasource_key is not None and any(datasource_key in ep.info for ep in episodes):
-        by_source: dict[str, list[Episode]] = defaultdict(list)
-        for ep in episodes:
-            by_source[str(ep.info.get(datasource_key, UNKNOWN_DATASOURCE))].append(ep)
+    out.update(_prompt_metrics(prefix, items, k))
+    if datasource_key is not None and any(datasource_key in ep.info for _, ep in items):
+        by_source: dict[str, list[tuple[Any, Episode]]] = defaultdict(list)
+        for key, ep in items:
+            by_source[str(ep.info.get(datasource_key, UNKNOWN_DATASOURCE))].append((key, ep))
         for source, group in sorted(by_source.items()):
             out.update(_prompt_metrics(f"{prefix}{source}/", group, k))
     return out
 
 
-def _prompt_metrics(prefix: str, episodes: list[Episode], k: int) -> dict[str, float]:
-    """avg@k, pass@k and the prompt count; a prompt is one evaluation index (its k replicas)."""
+def _prompt_metrics(prefix: str, items: list[tuple[Any, Episode]], k: int) -> dict[str, float]:
+    """avg@k, pass@k and the number of prompts of (prompt key, episode) pairs."""
     by_prompt: dict[Any, list[float]] = defaultdict(list)
-    for ep in episodes:
-        by_prompt[prompt_key(ep)].append(float(ep.reward))
+    for key, ep in items:
+        by_prompt[key].append(float(ep.reward))
     returns = list(by_prompt.values())
     return {
         f"{prefix}avg@{k}": _mean(sum(r) / len(r) for r in returns),
@@ -103,8 +104,8 @@ def _prompt_metrics(prefix: str, episodes: list[Episode], k: int) -> dict[str, f
     }
 
 
-def prompt_key(episode: Episode) -> Any:
-    """The evaluation prompt an episode answers: its evaluation index (two indices may share a task)."""
+def prompt_index(episode: Episode) -> Any:
+    """The evaluation index an episode answers (its prompt id when played outside `EnvRunner`)."""
     return episode.info.get("episode_index", episode.prompt_id)
 
 

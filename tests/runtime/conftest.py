@@ -51,8 +51,34 @@ class BrokenEnv(ParityEnv):
         raise RuntimeError("simulated environment failure")
 
 
+class SourcesEnv(LanguageEnv):
+    """A finite task list per ``split``; each task has a ``data_source`` and a fixed reward (any reply).
+
+    Evaluation metrics over it can be computed by hand: they do not depend on what the model says.
+    """
+
+    TASKS = {"a": [("gsm", 1.0), ("gsm", 0.0), ("math", 1.0)], "b": [("math", 0.0), ("math", 0.5)]}
+
+    def __init__(self, split: str = "a") -> None:
+        super().__init__(max_turns=1)
+        self.split = split
+        self.tasks = self.TASKS[split]
+        self.finite = True
+        self._index = 0
+
+    def _reset_task(self, options: dict[str, Any]):
+        self._index = int(options.get("task_index", self.np_random.integers(len(self.tasks))))
+        source = self.tasks[self._index][0]
+        info = {"prompt_id": f"{self.split}-{self._index}", "data_source": source}
+        return [{"role": "user", "content": f"Task {self.split}{self._index}: say anything."}], info
+
+    def _step_action(self, action: str):
+        return [], self.tasks[self._index][1], True, False, {}
+
+
 TEST_ENVS = {
     PARITY_ENV: ParityEnv,
+    "flashrl-test/Sources-v0": SourcesEnv,
     "flashrl-test/NanReward-v0": NanRewardEnv,
     "flashrl-test/Broken-v0": BrokenEnv,
 }
