@@ -29,7 +29,15 @@ from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
 from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
 from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError, RunnerReport
 from flashrl.episode import Episode
-from flashrl.metrics import LAG_BUCKETS, TensorBoardLogger, Window, lag_histogram, mean, policy_lags, progress_line
+from flashrl.metrics import (
+    LAG_BUCKETS,
+    TensorBoardLogger,
+    Window,
+    lag_histogram,
+    mean,
+    policy_lags,
+    progress_line,
+)
 
 logger = logging.getLogger("flashrl")
 

@@ -221,7 +221,7 @@ class EnvRunner:
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), timeout=timeout_s)
-            except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+            except asyncio.TimeoutError:  # noqa: UP041 - not the builtin TimeoutError before Python 3.11
                 pass
             if self._fatal is not None:
                 raise self._fatal

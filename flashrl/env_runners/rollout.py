@@ -18,7 +18,6 @@ import gymnasium as gym
 
 from flashrl.episode import Episode
 
-
 MAX_LOGPROB = 1e-6
 """Largest behavior log-prob accepted as a log-probability (float rounding above 0 allowed)."""
 

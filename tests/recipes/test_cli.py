@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from flashrl.algorithms import FlashReinforceConfig
 
+from flashrl.algorithms import FlashReinforceConfig
 from flashrl.cli import build_parser, main
 from flashrl.recipes import Preset, apply_overrides, recipe_parser
 from flashrl.recipes.preset import NodePlan

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import pytest
@@ -57,7 +57,10 @@ class SourcesEnv(LanguageEnv):
     Evaluation metrics over it can be computed by hand: they do not depend on what the model says.
     """
 
-    TASKS = {"a": [("gsm", 1.0), ("gsm", 0.0), ("math", 1.0)], "b": [("math", 0.0), ("math", 0.5)]}
+    TASKS: ClassVar[dict[str, list[tuple[str, float]]]] = {
+        "a": [("gsm", 1.0), ("gsm", 0.0), ("math", 1.0)],
+        "b": [("math", 0.0), ("math", 0.5)],
+    }
 
     def __init__(self, split: str = "a") -> None:
         super().__init__(max_turns=1)

@@ -16,7 +16,7 @@ def test_finite_task_list_is_walked_in_order():
     for index in range(7):
         options = evaluation_reset_options(env, index)
         assert options == {"task_index": index % 5}
-        messages, info = env.reset(seed=1000 + index, options=options)
+        _, info = env.reset(seed=1000 + index, options=options)
         questions.append(info["question"])
     assert questions == [r["question"] for r in ROWS] + [ROWS[0]["question"], ROWS[1]["question"]]
     env.close()

@@ -15,7 +15,7 @@ def _lags(algo, iterations: int) -> tuple[list[float], list[dict]]:
 @pytest.mark.timeout(900)
 def test_async_queue_size_bounds_the_policy_lag(ray_session, tiny_config):
     # Two runners x (4 in flight + 4 buffered) run up to 4 batches of B = 4 ahead when unbounded.
-    common = dict(env="flashrl-test/Parity-v0", num_env_runners=2, tensorboard=False, console_every=0)
+    common = {"env": "flashrl-test/Parity-v0", "num_env_runners": 2, "tensorboard": False, "console_every": 0}
     unbounded = tiny_config(**common).build_algo()
     try:
         free_lags, _ = _lags(unbounded, 8)
