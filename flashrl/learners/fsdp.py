@@ -29,6 +29,7 @@ Every function that gathers or saves is a collective: call it on every rank, in 
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import shutil
@@ -443,8 +444,8 @@ def _write_hf_folder(
     try:
         # is_main_process: the caller is rank 0 only, so transformers must not wait for the others.
         model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True, is_main_process=True)
-        if dtype is not None:
-            config = model.config
+        if dtype is not None:  # save_pretrained recorded the master dtype; the file holds ``dtype``
+            config = copy.deepcopy(model.config)
             config.dtype = str(dtype).removeprefix("torch.")
             config.save_pretrained(tmp)
         if tokenizer_source is not None:

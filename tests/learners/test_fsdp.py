@@ -127,6 +127,8 @@ def _worker(out_dir: Path, model_dir: Path) -> None:
         fsdp.save_sharded(ckpt, model, optimizer, extra_state={"version": 1, "norm1": result["norm1"]})
         if scenario == "plain":
             fsdp.export_hf(model, out_dir / "hf")
+            fsdp.export_hf(model, out_dir / "hf_bf16", dtype=torch.bfloat16,
+                           tokenizer_source=os.environ["TOKENIZER_SOURCE"])
         result["norm2"] = _step(model, optimizer, batches[1], rows, fsdp.clip_grad_norm)
         result["step2"] = dict(fsdp.iter_full_tensors(model))
         del model, optimizer
@@ -187,7 +189,7 @@ def reference(model_dir: Path) -> dict:
     return out
 
 
-def _launch(mode: str, world_size: int, out: Path, model_dir: Path) -> None:
+def _launch(mode: str, world_size: int, out: Path, model_dir: Path, tokenizer: str = "") -> None:
     """Run ``world_size`` rank processes of this file in ``mode``; fail with their logs if one fails."""
     from flashrl.learners.distributed import find_free_port
 
@@ -196,7 +198,7 @@ def _launch(mode: str, world_size: int, out: Path, model_dir: Path) -> None:
     procs = []
     for rank in range(world_size):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": "1",
+               "OMP_NUM_THREADS": "1", "TOKENIZER_SOURCE": tokenizer,
                "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
         log = open(out / f"{mode}-rank{rank}.log", "w")
         procs.append((subprocess.Popen([sys.executable, __file__, mode, str(out), str(model_dir)],
@@ -218,10 +220,10 @@ def _launch(mode: str, world_size: int, out: Path, model_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def ranks(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def ranks(model_dir: Path, smollm2_path: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """Run the two rank processes once; returns rank 0's results per scenario."""
     out = tmp_path_factory.mktemp("fsdp_ranks")
-    _launch("train", WORLD_SIZE, out, model_dir)
+    _launch("train", WORLD_SIZE, out, model_dir, tokenizer=smollm2_path)
     results = {name: torch.load(out / f"{name}.pt", weights_only=False) for name in SCENARIOS}
     results["_dir"] = out  # type: ignore[assignment]
     return results
@@ -353,6 +355,20 @@ def test_hf_export_loads_with_transformers_and_equals_the_gathered_weights(ranks
     assert set(state) == set(gathered)
     for name, tensor in gathered.items():
         assert torch.equal(state[name], tensor), name
+
+
+def test_hf_export_casts_for_serving_and_copies_the_tokenizer(ranks, smollm2_path: str) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder = ranks["_dir"] / "hf_bf16"
+    assert AutoConfig.from_pretrained(folder).dtype == torch.bfloat16
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    assert loaded.dtype == torch.bfloat16
+    for name, tensor in _unique(loaded.state_dict()).items():
+        assert torch.equal(tensor, ranks["plain"]["step1"][name].to(torch.bfloat16)), name
+    text = "What is 12 + 7?"
+    expected = AutoTokenizer.from_pretrained(smollm2_path)(text).input_ids
+    assert AutoTokenizer.from_pretrained(folder)(text).input_ids == expected
 
 
 if __name__ == "__main__":
