@@ -9,8 +9,9 @@ Layout::
     <path>/algorithm_state.json      iteration, data cursors, lifetime counters
 
 The policy folder is what users deploy; the other files resume training exactly where it stopped
-(in `sync_group` mode exactly; in `async` mode the episodes in flight at save time are not saved, so
-the resumed run restarts the prompt stream after the last started episode and books them as lost).
+(in `sync_group` mode exactly; in `async` mode the episodes in flight and those waiting for a later
+batch at save time are not saved, so the resumed run restarts the prompt stream after the last
+started episode and the checkpoint books them as lost).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
     flashrl train --list
     flashrl train qwen25_math_1p5b --dry-run              # any tuned example, with its own flags
     flashrl train tuned_examples/my_preset.py --lr 3e-6   # or a script path
-    flashrl eval runs/x/checkpoint_final                  # the checkpoint's env and held-out split
+    flashrl eval runs/x/checkpoint_final                  # the checkpoint's env, splits and protocol
     flashrl eval Qwen/Qwen2.5-Math-1.5B --env flashrl/Math-v0 --env-config '{"tasks": "test.jsonl"}'
+    flashrl eval runs/x/checkpoint_final --num-samples-per-prompt 4 --temperature 0.7 --top-p 0.7  # avg@4
     flashrl models fetch                                  # SmolLM2-135M-Instruct, offline-built
 
 `train` runs the tuned example exactly as `python tuned_examples/<name>.py ...` would: the flags after

@@ -6,9 +6,10 @@ per prompt, no groups: an episode is delivered as soon as it ends, whatever the 
 weights are loaded while sampling goes on; each model turn records the policy version that produced
 it (`Episode.policy_versions`), so the learner knows the lag of every trajectory.
 
-Episodes that cannot be trained on are dropped and counted, never silently: non-finite rewards or
-log-probs, no generated token, longer than the context budget, a request the engine rejects, an
-environment that raised. An engine failure is fatal: the next `poll` raises it and the
+Episodes that cannot be trained on are dropped and counted, never silently and never as a crash:
+non-finite rewards or log-probs, log-probs above 0, a turn the engine aborted, no generated token,
+longer than the context budget, a request the engine rejects, an environment that raised (see
+`RUNNER_SKIP_REASONS`). An engine failure is fatal: the next `poll` raises it and the
 `EnvRunnerGroup` restarts the actor.
 
 The class is a plain Python class (tests drive it in-process); `EnvRunnerGroup` wraps it in a Ray
