@@ -66,6 +66,7 @@ from torch.distributed.tensor import DTensor
 
 __all__ = [
     "build_adamw",
+    "clean_name",
     "clip_grad_norm",
     "decay_param_groups",
     "decoder_layers",
