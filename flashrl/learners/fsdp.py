@@ -34,9 +34,10 @@ import io
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+import types
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -61,11 +62,13 @@ from torch.distributed.fsdp import (
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
+    register_fsdp_forward_method,
 )
 from torch.distributed.tensor import DTensor
 
 __all__ = [
     "build_adamw",
+    "call_through_root",
     "clean_name",
     "clip_grad_norm",
     "decay_param_groups",
@@ -82,6 +85,8 @@ __all__ = [
 DCP_METADATA_FILE = ".metadata"
 """DCP writes this file last (rank 0, after every shard): a folder without it is an interrupted save."""
 _EXTRA_KEY = "extra_state"
+_ROOT_CALL = "_flashrl_call_through_root"
+_T = TypeVar("_T")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -237,6 +242,28 @@ def load_pretrained_sharded(
                 buffer.copy_(buffers[clean_name(name)])
             dist.broadcast(buffer, src=0)
     return model.eval()
+
+
+def call_through_root(model: nn.Module, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``fn(model, *args, **kwargs)``, run as the root's forward: FSDP's root hooks around it.
+
+    FSDP gathers the root unit (embeddings, final norm, LM head) in the root's pre-forward hook and
+    reduce-scatters its gradients from hooks that forward installs. Code that never calls the root's
+    ``forward`` -- ``flashrl.models.compute_token_logprobs`` runs ``model.get_decoder()`` and reads
+    ``lm_head.weight`` itself, so that no ``[N, V]`` logits exist -- must go through this
+    (``torch.distributed.fsdp.register_fsdp_forward_method`` under the hood). A model that is not
+    sharded is called directly.
+    """
+    if not isinstance(model, FSDPModule):
+        return fn(model, *args, **kwargs)
+    if _ROOT_CALL not in vars(model):
+        object.__setattr__(model, _ROOT_CALL, types.MethodType(_call_with_self, model))
+        register_fsdp_forward_method(model, _ROOT_CALL)
+    return getattr(model, _ROOT_CALL)(fn, *args, **kwargs)
+
+
+def _call_with_self(self: nn.Module, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    return fn(self, *args, **kwargs)
 
 
 def _default_mesh(model: nn.Module) -> DeviceMesh:

@@ -30,7 +30,10 @@ SCENARIOS = {
     "checkpointed": {"activation_checkpointing": True, "cpu_offload": False},
     "offloaded": {"activation_checkpointing": False, "cpu_offload": True},
     "meta_init": {"activation_checkpointing": True, "cpu_offload": True},  # via load_pretrained_sharded
+    "kernel": {"activation_checkpointing": True, "cpu_offload": False},  # the learner's log-prob kernel
 }
+KERNEL_SCENARIOS = {"kernel"}
+"""Scenarios whose loss takes log-probs from flashrl.models.compute_token_logprobs (through the root)."""
 WORKER_TIMEOUT_S = 240
 
 
@@ -55,19 +58,31 @@ def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, mask, weights
 
 
-def _loss(model, ids, mask, weights, num_rows: int) -> torch.Tensor:
-    """Sample-mean loss of these rows with the GLOBAL normaliser: -(1/B) sum_i w_i / T_i sum_t log q_it."""
-    logits = model(input_ids=ids).logits[:, :-1].to(DTYPE)  # [b, T-1, V]
-    logq = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # [b, T-1]
+def _loss(model, ids, mask, weights, num_rows: int, kernel: bool) -> torch.Tensor:
+    """Sample-mean loss of these rows with the GLOBAL normaliser: -(1/B) sum_i w_i / T_i sum_t log q_it.
+
+    ``kernel``: log-probs from the chunked kernel the learner uses, which calls the decoder and reads
+    the head's weight itself, so a sharded model must run it through ``call_through_root``.
+    """
+    if kernel:
+        from flashrl.learners.fsdp import call_through_root
+        from flashrl.models import compute_token_logprobs
+
+        logprobs, _ = call_through_root(model, compute_token_logprobs, ids, torch.ones_like(ids),
+                                        with_entropy=False)  # [b, T]
+        logq = logprobs[:, 1:]  # [b, T-1]
+    else:
+        logits = model(input_ids=ids).logits[:, :-1].to(DTYPE)  # [b, T-1, V]
+        logq = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # [b, T-1]
     valid = mask[:, 1:]  # [b, T-1]
     per_row = (logq * valid).sum(-1) / valid.sum(-1)  # [b]
     return -(weights * per_row).sum() / num_rows
 
 
-def _step(model, optimizer, batch, rows: slice, clip) -> float:
+def _step(model, optimizer, batch, rows: slice, clip, kernel: bool = False) -> float:
     ids, mask, weights = batch
     optimizer.zero_grad(set_to_none=True)
-    _loss(model, ids[rows], mask[rows], weights[rows], BATCH).backward()
+    _loss(model, ids[rows], mask[rows], weights[rows], BATCH, kernel).backward()
     norm = float(clip(model.parameters(), MAX_NORM))
     optimizer.step()
     return norm
@@ -115,9 +130,18 @@ def _worker(out_dir: Path, model_dir: Path) -> None:
         result: dict = {}
         model, optimizer = build(scenario, options)
         result["tied"] = model.lm_head.weight is model.model.embed_tokens.weight
+        if scenario in KERNEL_SCENARIOS:  # the kernel alone never runs the root's hooks
+            from flashrl.models import compute_token_logprobs
+
+            try:
+                compute_token_logprobs(model, batches[0][0][rows], torch.ones_like(batches[0][0][rows]))
+                result["direct_kernel_error"] = None
+            except RuntimeError as error:
+                result["direct_kernel_error"] = str(error)
         result["num_fsdp_units"] = sum(isinstance(m, fsdp.FSDPModule) for m in model.modules())
         layer_calls[0] = 0
-        result["norm1"] = _step(model, optimizer, batches[0], rows, fsdp.clip_grad_norm)
+        kernel = scenario in KERNEL_SCENARIOS
+        result["norm1"] = _step(model, optimizer, batches[0], rows, fsdp.clip_grad_norm, kernel)
         result["layer_calls"] = layer_calls[0]
         buckets = list(fsdp.iter_full_buckets(model, bucket_bytes=BUCKET_BYTES))
         result["buckets"] = [[(name, tuple(t.shape), t.numel() * t.element_size()) for name, t in bucket]
@@ -129,13 +153,14 @@ def _worker(out_dir: Path, model_dir: Path) -> None:
             fsdp.export_hf(model, out_dir / "hf")
             fsdp.export_hf(model, out_dir / "hf_bf16", dtype=torch.bfloat16,
                            tokenizer_source=os.environ["TOKENIZER_SOURCE"])
-        result["norm2"] = _step(model, optimizer, batches[1], rows, fsdp.clip_grad_norm)
+        result["norm2"] = _step(model, optimizer, batches[1], rows, fsdp.clip_grad_norm, kernel)
         result["step2"] = dict(fsdp.iter_full_tensors(model))
         del model, optimizer
 
         resumed, resumed_optimizer = build(scenario, options)
         result["extra"] = fsdp.load_sharded(ckpt, resumed, resumed_optimizer)
-        result["resumed_norm2"] = _step(resumed, resumed_optimizer, batches[1], rows, fsdp.clip_grad_norm)
+        result["resumed_norm2"] = _step(resumed, resumed_optimizer, batches[1], rows, fsdp.clip_grad_norm,
+                                        kernel)
         result["resumed_step2"] = dict(fsdp.iter_full_tensors(resumed))
         if rank == 0:
             torch.save(result, out_dir / f"{scenario}.pt")
@@ -173,20 +198,31 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(model_dir: Path) -> dict:
-    """One process, no sharding, the whole batch: the update the sharded ranks must reproduce."""
+def references(model_dir: Path) -> dict[bool, dict]:
+    """One process, no sharding, the whole batch: the update the sharded ranks must reproduce.
+
+    Keyed by ``kernel`` (how the loss takes its log-probs).
+    """
     from transformers import AutoModelForCausalLM
 
     from flashrl.learners.fsdp import decay_param_groups
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPE).eval()
-    optimizer = torch.optim.AdamW(decay_param_groups(model, weight_decay=WEIGHT_DECAY), lr=LR)
-    out: dict = {"initial": {k: v.clone() for k, v in model.state_dict().items()}}
-    out["norm1"] = _step(model, optimizer, _batch(1), slice(None), torch.nn.utils.clip_grad_norm_)
-    out["step1"] = {k: v.clone() for k, v in model.state_dict().items()}
-    out["norm2"] = _step(model, optimizer, _batch(2), slice(None), torch.nn.utils.clip_grad_norm_)
-    out["step2"] = {k: v.clone() for k, v in model.state_dict().items()}
-    return out
+    refs = {}
+    for kernel in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPE).eval()
+        optimizer = torch.optim.AdamW(decay_param_groups(model, weight_decay=WEIGHT_DECAY), lr=LR)
+        out: dict = {"initial": {k: v.clone() for k, v in model.state_dict().items()}}
+        out["norm1"] = _step(model, optimizer, _batch(1), slice(None), torch.nn.utils.clip_grad_norm_, kernel)
+        out["step1"] = {k: v.clone() for k, v in model.state_dict().items()}
+        out["norm2"] = _step(model, optimizer, _batch(2), slice(None), torch.nn.utils.clip_grad_norm_, kernel)
+        out["step2"] = {k: v.clone() for k, v in model.state_dict().items()}
+        refs[kernel] = out
+    return refs
+
+
+@pytest.fixture(scope="module")
+def reference(references: dict[bool, dict]) -> dict:
+    return references[False]
 
 
 def _launch(mode: str, world_size: int, out: Path, model_dir: Path, tokenizer: str = "") -> None:
@@ -241,8 +277,9 @@ def _unique(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 # --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_two_sharded_ranks_take_the_single_rank_step(ranks, reference, scenario: str) -> None:
+def test_two_sharded_ranks_take_the_single_rank_step(ranks, references, scenario: str) -> None:
     got = ranks[scenario]
+    reference = references[scenario in KERNEL_SCENARIOS]
     assert got["tied"], "lm_head.weight must stay the same parameter as embed_tokens.weight after sharding"
     assert got["num_fsdp_units"] == 1 + _config().num_hidden_layers
     # Each layer runs once per step, and once more in backward when its activations are recomputed.
@@ -256,6 +293,10 @@ def test_two_sharded_ranks_take_the_single_rank_step(ranks, reference, scenario:
     assert _max_abs_diff(got["step2"], _unique(reference["step2"])) < 1e-12
     # The step moved the weights far more than the tolerance (lr 1e-2): the comparison can fail.
     assert _max_abs_diff(got["step1"], _unique(reference["initial"])) > 1e-3
+
+
+def test_the_kernel_needs_the_root_hooks_on_a_sharded_model(ranks) -> None:
+    assert "mixed torch.Tensor and DTensor" in (ranks["kernel"]["direct_kernel_error"] or "")
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
