@@ -89,6 +89,15 @@ def test_pending_episodes_are_booked_across_a_checkpoint(ray_session, tiny_confi
         resumed.stop()
 
 
+@ray.remote
+def _slow(value, delay_s: float):
+    """`value` after `delay_s`: a weights reference that takes a while to resolve (a large model's)."""
+    import time
+
+    time.sleep(delay_s)
+    return value
+
+
 @pytest.mark.timeout(300)
 def test_a_restarted_runner_samples_with_the_current_weights(ray_session, tiny_config):
     from transformers import AutoModelForCausalLM
@@ -98,15 +107,19 @@ def test_a_restarted_runner_samples_with_the_current_weights(ray_session, tiny_c
     group = EnvRunnerGroup(config, model_path=config.model)
     try:
         group.setup()
-        group.broadcast_weights(5, ray.put(weights), wait=True)
         group.start_streaming()
-        assert {v for r in group.next_reports(30.0) for ep in r.episodes for v in ep.policy_versions} <= {5}
+        assert group.next_reports(30.0)
+        # New weights whose reference resolves only after 5 s, then the runner dies: its replacement
+        # must not sample a single episode with its initial weights meanwhile.
+        group.broadcast_weights(5, _slow.remote(weights, 5.0))
         group.kill(0)
         versions: list[int] = []
         for _ in range(60):
+            restarted = group.num_restarts
             for report in group.next_reports(5.0):
-                versions += [v for ep in report.episodes for v in ep.policy_versions]
-            if group.num_restarts and len(versions) >= 8:
+                if restarted:  # polls sent to the replacement
+                    versions += [v for ep in report.episodes for v in ep.policy_versions]
+            if restarted and len(versions) >= 8:
                 break
         assert group.num_restarts == 1
         assert len(versions) >= 8 and set(versions) == {5}

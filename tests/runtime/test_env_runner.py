@@ -261,6 +261,20 @@ def test_poll_that_times_out_returns_an_empty_report(tiny_config):
     assert report.episodes == [] and report.started == 0
 
 
+class _SlowUpdates:
+    """A real engine whose weight updates take a while (a large model's): the stream must wait."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    async def update_weights(self, weights, version):
+        await asyncio.sleep(0.5)
+        await self._engine.update_weights(weights, version)
+
+
 def test_start_loads_the_weights_before_the_first_episode(tiny_config):
     config = tiny_config(env="flashrl-test/Parity-v0")
     runner = _runner(config)
@@ -268,6 +282,7 @@ def test_start_loads_the_weights_before_the_first_episode(tiny_config):
     async def scenario():
         await runner.setup()
         weights = {k: v.clone() for k, v in runner._engine.model.state_dict().items()}
+        runner._engine = _SlowUpdates(runner._engine)
         await runner.start(7, weights)
         reports = await _collect(runner, 4)
         await runner.stop()
