@@ -291,13 +291,22 @@ class FlashReinforce(Trainable):
                 f"{collected}/{b} collected, {self.env_runner_group.in_flight} in "
                 f"flight. Raise sample_timeout_s for slow environments, or lower max_new_tokens."
             )
-        return EnvRunnerGroupError(
+        what = (
             f"The batch has not grown for {cfg.sample_timeout_s:g} s (sample_timeout_s): {arrived} episodes "
             f"arrived meanwhile, but {dropped['repeated']} repeated one of the {distinct} prompts already in "
             f"the batch and {dropped['stale']} were stale (async_queue_size={cfg.async_queue_size}); "
-            f"{collected}/{b} collected. Expected at least train_batch_size={b} distinct prompts: the env "
-            f"has fewer distinct prompts than train_batch_size. Fix: lower train_batch_size to the number "
-            f"of distinct tasks or fewer, or give the env more tasks."
+            f"{collected}/{b} collected."
+        )
+        if dropped["stale"] > dropped["repeated"]:
+            return EnvRunnerGroupError(
+                f"{what} Expected episodes at most async_queue_size versions behind the learner: the "
+                f"runners sample with old weights. Fix: raise async_queue_size (or None), or check that "
+                f"the runners load new weights (env_runners/num_restarts_lifetime, the runner logs)."
+            )
+        return EnvRunnerGroupError(
+            f"{what} Expected at least train_batch_size={b} distinct prompts: the env has fewer distinct "
+            f"prompts than train_batch_size. Fix: lower train_batch_size to the number of distinct tasks "
+            f"or fewer, or give the env more tasks."
         )
 
     def _collect_sync(self) -> tuple[list[Episode], list[int], list[RunnerReport], float]:
