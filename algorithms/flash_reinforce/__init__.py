@@ -1,6 +1,7 @@
-"""FlashREINFORCE: the loss, its components, the config builder and the algorithm.
+"""FlashREINFORCE: the loss, its components, the learner's loss hook, the config builder and the algorithm.
 
 The config and the algorithm are imported lazily (they pull in Ray); the loss does not need them.
+``learner.FlashReinforceLoss`` is what the generic ``flashrl.learners.Learner`` calls per micro-batch.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from flashrl.algorithms.flash_reinforce.algorithm import FlashReinforce
     from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
+    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
 
-__all__ = ["FlashReinforce", "FlashReinforceConfig"]
+__all__ = ["FlashReinforce", "FlashReinforceConfig", "FlashReinforceLoss"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,6 +21,10 @@ def __getattr__(name: str) -> Any:
         from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
 
         return FlashReinforceConfig
+    if name == "FlashReinforceLoss":
+        from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+
+        return FlashReinforceLoss
     if name == "FlashReinforce":
         from flashrl.algorithms.flash_reinforce.algorithm import FlashReinforce
 

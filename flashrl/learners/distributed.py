@@ -1,4 +1,7 @@
-"""Data-parallel plumbing for learners: process-group setup and the collectives an update needs.
+"""Data-parallel plumbing for learners: process-group setup and the small collectives an update needs.
+
+Gradients are not reduced here: sharded learners reduce-scatter them inside FSDP2's backward
+(``flashrl.learners.parallel.ShardedPolicy``).
 
 Every helper is a no-op (or the identity) when ``torch.distributed`` is not initialised, so a single
 learner runs the same code path as rank 0 of many.
@@ -7,25 +10,19 @@ learner runs the same code path as rank 0 of many.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 __all__ = [
-    "all_reduce_gradients",
     "all_reduce_max",
     "all_reduce_sum",
-    "broadcast_parameters",
     "default_backend",
     "find_free_port",
     "init_process_group",
     "is_distributed",
 ]
-
-GRADIENT_BUCKET_BYTES = 64 * 2**20
-"""Gradients are flattened into buckets of about this size for all-reduce (fewer, larger messages)."""
 
 
 def is_distributed() -> bool:
@@ -63,51 +60,6 @@ def init_process_group(
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
-
-
-def broadcast_parameters(module: torch.nn.Module) -> None:
-    """Make every rank's parameters and buffers bitwise equal to rank 0's."""
-    if not is_distributed():
-        return
-    with torch.no_grad():
-        for tensor in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(tensor.data, src=0)
-
-
-def all_reduce_gradients(params: Iterable[torch.nn.Parameter], *, bucket_bytes: int = GRADIENT_BUCKET_BYTES) -> None:
-    """Sum every parameter's ``.grad`` over ranks, in place, in flattened buckets.
-
-    The sum (not the mean) is what the learner needs: each rank's loss is already normalised by the
-    GLOBAL batch size, so the per-rank gradients add up to the gradient of the global loss.
-    A parameter without a gradient gets a zero one first, so every rank sends the same buckets.
-    """
-    if not is_distributed():
-        return
-    grads: list[torch.Tensor] = []
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        grads.append(p.grad)
-    bucket: list[torch.Tensor] = []
-    size = 0
-    for g in grads:
-        if bucket and (g.dtype != bucket[0].dtype or g.device != bucket[0].device or size >= bucket_bytes):
-            _all_reduce_bucket(bucket)
-            bucket, size = [], 0
-        bucket.append(g)
-        size += g.numel() * g.element_size()
-    if bucket:
-        _all_reduce_bucket(bucket)
-
-
-def _all_reduce_bucket(grads: list[torch.Tensor]) -> None:
-    flat = torch.cat([g.reshape(-1) for g in grads])  # [sum numel]
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for g in grads:
-        n = g.numel()
-        g.copy_(flat[offset : offset + n].view_as(g))
-        offset += n
 
 
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:

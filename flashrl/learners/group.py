@@ -1,9 +1,12 @@
 """A group of learners: one in-process ``Learner`` or data-parallel ``Learner`` Ray actors.
 
 With ``num_learners = N > 1`` every actor is rank ``r`` of a ``torch.distributed`` process group
-(gloo on CPU, NCCL on GPU). Rank 0's actor picks a free TCP port on its own node for the rendezvous.
-Each update sends the whole batch to every rank once through the object store; each rank trains on its
-shard and gradients are all-reduced (see ``flashrl.learners.learner`` for why that is exact).
+(gloo on CPU, NCCL on GPU) and the policy is sharded over them with FSDP2 (parameters, gradients and
+optimizer state). Rank 0's actor picks a free TCP port on its own node for the rendezvous. Each update
+sends the whole batch to every rank once through the object store; each rank trains on its share of
+the trajectories and the backward passes reduce-scatter the gradients (see
+``flashrl.learners.learner`` for why that is exact). Reading the weights, the state or the saved
+policy gathers the shards, so those calls go to every actor; rank 0 returns the result.
 
 A dead actor is fatal for the group (its process group is broken): the call raises
 ``LearnerGroupError`` naming the rank, the other actors are stopped, and later calls raise too.
@@ -98,7 +101,7 @@ class LearnerGroup:
     """The learner side of training, with one API whether it runs in-process or as Ray actors.
 
     Args:
-        spec: model, optimizer and loss settings shared by every learner.
+        spec: model, optimizer, micro-batching and the algorithm's loss, shared by every learner.
         num_learners: data-parallel replicas (Ray actors); 1 with ``local=True``.
         num_cpus_per_learner: CPUs each actor reserves (fractions allowed; see the 2-core notes).
         num_gpus_per_learner: GPUs each actor reserves (> 0 puts the policy on that GPU, NCCL between ranks).
@@ -183,7 +186,7 @@ class LearnerGroup:
         return self._num_skipped
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
-        """One FlashREINFORCE update on ``batch``: exactly one optimizer step, or a counted skip."""
+        """One update on ``batch`` (the algorithm's loss, ``spec.loss``): exactly one optimizer step, or a skip."""
         self._check_usable()
         if not isinstance(batch, TrainBatch):
             raise TypeError(f"LearnerGroup.update expects a TrainBatch; got {type(batch).__name__}.")
@@ -210,11 +213,11 @@ class LearnerGroup:
         return metrics
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's weights (CPU tensors, Hugging Face names) from rank 0."""
+        """The policy's weights (CPU tensors, Hugging Face names), gathered to rank 0."""
         self._check_usable()
         if self._local is not None:
             return self._local.get_weights()
-        return self._call("get_weights", [self._actors[0].get_weights.remote()])[0]
+        return self._call("get_weights", [actor.get_weights.remote() for actor in self._actors])[0]
 
     def get_weights_ref(self) -> Any:
         """A Ray ObjectRef of ``get_weights()``: hand one ref to every EnvRunner without a driver copy."""
@@ -225,14 +228,16 @@ class LearnerGroup:
             if not ray.is_initialized():
                 raise LearnerGroupError("get_weights_ref() needs a running Ray cluster; call ray.init() first.")
             return ray.put(self._local.get_weights())
-        return self._actors[0].get_weights.remote()
+        refs = [actor.get_weights.remote() for actor in self._actors]  # a gather: every rank takes part
+        self._call("get_weights", refs[1:], first_rank=1)  # the other ranks return {} once it is done
+        return refs[0]
 
     def get_state(self) -> dict[str, Any]:
-        """Rank 0's ``Learner.get_state()`` (all replicas are identical)."""
+        """``Learner.get_state()``: full tensors gathered to rank 0 (loadable by any number of learners)."""
         self._check_usable()
         if self._local is not None:
             return self._local.get_state()
-        return self._call("get_state", [self._actors[0].get_state.remote()])[0]
+        return self._call("get_state", [actor.get_state.remote() for actor in self._actors])[0]
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Load ``state`` into every replica."""
@@ -248,11 +253,12 @@ class LearnerGroup:
         self._num_skipped = sum(state.get("skip_counts", {}).values())
 
     def save_policy(self, path: str | os.PathLike[str]) -> str:
-        """Write the policy as a Hugging Face folder (from rank 0, on rank 0's node)."""
+        """Write the policy as a Hugging Face folder (gathered to rank 0, written on rank 0's node)."""
         self._check_usable()
         if self._local is not None:
             return self._local.save_policy(path)
-        return self._call("save_policy", [self._actors[0].save_policy.remote(os.fspath(path))])[0]
+        path = os.fspath(path)
+        return self._call("save_policy", [actor.save_policy.remote(path) for actor in self._actors])[0]
 
     def shutdown(self) -> None:
         """Stop the actors (idempotent). The group cannot be used afterwards."""
@@ -277,13 +283,16 @@ class LearnerGroup:
         if self._broken is not None:
             raise LearnerGroupError(f"This LearnerGroup cannot be used: {self._broken}. Build a new one.")
 
-    def _call(self, what: str, refs: Sequence[Any], *, timeout_s: float | None = None) -> list[Any]:
-        """Results of ``refs`` (in order), failing fast on the first actor death, error or timeout."""
+    def _call(
+        self, what: str, refs: Sequence[Any], *, timeout_s: float | None = None, first_rank: int = 0
+    ) -> list[Any]:
+        """Results of ``refs`` (ranks ``first_rank``, ``first_rank + 1``, ... in order), failing fast on the
+        first actor death, error or timeout."""
         import ray
 
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        rank_of = {ref: rank for rank, ref in enumerate(refs)}  # calls to one actor only go to rank 0
+        rank_of = {ref: first_rank + i for i, ref in enumerate(refs)}
         pending = list(refs)
         while pending:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)

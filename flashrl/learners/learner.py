@@ -1,35 +1,36 @@
-"""The policy, its optimizer and the FlashREINFORCE update: one optimizer step per batch.
+"""The generic learner: the policy, its parallelism, micro-batching, accumulation and ONE step per batch.
 
-Data parallelism keeps the method exact. Every rank receives the WHOLE batch (token ids are small)
-and computes the batch-global quantities on it: the baseline's advantages ``A_i = R_i - b_i`` and the
-normaliser (B for sample-mean, the valid-token count for token-mean). It then recomputes log-probs on
-its own contiguous shard only and evaluates the loss with those global values (B, the valid-token
-count, the constant length), so its loss is that shard's share of the global loss,
-``-(1/B) sum_{i in shard} ...``. Summing the gradients over ranks
-(all-reduce SUM) then gives exactly the gradient of the global loss; each rank clips and steps on the
-same summed gradient, so the replicas stay identical. Metrics are reduced the same way (sums and maxes
-over ranks), so every rank returns the metrics of the global batch.
+``Learner`` knows nothing of any algorithm. The algorithm's loss arrives as a ``Loss`` object
+(``LearnerSpec.loss``; ``flashrl.learners.loss``), called once per micro-batch. An update on a batch
+of B trajectories (``docs/design.md`` §1, step 6: exactly one optimizer step per batch):
 
-Returned metrics (flat floats): ``loss``, ``grad_norm`` (before clipping), ``accepted_fraction``,
-``num_rejected``, ``drift_mean``, ``drift_max``, ``ratio_mean``, ``ratio_min``, ``ratio_max``,
-``advantage_mean``, ``advantage_std``, ``reward_mean``, ``entropy_mean``, ``tokens_valid`` (sampled
-tokens), ``tokens_kept`` (those in the loss), ``tokens_total`` (all non-padding tokens), ``episodes``,
-``applied`` (1.0, or 0.0 for a skipped batch), ``num_skipped_batches``, ``version``, ``lr`` (the
-learning rate this update used, after the schedule), ``logprob_time_s``, ``update_time_s``. The
-``ratio_*`` metrics are the current/behavior probability ratios of the sampled tokens, a diagnostic of
-the policy lag, whether or not the loss corrects by them (``importance_sampling="none"`` does not).
+1. ``context = loss.prepare(batch)`` on the WHOLE batch: the batch-global quantities (advantages,
+   normalisers), identical on every rank.
+2. Every rank computes the same plan from the same batch (``packing.plan_micro_batches``): trajectories
+   assigned to ranks with balanced token counts, then into micro-batches under
+   ``max_tokens_per_micro_batch`` (None: one per rank). A trajectory is never split.
+3. For each of this rank's micro-batches: the current log-probs and entropies (packed into one row
+   without padding, or right-padded), ``loss.compute_loss``, backward at once. Gradients accumulate;
+   the shares add up to the whole batch's gradient because the loss divides by global normalisers.
+   With several learners (FSDP2, ``parallel.ShardedPolicy``) every backward reduce-scatters its shard
+   gradients as a SUM, and every rank runs as many passes as the busiest one (an idle rank runs a pass
+   that contributes zero), because each pass is a collective.
+4. One collective agrees on a skip (a non-finite log-prob or loss on any rank); then the global
+   gradient norm, clipping, ONE optimizer step and one step of the learning-rate schedule.
 
-The optimizer takes one step per applied batch and the learning-rate schedule (``schedule.py``) one
-step after it; both states are part of ``get_state``, so a restored learner continues the schedule.
+Metrics are the loss's (combined over micro-batches and ranks, ``LossMetrics``) plus the learner's:
+``loss``, ``grad_norm`` (before clipping), ``tokens_total`` (non-padding tokens), ``episodes``,
+``num_micro_batches`` (passes per rank), ``applied`` (1.0, or 0.0 for a skipped batch),
+``num_skipped_batches``, ``version``, ``lr`` (this update's, after the schedule), ``logprob_time_s``
+(forward passes), ``update_time_s``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
-import shutil
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -41,92 +42,90 @@ import torch
 
 from flashrl.learners import distributed as ddp
 from flashrl.learners.batch import TrainBatch
+from flashrl.learners.loss import BatchContext, LossMetrics, MicroBatch
+from flashrl.learners.packing import BatchPlan, gather_rows, pack_rows, plan_micro_batches, unpack_rows
+from flashrl.learners.parallel import LocalPolicy, ShardedPolicy
 from flashrl.learners.schedule import make_lr_scheduler
-from flashrl.learners.spec import OPTIMIZERS, LearnerSpec
+from flashrl.learners.spec import LearnerSpec
 
 __all__ = ["STATE_FORMAT", "Learner"]
 
 logger = logging.getLogger(__name__)
 
-STATE_FORMAT = 1
-"""Version of the ``get_state`` dictionary layout."""
+STATE_FORMAT = 2
+"""Version of the ``get_state`` dictionary layout (2: weights and optimizer state keyed by parameter name)."""
 
 _SKIP_REASONS = ("non_finite_rewards", "non_finite_behavior_logprobs", "non_finite_logprobs", "non_finite_loss",
                  "non_finite_gradients")
 
 
 class Learner:
-    """One replica of the policy and its optimizer.
+    """One data-parallel rank of the policy and its optimizer (the only one with ``world_size=1``).
 
     Used directly (``LearnerGroup(..., local=True)``, tests, notebooks) and inside the Ray actors of a
     ``LearnerGroup``. With ``world_size > 1`` the default ``torch.distributed`` process group must be
-    initialised before construction (``LearnerGroup`` does it; ``torchrun`` works too).
+    initialised before construction (``LearnerGroup`` does it; ``torchrun`` works too); the policy is
+    then sharded with FSDP2 and every method is a collective.
     """
 
     def __init__(self, spec: LearnerSpec, *, rank: int = 0, world_size: int = 1) -> None:
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"Expected 0 <= rank < world_size; got rank={rank}, world_size={world_size}.")
-        if world_size > 1 and not ddp.is_distributed():
-            raise RuntimeError(
-                f"Learner rank {rank} of {world_size}: torch.distributed is not initialised. Use "
-                "LearnerGroup(num_learners=...), or call flashrl.learners.distributed.init_process_group first."
+        _check_group(rank, world_size)
+        if spec.loss is None:
+            raise ValueError(
+                "LearnerSpec.loss is None; expected the algorithm's Loss object (e.g. "
+                "flashrl.algorithms.flash_reinforce.learner.FlashReinforceLoss(delta=...)). "
+                "LearnerSpec.from_config(config, model=...) builds it from the algorithm's config."
             )
-        if world_size > 1 and (torch.distributed.get_rank() != rank or torch.distributed.get_world_size() != world_size):
-            raise RuntimeError(
-                f"Learner built as rank {rank} of {world_size}, but the process group says rank "
-                f"{torch.distributed.get_rank()} of {torch.distributed.get_world_size()}."
-            )
-        from transformers import AutoModelForCausalLM
-
-        from flashrl.algorithms.flash_reinforce.components import BASELINES
-
         if not Path(spec.model, "config.json").is_file():
             raise FileNotFoundError(
                 f"LearnerSpec.model must be a local Hugging Face model folder with a config.json; got "
                 f"{spec.model!r}. Use flashrl.models.resolve_model(...) to obtain one."
             )
+        if spec.optimizer_offload and world_size == 1:
+            raise ValueError(
+                "LearnerSpec.optimizer_offload=True needs sharded learners (FSDP2, num_learners >= 2); got one "
+                "learner. Set optimizer_offload=False, or use several learners."
+            )
         self.spec = spec
+        self.loss = spec.loss
         self.rank = rank
         self.world_size = world_size
         self.device = spec.resolve_device()
         _seed_everything(spec.seed)
-
-        self.model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=spec.torch_dtype).to(self.device)
-        self.model.config.use_cache = False
-        # Eval mode: no dropout, so recomputed log-probs describe the policy the engines sample from.
-        self.model.eval()
-        if spec.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            # Transformers checkpoints a decoder layer only while that layer is in training mode; flag the
-            # layers themselves (not their children) so checkpointing runs while dropout stays off.
-            from transformers.modeling_layers import GradientCheckpointingLayer
-
-            for module in self.model.modules():
-                if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
-                    module.training = True
-        ddp.broadcast_parameters(self.model)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        # Low-precision training keeps float32 master weights (and so float32 optimizer state): a bf16
-        # weight cannot register a step smaller than about 0.4% of itself, which RL learning rates are.
-        if spec.torch_dtype == torch.float32:
-            self.master_params = self.params
-        else:
-            self.master_params = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
-        self.optimizer = OPTIMIZERS[spec.optimizer](self.master_params, spec)
+        self.policy = ShardedPolicy(spec, self.device, rank) if world_size > 1 else LocalPolicy(spec, self.device)
+        self.pack_sequences = self._resolve_packing()
         self.lr_scheduler = make_lr_scheduler(self.optimizer, spec)
-        self._baseline = BASELINES.build(spec.baseline)
         self.version = 0
         """Number of applied updates (a skipped batch does not count)."""
         self.skip_counts: Counter[str] = Counter()
         """Skipped batches by reason."""
 
-    # ------------------------------------------------------------------------------------------
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.policy.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.policy.optimizer
+
     @property
     def num_skipped_batches(self) -> int:
         return sum(self.skip_counts.values())
 
+    def _resolve_packing(self) -> bool:
+        """Pack when asked (or, for None, when attention is a varlen flash kernel), after a probe."""
+        from flashrl.models import verify_packed_attention
+
+        implementation = str(getattr(self.model.config, "_attn_implementation", ""))
+        pack = self.spec.pack_sequences if self.spec.pack_sequences is not None else "flash" in implementation
+        if pack:
+            # Refuses (with the fix) a model whose mask code would let packed sequences see each other.
+            self.policy.run(verify_packed_attention, self.model)
+        return bool(pack)
+
+    # ------------------------------------------------------------------------------------------
     def update(self, batch: TrainBatch) -> dict[str, float]:
-        """One FlashREINFORCE update on ``batch`` (the whole global batch, on every rank)."""
+        """One update on ``batch`` (the whole global batch, on every rank): one optimizer step, or a skip."""
         start = time.perf_counter()
         if not isinstance(batch, TrainBatch):
             raise TypeError(f"Learner.update expects a TrainBatch; got {type(batch).__name__}.")
@@ -134,129 +133,83 @@ class Learner:
         reason = batch.non_finite_reason()
         if reason is not None:
             return self._skip(reason, batch, start)
-
-        advantages = self._advantages(batch)  # [B] over the GLOBAL batch
-        shard = batch.shard(self.rank, self.world_size).to(self.device)
-        t0 = time.perf_counter()
-        logprobs, entropy, out, local_reason = self._shard_loss(batch, shard, advantages)
-        logprob_time = time.perf_counter() - t0
+        context = self.loss.prepare(batch)
+        plan = plan_micro_batches(batch.attention_mask.sum(-1), world_size=self.world_size,
+                                  max_tokens_per_micro_batch=self.spec.max_tokens_per_micro_batch)
+        lr = float(self.optimizer.param_groups[0]["lr"])  # this update's (scheduled) learning rate
+        passes = _Passes(batch)
+        local_reason = self._accumulate(batch, plan, context, passes)
         reason = self._agree_on_skip(local_reason)
         if reason is not None:
+            self.policy.zero_grad()
             return self._skip(reason, batch, start)
-
-        lr = float(self.optimizer.param_groups[0]["lr"])  # this update's (scheduled) learning rate
-        grad_norm = self._step(out.loss)
+        grad_norm = self.policy.clip_and_step(self.spec.grad_clip)
         if grad_norm is None:
             return self._skip("non_finite_gradients", batch, start)
+        self.lr_scheduler.step()  # after the optimizer, as Molt (molt/trainer/fsdp/strategy.py)
         self.version += 1
 
-        metrics = self._metrics(batch, advantages, shard, logprobs, entropy, out)
+        metrics = self._metrics(batch, context, passes)
         metrics.update(
             grad_norm=grad_norm,
+            num_micro_batches=float(max(len(r.micro_batches) for r in plan.ranks)),
             applied=1.0,
             num_skipped_batches=float(self.num_skipped_batches),
             version=float(self.version),
             lr=lr,
-            logprob_time_s=logprob_time,
+            logprob_time_s=passes.forward_time_s,
             update_time_s=time.perf_counter() - start,
         )
         return metrics
 
-    def _shard_loss(self, batch: TrainBatch, shard: TrainBatch, advantages: torch.Tensor):
-        """Current log-probs, entropies and this shard's share of the global loss.
+    def _accumulate(self, batch: TrainBatch, plan: BatchPlan, context: BatchContext, passes: _Passes) -> str | None:
+        """Forward and backward over this rank's micro-batches; the first local skip reason, or None.
 
-        Returns ``(logprobs [b_r, T_r], entropy [b_r, T_r], loss output or None, skip reason or None)``.
+        Every rank runs the same number of passes (each is a collective under FSDP2), and a pass whose
+        log-probs or loss are not finite still runs its backward (on a zero loss): the batch is then
+        skipped after the loop, once all ranks agree.
         """
-        from flashrl.algorithms.flash_reinforce.loss import flash_reinforce_loss
-        from flashrl.models import compute_token_logprobs
+        mine = plan.for_rank(self.rank).micro_batches
+        num_passes = max(len(r.micro_batches) for r in plan.ranks)
+        self.policy.zero_grad()
+        reason: str | None = None
+        for k in range(num_passes):
+            idle = k >= len(mine)
+            indices = mine[0].indices[:1] if idle else mine[k].indices  # an idle pass: one row, weight 0
+            rows = gather_rows(batch, indices).to(self.device)
+            t0 = time.perf_counter()
+            logprobs, entropy = self.policy.run(self._logprobs, rows)  # [b, t], [b, t] or None
+            passes.forward_time_s += time.perf_counter() - t0
+            if idle or reason is not None:
+                _zero_loss(logprobs, entropy).backward()
+                continue
+            if not _finite(logprobs, entropy, rows.loss_mask):
+                reason = "non_finite_logprobs"
+                _zero_loss(logprobs, entropy).backward()
+                continue
+            index = torch.as_tensor(indices, dtype=torch.long)  # [b]
+            loss, metrics = self.loss.compute_loss(MicroBatch(rows, index, logprobs, entropy), context)
+            if not bool(torch.isfinite(loss.detach())):
+                reason = "non_finite_loss"
+                _zero_loss(logprobs, entropy).backward()
+                continue
+            loss.backward()
+            passes.add(float(loss.detach()), metrics, index, int(rows.attention_mask.sum()))
+        return reason
 
-        logprobs, entropy = compute_token_logprobs(
-            self.model,
-            shard.token_ids,
-            shard.attention_mask,
-            temperature=self.spec.temperature,
-            chunk_size=self.spec.logprob_chunk_size,
-            with_entropy=True,
-        )  # [b_r, T_r], [b_r, T_r]
-        valid = shard.loss_mask  # [b_r, T_r]
-        if not (bool(torch.isfinite(logprobs.detach()[valid]).all())
-                and bool(torch.isfinite(entropy.detach()[valid]).all())):
-            return logprobs, entropy, None, "non_finite_logprobs"
-        lo, hi = batch.shard_bounds(self.rank, self.world_size)
-        spec = self.spec
-        filter_on = spec.negative_token_fraction < 1.0
-        out = flash_reinforce_loss(
-            logprobs,
-            shard.behavior_logprobs,
-            shard.rewards,
-            valid,
-            delta=spec.delta,
-            entropy=entropy,
-            # [b_r] from the env's success labels; raises (on every rank alike) when the batch has none
-            failures=shard.failures if filter_on else None,
-            negative_token_fraction=spec.negative_token_fraction,
-            importance_sampling=spec.importance_sampling,
-            trust_region=spec.trust_region,
-            aggregation=spec.aggregation,
-            advantages=advantages[lo:hi].to(self.device),  # [b_r] the global batch's advantages
-            num_trajectories=batch.batch_size,  # the global B of the 1/B normaliser
-            num_tokens=batch.num_loss_tokens,  # the global valid-token count of token_mean
-            constant_length_normalizer=spec.constant_length_normalizer,
-        )
-        if not bool(torch.isfinite(out.loss.detach())):
-            return logprobs, entropy, out, "non_finite_loss"
-        return logprobs, entropy, out, None
+    def _logprobs(self, rows: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Current log-probs and entropies [b, t] of ``rows`` (packed into one row, or padded)."""
+        from flashrl.models import compute_packed_token_logprobs, compute_token_logprobs
 
-    def _step(self, loss: torch.Tensor) -> float | None:
-        """Backward, all-reduce, clip and one optimizer step; None (and no step) if a gradient is non-finite.
-
-        Returns the global gradient norm before clipping.
-        """
-        self._zero_grad()
-        loss.backward()
-        self._gather_master_grads()
-        ddp.all_reduce_gradients(self.master_params)
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.master_params])
-        if not bool(torch.isfinite(grad_norm)):  # identical on every rank: the grads were summed
-            self._zero_grad()
-            return None
-        if self.spec.grad_clip is not None:
-            torch.nn.utils.clip_grads_with_norm_(self.master_params, self.spec.grad_clip, grad_norm)
-        self.optimizer.step()
-        self.lr_scheduler.step()  # after the optimizer, as Molt (molt/trainer/fsdp/strategy.py)
-        self._copy_master_to_model()
-        self._zero_grad()
-        return float(grad_norm)
-
-    def _zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-        for p in self.master_params:
-            p.grad = None
-
-    def _gather_master_grads(self) -> None:
-        """Move the model's gradients to the (float32) master parameters; a missing one becomes 0.
-
-        Every parameter then takes part in the step, and every rank all-reduces the same tensors.
-        """
-        for p, master in zip(self.params, self.master_params):
-            if p.grad is None:
-                master.grad = torch.zeros_like(master)
-            elif master is not p:
-                master.grad = p.grad.to(master.dtype)
-                p.grad = None
-
-    def _copy_master_to_model(self) -> None:
-        if self.master_params is self.params:
-            return
-        with torch.no_grad():
-            for p, master in zip(self.params, self.master_params):
-                p.copy_(master)
-
-    def _advantages(self, batch: TrainBatch) -> torch.Tensor:
-        """The advantages [B] of the spec's baseline (``A_i = R_i - mean_j R_j`` by default), on the whole batch."""
-        rewards = batch.rewards.to(torch.float32)  # [B]
-        return self._baseline(rewards, group_ids=batch.group_ids).detach()  # [B]
+        options = {"temperature": self.spec.temperature, "chunk_size": self.spec.logprob_chunk_size,
+                   "with_entropy": self.loss.needs_entropy}
+        if not self.pack_sequences:
+            return compute_token_logprobs(self.model, rows.token_ids, rows.attention_mask, **options)
+        packed = pack_rows(rows.token_ids, rows.attention_mask)
+        logprobs, entropy = compute_packed_token_logprobs(
+            self.model, packed.input_ids, packed.position_ids, **options
+        )  # [1, N], [1, N]
+        return unpack_rows(logprobs, packed), None if entropy is None else unpack_rows(entropy, packed)
 
     def _agree_on_skip(self, local_reason: str | None) -> str | None:
         """The first skip reason any rank found (all ranks must skip together or step together)."""
@@ -286,127 +239,73 @@ class Learner:
             "update_time_s": time.perf_counter() - start,
         }
 
-    def _metrics(self, batch, advantages, shard, logprobs, entropy, out) -> dict[str, Any]:
-        """Metrics of the global batch: per-shard sums and maxes reduced over ranks."""
-        with torch.no_grad():
-            valid = shard.loss_mask  # [b_r, T_r]
-            logq = logprobs.detach().float()[valid]  # [N_r]
-            logp = shard.behavior_logprobs[valid].clamp(max=0.0)  # [N_r]
-            ratio = torch.exp(logq.clamp(max=0.0) - logp)  # [N_r]
-            has = ratio.numel() > 0
-            kept = out.metrics["tokens_kept"]
-            sums = torch.tensor(
-                [
-                    float(out.loss.detach()),
-                    float(out.trust_mask.sum()),
-                    float(out.drift.sum()),
-                    float(ratio.sum()),
-                    float(valid.sum()),
-                    float(kept),
-                    float(entropy.detach().float()[valid].sum()),
-                    float(shard.attention_mask.sum()),
-                ],
-                dtype=torch.float64,
-                device=self._collective_device,
-            )
-            maxes = torch.tensor(
-                [
-                    float(out.drift.max()),
-                    float(ratio.max()) if has else -np.inf,
-                    -float(ratio.min()) if has else -np.inf,
-                ],
-                dtype=torch.float64,
-                device=self._collective_device,
-            )
-            loss, accepted, drift_sum, ratio_sum, n_valid, n_kept, entropy_sum, n_total = (
-                ddp.all_reduce_sum(sums).tolist()
-            )
-            drift_max, ratio_max, neg_ratio_min = ddp.all_reduce_max(maxes).tolist()
-            b = batch.batch_size
-            # Per-trajectory drift of the global batch (for the TensorBoard histogram): each rank fills
-            # its own rows, the sum over ranks assembles the vector.
-            start, stop = batch.shard_bounds(self.rank, self.world_size)
-            drift_all = torch.zeros(b, dtype=torch.float64, device=self._collective_device)
-            drift_all[start:stop] = out.drift.detach().to(torch.float64)
-            drift_values = ddp.all_reduce_sum(drift_all).tolist()
-            return {
-                "loss": loss,
-                "accepted_fraction": accepted / b,
-                "num_rejected": b - accepted,
-                "drift_mean": drift_sum / b,
-                "drift_max": drift_max,
-                "ratio_mean": ratio_sum / n_valid if n_valid else 1.0,
-                "ratio_max": ratio_max if n_valid else 1.0,
-                "ratio_min": -neg_ratio_min if n_valid else 1.0,
-                "advantage_mean": float(advantages.mean()),
-                "advantage_std": float(advantages.std(unbiased=False)),
-                "reward_mean": float(batch.rewards.mean()),
-                "entropy_mean": entropy_sum / n_valid if n_valid else 0.0,
-                "tokens_valid": n_valid,
-                "tokens_kept": n_kept,
-                "tokens_total": n_total,
-                "episodes": float(b),
-                "drift_values": drift_values,
-            }
+    def _metrics(self, batch: TrainBatch, context: BatchContext, passes: _Passes) -> dict[str, Any]:
+        """Metrics of the whole batch: this rank's sums, maxima, minima and rows combined over ranks."""
+        m = passes.metrics
+        device = self._collective_device
+        sum_keys, max_keys, min_keys = sorted(m.sums), sorted(m.maxes), sorted(m.mins)
+        sums = torch.tensor([passes.loss, passes.tokens] + [m.sums[k] for k in sum_keys],
+                            dtype=torch.float64, device=device)
+        extremes = torch.tensor([m.maxes[k] for k in max_keys] + [-m.mins[k] for k in min_keys],
+                                dtype=torch.float64, device=device)
+        loss, tokens, *sum_values = ddp.all_reduce_sum(sums).tolist()
+        extreme_values = ddp.all_reduce_max(extremes).tolist() if len(extremes) else []
+        out: dict[str, Any] = {"loss": loss, "tokens_total": tokens, "episodes": float(batch.batch_size)}
+        out.update(zip(sum_keys, sum_values))
+        out.update(context.metrics)
+        for i, key in enumerate(max_keys + min_keys):
+            value = extreme_values[i] if i < len(max_keys) else -extreme_values[i]
+            if math.isfinite(value):  # infinite: no micro-batch on any rank had a value
+                out[key] = value
+        for key, values in sorted(passes.rows.items()):
+            out[key] = ddp.all_reduce_sum(values.to(device)).tolist()
+        return out
 
     # ------------------------------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's ``state_dict`` as CPU tensor copies, under Hugging Face names.
+        """The policy's ``state_dict`` as CPU tensors under Hugging Face names (rank 0; {} on other ranks).
 
         Tied parameters (e.g. ``lm_head.weight`` and ``model.embed_tokens.weight``) appear under every
-        name, as in ``state_dict``, but share one CPU copy.
+        name, as in ``state_dict``, but share one CPU copy. Sharded: gathered tensor by tensor from the
+        shards (a collective).
         """
-        copies: dict[tuple[int, torch.dtype, tuple[int, ...]], torch.Tensor] = {}
-        out: dict[str, torch.Tensor] = {}
-        with torch.no_grad():
-            for name, tensor in self.model.state_dict().items():
-                key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))
-                if key not in copies:
-                    copies[key] = tensor.detach().to("cpu", copy=True)
-                out[name] = copies[key]
-        return out
+        return self.policy.full_weights()
 
     def get_state(self) -> dict[str, Any]:
-        """Everything needed to continue training exactly: model, optimizer, RNG, version, counters.
+        """Everything needed to continue training exactly: weights, optimizer, schedule, RNG, counters.
 
-        A plain dict of tensors and Python scalars (CPU copies), loadable with
-        ``torch.load(..., weights_only=True)``.
+        A plain dict of CPU tensors and Python values (``torch.load(..., weights_only=True)`` loads it):
+        full tensors keyed by parameter name whatever the parallelism, so a state saved by one learner
+        resumes on several and back. Sharded learners gather it to rank 0 (others return {}).
         """
-        state = {
+        model, optimizer = self.policy.train_state()
+        if self.rank != 0:
+            return {}
+        return {
             "format": STATE_FORMAT,
-            "model": self.get_weights(),
-            "optimizer": _to_cpu(self.optimizer.state_dict()),
+            "model": model,
+            "optimizer": optimizer,
             "lr_scheduler": self.lr_scheduler.state_dict(),
             "rng": _rng_state(),
             "version": self.version,
             "skip_counts": dict(self.skip_counts),
             "spec": self.spec.to_dict(),
         }
-        if self.master_params is not self.params:
-            state["master_params"] = [p.detach().to("cpu", copy=True) for p in self.master_params]
-        return state
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Restore what ``get_state`` returned (possibly from another learner of the same model)."""
+        """Restore what ``get_state`` returned (from any number of learners of the same model)."""
         missing = {"format", "model", "optimizer", "rng", "version"} - set(state)
         if missing:
             raise ValueError(f"Learner state is missing {sorted(missing)}; pass what Learner.get_state() returned.")
         if state["format"] != STATE_FORMAT:
-            raise ValueError(f"Learner state format {state['format']!r} is not supported; expected {STATE_FORMAT}.")
-        self.model.load_state_dict(state["model"], strict=True)
-        if self.master_params is not self.params:
-            masters = state.get("master_params") or [p.detach().float() for p in self.params]
-            if len(masters) != len(self.master_params):
-                raise ValueError(
-                    f"Learner state has {len(masters)} master parameters; this model has {len(self.master_params)}."
-                )
-            with torch.no_grad():
-                for master, value in zip(self.master_params, masters):
-                    master.copy_(value)
-        self.optimizer.load_state_dict(state["optimizer"])
+            raise ValueError(
+                f"Learner state format {state['format']!r} is not supported; expected {STATE_FORMAT}. Resume it "
+                "with the flashrl version that saved it."
+            )
+        self.policy.load_train_state(state["model"], state["optimizer"])
         if "lr_scheduler" in state:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        else:  # a state saved before schedules existed: the schedule is at its `version`-th update
+        else:  # a state saved without a schedule: the schedule is at its `version`-th update
             self.lr_scheduler = make_lr_scheduler(self.optimizer, self.spec)
             with warnings.catch_warnings():  # fast-forwarding without optimizer steps is the point here
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
@@ -421,36 +320,63 @@ class Learner:
 
         transformers (``AutoModelForCausalLM.from_pretrained``) and vLLM load it directly. The folder is
         written beside the target and renamed into place, so a reader never sees a half-written policy.
-        An existing policy folder at ``path`` is replaced.
+        An existing policy folder at ``path`` is replaced. Sharded: gathered to rank 0, which writes.
         """
-        from transformers import AutoTokenizer
-
-        target = Path(path).resolve()
-        if target.exists() and any(target.iterdir()) and not (target / "config.json").is_file():
-            raise FileExistsError(
-                f"{target} exists and is not a saved policy folder (no config.json); refusing to replace it. "
-                "Pass a new or empty folder."
-            )
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        tmp.chmod(0o755)  # mkdtemp makes it private; a policy folder is meant to be read by other processes
-        try:
-            self.model.save_pretrained(tmp, safe_serialization=True)
-            AutoTokenizer.from_pretrained(self.spec.model).save_pretrained(tmp)
-            if target.exists():
-                old = target.with_name(f".{target.name}.old-{os.getpid()}")
-                target.rename(old)
-                tmp.rename(target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        return str(target)
+        return self.policy.save_policy(path)
 
 
 # --------------------------------------------------------------------------------------------------
+class _Passes:
+    """What this rank's passes of one update added up: loss, tokens, the loss's metrics, per-row values."""
+
+    def __init__(self, batch: TrainBatch) -> None:
+        self.batch_size = batch.batch_size
+        self.loss = 0.0
+        self.tokens = 0
+        self.metrics = LossMetrics()
+        self.rows: dict[str, torch.Tensor] = {}
+        self.forward_time_s = 0.0
+        self._first = True
+
+    def add(self, loss: float, metrics: LossMetrics, indices: torch.Tensor, tokens: int) -> None:
+        self.loss += loss
+        self.tokens += tokens
+        for key, values in metrics.rows.items():
+            full = self.rows.setdefault(key, torch.zeros(self.batch_size, dtype=torch.float64))  # [B]
+            full[indices] = values.detach().to("cpu", torch.float64)
+        if self._first:
+            self.metrics = LossMetrics(dict(metrics.sums), dict(metrics.maxes), dict(metrics.mins))
+            self._first = False
+        else:
+            self.metrics.merge(metrics)
+
+
+def _zero_loss(logprobs: torch.Tensor, entropy: torch.Tensor | None) -> torch.Tensor:
+    """A loss of exactly zero gradient through this pass (its backward keeps the ranks' collectives in step)."""
+    loss = (logprobs * 0.0).sum()
+    return loss if entropy is None else loss + (entropy * 0.0).sum()
+
+
+def _finite(logprobs: torch.Tensor, entropy: torch.Tensor | None, valid: torch.Tensor) -> bool:
+    ok = bool(torch.isfinite(logprobs.detach()[valid]).all())
+    return ok and (entropy is None or bool(torch.isfinite(entropy.detach()[valid]).all()))
+
+
+def _check_group(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"Expected 0 <= rank < world_size; got rank={rank}, world_size={world_size}.")
+    if world_size > 1 and not ddp.is_distributed():
+        raise RuntimeError(
+            f"Learner rank {rank} of {world_size}: torch.distributed is not initialised. Use "
+            "LearnerGroup(num_learners=...), or call flashrl.learners.distributed.init_process_group first."
+        )
+    if world_size > 1 and (torch.distributed.get_rank() != rank or torch.distributed.get_world_size() != world_size):
+        raise RuntimeError(
+            f"Learner built as rank {rank} of {world_size}, but the process group says rank "
+            f"{torch.distributed.get_rank()} of {torch.distributed.get_world_size()}."
+        )
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -481,14 +407,3 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _to_cpu(value: Any) -> Any:
-    """A deep copy of a nested structure with every tensor copied to the CPU."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    return value

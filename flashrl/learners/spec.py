@@ -1,4 +1,8 @@
-"""What a learner trains and how: the model, the optimizer and the FlashREINFORCE loss settings."""
+"""What a learner trains and how: the model, the optimizer, micro-batching, sharding, and the loss hook.
+
+Nothing here is specific to an algorithm: the algorithm's settings live in its ``Loss`` object
+(``LearnerSpec.loss``, e.g. ``flashrl.algorithms.flash_reinforce.learner.FlashReinforceLoss``).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,12 @@ from typing import Any
 
 import torch
 
+from flashrl.learners.loss import Loss
+
 __all__ = ["DTYPES", "OPTIMIZERS", "LearnerSpec", "register_optimizer"]
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-"""Parameter dtypes a learner can train in."""
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+"""Compute dtypes of a learner (bfloat16 keeps float32 master weights; float64 is for exact tests)."""
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter], "LearnerSpec"], torch.optim.Optimizer]
 
@@ -55,7 +61,7 @@ class LearnerSpec:
     model: str
     """Local Hugging Face folder of the policy (config, weights, tokenizer), e.g. from resolve_model."""
     dtype: str = "float32"
-    """Compute dtype of the policy: "float32", or "bfloat16" (with float32 master weights and optimizer)."""
+    """Compute dtype: "float32", or "bfloat16" (float32 master weights, optimizer and gradient reduction)."""
     lr: float = 1e-6
     """Peak optimizer learning rate (one step per batch); the schedule multiplies it per update."""
     lr_schedule: str = "constant"
@@ -76,20 +82,6 @@ class LearnerSpec:
     """Decoupled weight decay (AdamW) or L2 penalty (SGD) on every parameter; 0 keeps the gradient pure."""
     grad_clip: float | None = 1.0
     """Max global L2 norm of the gradient before the step; None turns clipping off."""
-    delta: float = 0.01
-    """Sequence Trust Region threshold: a trajectory is used iff its mean token drift <= delta (inf: all)."""
-    baseline: str = "batch_mean"
-    """Name in BASELINES: batch_mean (One-Batch REINFORCE), none, leave_one_out, group_mean, group_norm."""
-    importance_sampling: str = "token"
-    """Name in IMPORTANCE_SAMPLINGS: token (rho = q / p) or none (rho = 1, the reference's no_is)."""
-    trust_region: str = "bernoulli_kl"
-    """Name in TRUST_REGIONS: bernoulli_kl (clamped, as published), bernoulli_kl_exact, tv or none."""
-    aggregation: str = "sample_mean"
-    """Name in AGGREGATIONS: sample_mean (each trajectory weighs 1/B), token_mean or constant_length."""
-    constant_length_normalizer: int | None = None
-    """The L of aggregation="constant_length" (token sum / (B x L)), e.g. 6144."""
-    negative_token_fraction: float = 1.0
-    """q: a failed episode trains on its ceil(q * T_i) highest-entropy tokens; 1 = off (needs success labels)."""
     temperature: float = 1.0
     """The sampling temperature; current log-probs are recomputed under the same temperature."""
     logprob_chunk_size: int = 1024
@@ -100,6 +92,14 @@ class LearnerSpec:
     """Recompute activations in the backward pass (less memory, about 30% more compute)."""
     device: str = "auto"
     """Where the policy lives: "auto" (the visible GPU if any, else CPU), "cpu", "cuda" or "cuda:N"."""
+    max_tokens_per_micro_batch: int | None = None
+    """Token budget of one forward/backward pass (gradients accumulate; one step per batch); None = one pass."""
+    pack_sequences: bool | None = None
+    """Pack a micro-batch's rows into one row without padding; None = only with flash attention (GPU)."""
+    optimizer_offload: bool = False
+    """Sharded learners: keep parameter shards, gradients and optimizer state in host memory (FSDP2)."""
+    loss: Loss | None = None
+    """The algorithm's loss hook (a flashrl.learners.Loss, e.g. FlashReinforceLoss); from_config builds it."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
@@ -117,22 +117,6 @@ class LearnerSpec:
             self.grad_clip is None or (math.isfinite(self.grad_clip) and self.grad_clip > 0),
             "grad_clip", "None (off) or a finite number > 0", self.grad_clip,
         )
-        _check(self.delta >= 0 and not math.isnan(self.delta), "delta", "a number >= 0 (inf = no trust region)",
-               self.delta)
-        _check(
-            0.0 <= self.negative_token_fraction <= 1.0,
-            "negative_token_fraction", "a number in [0, 1] (1 = no filter)", self.negative_token_fraction,
-        )
-        _check(
-            self.constant_length_normalizer is None or (
-                isinstance(self.constant_length_normalizer, int) and self.constant_length_normalizer >= 1),
-            "constant_length_normalizer", "None or an integer >= 1", self.constant_length_normalizer,
-        )
-        _check(
-            self.aggregation != "constant_length" or self.constant_length_normalizer is not None,
-            "constant_length_normalizer", 'an integer >= 1 with aggregation="constant_length" (e.g. 6144)',
-            self.constant_length_normalizer,
-        )
         self._check_schedule()
         _check(
             math.isfinite(self.temperature) and self.temperature > 0,
@@ -144,19 +128,14 @@ class LearnerSpec:
             self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
             "device", '"auto", "cpu", "cuda" or "cuda:N"', self.device,
         )
-        from flashrl.algorithms.flash_reinforce.components import (
-            AGGREGATIONS,
-            BASELINES,
-            IMPORTANCE_SAMPLINGS,
-            TRUST_REGIONS,
+        _check(
+            self.max_tokens_per_micro_batch is None or (
+                isinstance(self.max_tokens_per_micro_batch, int) and self.max_tokens_per_micro_batch >= 1),
+            "max_tokens_per_micro_batch", "None (one pass per learner) or an integer >= 1",
+            self.max_tokens_per_micro_batch,
         )
-
-        for name, registry in (
-            ("baseline", BASELINES), ("importance_sampling", IMPORTANCE_SAMPLINGS),
-            ("trust_region", TRUST_REGIONS), ("aggregation", AGGREGATIONS),
-        ):
-            value = getattr(self, name)
-            _check(value in registry, name, f"one of {registry.names()}", value)
+        _check(self.loss is None or isinstance(self.loss, Loss), "loss",
+               "a flashrl.learners.Loss object (e.g. FlashReinforceLoss) or None", self.loss)
 
     def _check_schedule(self) -> None:
         from flashrl.learners.schedule import LR_SCHEDULES
@@ -191,20 +170,27 @@ class LearnerSpec:
         return device
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain values; the loss as ``{"type": "module:Class", **its fields}`` (a dataclass)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "loss"}
+        out["betas"] = tuple(self.betas)
+        if self.loss is not None:
+            cls = type(self.loss)
+            out["loss"] = {"type": f"{cls.__module__}:{cls.__qualname__}", **asdict(self.loss)}
+        return out
 
     @classmethod
     def from_config(cls, config: Any, *, model: str, **overrides: Any) -> LearnerSpec:
-        """The spec of a ``FlashReinforceConfig``: every field both have, by name, and the rest derived.
+        """The spec of an algorithm config: every field both have, by name, and the rest derived.
 
-        The learner's settings are config fields of the same name (``lr``, ``delta``, ``betas``, the
-        component names, the schedule, ...). Derived: ``model`` (the resolved local folder), ``baseline``
-        (the config's ``effective_baseline``), ``eps`` (the config's ``adam_eps``). ``overrides`` win.
+        The learner's settings are config fields of the same name (``lr``, ``betas``, the schedule,
+        ``max_tokens_per_micro_batch``, ...). Derived: ``model`` (the resolved local folder), ``eps``
+        (the config's ``adam_eps``) and ``loss`` (the config's ``build_learner_loss()``: the algorithm
+        builds its own loss, so this module never imports one). ``overrides`` win.
         """
         shared = {f.name for f in fields(cls)} & {f.name for f in fields(config)}
         settings = {name: getattr(config, name) for name in shared}
-        settings.update(model=model, baseline=config.effective_baseline, betas=tuple(config.betas),
-                        eps=config.adam_eps, **overrides)
+        settings.update(model=model, betas=tuple(config.betas), eps=config.adam_eps,
+                        loss=config.build_learner_loss(), **overrides)
         return cls(**settings)
 
     @classmethod
@@ -213,7 +199,22 @@ class LearnerSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"Unknown LearnerSpec fields {unknown}; expected a subset of {sorted(known)}.")
-        return cls(**dict(data))
+        data = dict(data)
+        if isinstance(data.get("loss"), Mapping):
+            data["loss"] = _build_loss(data["loss"])
+        return cls(**data)
+
+
+def _build_loss(data: Mapping[str, Any]) -> Loss:
+    """The loss object that ``LearnerSpec.to_dict`` described (its class imported by name)."""
+    import importlib
+
+    settings = dict(data)
+    kind = settings.pop("type", None)
+    if not isinstance(kind, str) or ":" not in kind:
+        raise ValueError(f"LearnerSpec.loss: expected a dict with a 'type' of the form 'module:Class'; got {kind!r}.")
+    module, _, name = kind.partition(":")
+    return getattr(importlib.import_module(module), name)(**settings)
 
 
 def _check(ok: bool, name: str, expected: str, actual: Any) -> None:

@@ -26,8 +26,9 @@ def test_the_reference_options_validate_and_reach_the_learner_spec():
     )
     config.validate()
     spec = LearnerSpec.from_config(config, model="m")  # what FlashReinforce.setup() builds
-    assert (spec.delta, spec.negative_token_fraction, spec.importance_sampling) == (math.inf, 0.2, "none")
-    assert (spec.aggregation, spec.constant_length_normalizer, spec.trust_region) == ("constant_length", 6144, "tv")
+    loss = spec.loss  # the algorithm's settings travel in its loss hook
+    assert (loss.delta, loss.negative_token_fraction, loss.importance_sampling) == (math.inf, 0.2, "none")
+    assert (loss.aggregation, loss.constant_length_normalizer, loss.trust_region) == ("constant_length", 6144, "tv")
     assert (spec.lr_schedule, spec.lr_warmup_ratio, spec.min_lr_ratio, spec.total_updates) == (
         "cosine_with_min_lr", 0.03, 0.1, 200)
     assert (spec.betas, spec.eps, spec.weight_decay) == ((0.9, 0.95), 1e-6, 0.1)
@@ -79,11 +80,32 @@ def test_validate_says_expected_actual_and_fix(change, needle):
 
 
 def test_every_learner_setting_comes_from_the_config():
-    # LearnerSpec fields the config lacks are derived (model, eps from adam_eps) or the learner's own.
+    # LearnerSpec fields the config lacks are derived (model, eps from adam_eps, the loss) or the learner's own;
+    # every field of the loss hook is a config field of the same name.
     import dataclasses
 
-    config = _valid().training(rollout_mode="sync_group", group_size=4, adam_eps=1e-7)
+    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+
+    config = _valid().training(rollout_mode="sync_group", group_size=4, adam_eps=1e-7).learners(
+        max_tokens_per_micro_batch=4096, pack_sequences=True)
     spec = LearnerSpec.from_config(config, model="m")
     names = {f.name for f in dataclasses.fields(FlashReinforceConfig)}
-    assert {f.name for f in dataclasses.fields(LearnerSpec)} - names == {"eps", "device"}
-    assert (spec.model, spec.baseline, spec.eps, spec.device) == ("m", "group_mean", 1e-7, "auto")
+    assert {f.name for f in dataclasses.fields(LearnerSpec)} - names == {"eps", "device", "loss"}
+    assert {f.name for f in dataclasses.fields(FlashReinforceLoss)} <= names
+    assert (spec.model, spec.loss.baseline, spec.eps, spec.device) == ("m", "group_mean", 1e-7, "auto")
+    assert (spec.max_tokens_per_micro_batch, spec.pack_sequences, spec.optimizer_offload) == (4096, True, False)
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"max_tokens_per_micro_batch": 0}, "max_tokens_per_micro_batch: expected None (one pass per learner) or"),
+        ({"pack_sequences": "yes"}, "pack_sequences: expected None (auto), True or False"),
+        ({"optimizer_offload": True}, "optimizer_offload: expected False, or True with num_learners >= 2"),
+    ],
+)
+def test_learner_fields_are_validated(change, needle):
+    config = FlashReinforceConfig.from_dict(_valid().to_dict() | change)
+    with pytest.raises(ConfigError, match="Fix:") as info:
+        config.validate()
+    assert needle in str(info.value)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
 import torch
 
+from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
 from flashrl.episode import Episode
 from flashrl.learners import LearnerSpec, TrainBatch
 
@@ -84,12 +86,21 @@ def next_batch(next_episodes: list[Episode]) -> TrainBatch:
     return TrainBatch.from_episodes(next_episodes, pad_token_id=PAD)
 
 
-@pytest.fixture
+LOSS_FIELDS = {f.name for f in dataclasses.fields(FlashReinforceLoss)}
+
+
+def spec_for(model: str, **overrides) -> LearnerSpec:
+    """A CPU LearnerSpec with FlashREINFORCE's loss; loss settings (delta, ...) go to FlashReinforceLoss."""
+    loss = {"delta": 0.05, **{k: v for k, v in overrides.items() if k in LOSS_FIELDS}}
+    fields = {"model": model, "lr": 1e-2, "grad_clip": None, "device": "cpu"}
+    fields.update({k: v for k, v in overrides.items() if k not in LOSS_FIELDS})
+    return LearnerSpec(**fields, loss=FlashReinforceLoss(**loss))
+
+
+@pytest.fixture(scope="session")
 def make_spec(tiny_llama_path: str) -> Callable[..., LearnerSpec]:
     def factory(**overrides) -> LearnerSpec:
-        fields = {"model": tiny_llama_path, "lr": 1e-2, "grad_clip": None, "delta": 0.05, "device": "cpu"}
-        fields.update(overrides)
-        return LearnerSpec(**fields)
+        return spec_for(tiny_llama_path, **overrides)
 
     return factory
 

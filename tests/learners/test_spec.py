@@ -1,4 +1,4 @@
-"""LearnerSpec: validation, the optimizer registry, dict round-trip."""
+"""LearnerSpec: validation, the optimizer registry, dict round-trip (the loss object included)."""
 
 from __future__ import annotations
 
@@ -35,19 +35,11 @@ def test_every_field_has_a_one_line_docstring():
         ({"betas": (0.9, 1.0)}, "betas"),
         ({"weight_decay": -1.0}, "weight_decay"),
         ({"grad_clip": 0.0}, "grad_clip"),
-        ({"delta": -0.1}, "delta"),
-        ({"baseline": "median"}, "baseline"),
-        ({"trust_region": "ppo_clip"}, "trust_region"),
-        ({"aggregation": "sum"}, "aggregation"),
-        ({"negative_token_fraction": 1.5}, "negative_token_fraction"),
-        ({"negative_token_fraction": -0.1}, "negative_token_fraction"),
-        ({"importance_sampling": "sequence"}, "importance_sampling"),
-        ({"aggregation": "constant_length"}, "constant_length_normalizer"),
-        ({"constant_length_normalizer": 0}, "constant_length_normalizer"),
-        ({"delta": float("nan")}, "delta"),
         ({"temperature": 0.0}, "temperature"),
         ({"logprob_chunk_size": 0}, "logprob_chunk_size"),
         ({"device": "tpu"}, "device"),
+        ({"max_tokens_per_micro_batch": 0}, "max_tokens_per_micro_batch"),
+        ({"loss": "flash_reinforce"}, "loss"),
     ],
 )
 def test_rejects_impossible_settings_naming_field_expected_and_actual(overrides, field):
@@ -56,12 +48,19 @@ def test_rejects_impossible_settings_naming_field_expected_and_actual(overrides,
 
 
 def test_dict_round_trip_and_unknown_keys():
-    spec = LearnerSpec(model="m", lr=3e-6, betas=[0.8, 0.9], grad_clip=None, negative_token_fraction=0.2,
-                       lr_schedule="cosine_with_min_lr", total_updates=100, lr_warmup_ratio=0.03, min_lr_ratio=0.1,
-                       delta=float("inf"), importance_sampling="none", aggregation="constant_length",
-                       constant_length_normalizer=6144)
+    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+
+    loss = FlashReinforceLoss(negative_token_fraction=0.2, delta=float("inf"), importance_sampling="none",
+                              aggregation="constant_length", constant_length_normalizer=6144)
+    spec = LearnerSpec(model="m", lr=3e-6, betas=[0.8, 0.9], grad_clip=None, lr_schedule="cosine_with_min_lr",
+                       total_updates=100, lr_warmup_ratio=0.03, min_lr_ratio=0.1, max_tokens_per_micro_batch=4096,
+                       pack_sequences=True, loss=loss)
     assert spec.betas == (0.8, 0.9)
-    assert LearnerSpec.from_dict(spec.to_dict()) == spec
+    data = spec.to_dict()
+    assert data["loss"]["type"] == "flashrl.algorithms.flash_reinforce.learner:FlashReinforceLoss"
+    assert LearnerSpec.from_dict(data) == spec
+    with pytest.raises(ValueError, match=r"LearnerSpec\.loss: expected a dict with a 'type'"):
+        LearnerSpec.from_dict({**data, "loss": {"delta": 0.1}})
     with pytest.raises(ValueError, match="Unknown LearnerSpec fields \\['learning_rate'\\]"):
         LearnerSpec.from_dict({"model": "m", "learning_rate": 1.0})
 

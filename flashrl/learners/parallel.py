@@ -1,0 +1,323 @@
+"""Where a learner's policy, gradients and optimizer state live: one process, or FSDP2 shards.
+
+- ``LocalPolicy``: one learner, the whole model in this process (the CPU main job's learner in the
+  driver, tests). A bfloat16 model keeps float32 master weights and optimizer state.
+- ``ShardedPolicy``: rank ``r`` of ``W`` data-parallel learners. Parameters, gradients and optimizer
+  state are dim-0 shards (torch FSDP2, ``flashrl.learners.fsdp``); each backward reduce-scatters the
+  gradients as a SUM, which is exactly the gradient of the whole batch because every rank's loss is
+  normalised by the GLOBAL batch (``docs/design.md`` §1; ``flashrl.learners.loss``). A bfloat16
+  policy computes in bfloat16 and reduces in float32 over float32 master shards.
+
+Both expose the same small surface to ``Learner``: ``run`` (a computation on the model),
+``zero_grad``, ``clip_and_step``, ``full_weights``, ``train_state`` / ``load_train_state`` (full
+tensors, parameter names as keys, so a state moves between the two) and ``save_policy``. Every method
+of ``ShardedPolicy`` is a collective: call it on every rank, in the same order.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashrl.learners.spec import OPTIMIZERS, LearnerSpec
+
+__all__ = ["LocalPolicy", "ShardedPolicy", "attention_implementation"]
+
+
+def attention_implementation(device: torch.device) -> str:
+    """flash_attention_2 on a GPU where the package is installed (varlen packing), else sdpa."""
+    if device.type == "cuda":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+    return "sdpa"
+
+
+class LocalPolicy:
+    """The whole policy and its optimizer in this process (no collectives)."""
+
+    def __init__(self, spec: LearnerSpec, device: torch.device) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.spec = spec
+        self.model = AutoModelForCausalLM.from_pretrained(
+            spec.model, dtype=spec.torch_dtype, attn_implementation=attention_implementation(device)
+        ).to(device)
+        self.model.config.use_cache = False
+        # Eval mode: no dropout, so recomputed log-probs describe the policy the engines sample from.
+        self.model.eval()
+        if spec.gradient_checkpointing:
+            _enable_hf_checkpointing(self.model)
+        self.names = [name for name, p in self.model.named_parameters() if p.requires_grad]
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # Low-precision training keeps float32 master weights (and so float32 optimizer state): a bf16
+        # weight cannot register a step smaller than about 0.4% of itself, which RL learning rates are.
+        if spec.torch_dtype != torch.bfloat16:
+            self.master_params = self.params
+        else:
+            self.master_params = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
+        self.optimizer = OPTIMIZERS[spec.optimizer](self.master_params, spec)
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+        for p in self.master_params:
+            p.grad = None
+
+    def clip_and_step(self, grad_clip: float | None) -> float | None:
+        """Clip and take one optimizer step; None (and no step) if the gradient is not finite.
+
+        Returns the gradient norm before clipping. A parameter without a gradient steps on zeros.
+        """
+        for p, master in zip(self.params, self.master_params):
+            if p.grad is None:
+                master.grad = torch.zeros_like(master)
+            elif master is not p:
+                master.grad = p.grad.to(master.dtype)
+                p.grad = None
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.master_params])
+        if not bool(torch.isfinite(grad_norm)):
+            self.zero_grad()
+            return None
+        if grad_clip is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.master_params, grad_clip, grad_norm)
+        self.optimizer.step()
+        if self.master_params is not self.params:
+            with torch.no_grad():
+                for p, master in zip(self.params, self.master_params):
+                    p.copy_(master)
+        self.zero_grad()
+        return float(grad_norm)
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The ``state_dict`` as CPU copies; tied names share one copy."""
+        copies: dict[tuple[int, torch.dtype, tuple[int, ...]], torch.Tensor] = {}
+        out: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, tensor in self.model.state_dict().items():
+                key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))
+                if key not in copies:
+                    copies[key] = tensor.detach().to("cpu", copy=True)
+                out[name] = copies[key]
+        return out
+
+    def train_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """(weights at master precision by name, optimizer state keyed by parameter name), CPU copies."""
+        model = self.full_weights()
+        for name, master in zip(self.names, self.master_params):
+            model[name] = master.detach().to("cpu", copy=True)
+        for alias, primary in _tied_aliases(self.model).items():
+            model[alias] = model[primary]
+        optimizer = _to_cpu(self.optimizer.state_dict())
+        optimizer["state"] = {self.names[i]: v for i, v in optimizer["state"].items()}
+        for group in optimizer["param_groups"]:
+            group["params"] = [self.names[i] for i in group["params"]]
+        return model, optimizer
+
+    def load_train_state(self, model: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
+        index = {name: i for i, name in enumerate(self.names)}
+        missing = sorted(set(self.names) - set(model))
+        if missing:
+            raise ValueError(f"Learner state has no weights for {missing[:3]}...; it belongs to another model.")
+        with torch.no_grad():
+            for name, tensor in self.model.state_dict(keep_vars=True).items():
+                tensor.copy_(model[name])
+            if self.master_params is not self.params:
+                for name, master in zip(self.names, self.master_params):
+                    master.copy_(model[name])
+        converted = dict(optimizer)
+        converted["state"] = {index[name]: v for name, v in optimizer["state"].items()}
+        converted["param_groups"] = [
+            {**group, "params": [index[name] for name in group["params"]]} for group in optimizer["param_groups"]
+        ]
+        self.optimizer.load_state_dict(converted)
+
+    def save_policy(self, path: str | os.PathLike[str]) -> str:
+        from transformers import AutoTokenizer
+
+        def write(tmp: Path) -> None:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            AutoTokenizer.from_pretrained(self.spec.model).save_pretrained(tmp)
+
+        return _replace_folder(path, write)
+
+
+class ShardedPolicy:
+    """Rank ``rank`` of an FSDP2-sharded policy over the default process group."""
+
+    def __init__(self, spec: LearnerSpec, device: torch.device, rank: int) -> None:
+        from flashrl.learners import fsdp
+
+        self.spec = spec
+        self.rank = rank
+        master = torch.float64 if spec.torch_dtype == torch.float64 else torch.float32
+        self.model = fsdp.load_pretrained_sharded(
+            spec.model,
+            dtype=master,
+            device=device,
+            param_dtype=None if spec.torch_dtype == master else spec.torch_dtype,
+            activation_checkpointing=spec.gradient_checkpointing,
+            cpu_offload=spec.optimizer_offload,
+        )
+        self.model.config.use_cache = False
+        implementation = attention_implementation(device)
+        if self.model.config._attn_implementation != implementation:
+            self.model.set_attn_implementation(implementation)
+        self.optimizer = OPTIMIZERS[spec.optimizer](
+            [p for p in self.model.parameters() if p.requires_grad], spec
+        )
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` inside the root module's call, so FSDP gathers and reshards the root around it.
+
+        The learner's log-prob kernels call the decoder and the output layer themselves (to avoid the
+        ``[N, V]`` logits), not ``model.forward``; the root unit (embeddings, final norm, head) is
+        gathered by FSDP's hooks on the root's ``__call__``, so ``fn`` runs as the root's forward.
+        """
+        self.model.forward = lambda: fn(*args)
+        try:
+            return self.model()
+        finally:
+            del self.model.forward
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def clip_and_step(self, grad_clip: float | None) -> float | None:
+        from flashrl.learners import fsdp
+
+        grad_norm = fsdp.clip_grad_norm(self.model.parameters(), grad_clip)  # global: equal on every rank
+        if not bool(torch.isfinite(grad_norm)):
+            self.zero_grad()
+            return None
+        self.optimizer.step()
+        self.zero_grad()
+        return float(grad_norm)
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Rank 0: the full tensors on the CPU under Hugging Face names (tied names share one); others: {}."""
+        from flashrl.learners import fsdp
+
+        gathered: dict[str, torch.Tensor] = {}
+        for name, tensor in fsdp.iter_full_tensors(self.model, dtype=self.spec.torch_dtype, device="cpu"):
+            if self.rank == 0:
+                gathered[name] = tensor
+        if self.rank != 0:
+            return {}
+        aliases = _tied_aliases(self.model)
+        names = [fsdp.clean_name(k) for k in self.model.state_dict(keep_vars=True)]
+        return {name: gathered[aliases.get(name, name)] for name in names}
+
+    def train_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Rank 0: full master weights and optimizer state by parameter name (CPU); others: empty."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_state_dict(self.model, self.optimizer, options=options)
+
+    def load_train_state(self, model: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
+        """Load a full state (every rank holds it): each rank keeps its own shards.
+
+        The optimizer state is sharded here, tensor by tensor like its parameter, rather than by
+        ``set_state_dict``, which needs the optimizer to hold tensor state already (a fresh SGD has none).
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        from flashrl.learners.fsdp import clean_name
+
+        set_model_state_dict(self.model, model, options=StateDictOptions(full_state_dict=True))
+        named = [(clean_name(n), p) for n, p in self.model.named_parameters() if p.requires_grad]
+        index = {name: i for i, (name, _) in enumerate(named)}
+        state: dict[int, dict[str, Any]] = {}
+        for name, entry in optimizer["state"].items():
+            param = named[index[name]][1]
+            state[index[name]] = {
+                key: distribute_tensor(value.to(param.device_mesh.device_type), param.device_mesh, param.placements)
+                if isinstance(param, DTensor) and isinstance(value, torch.Tensor) and value.shape == param.shape
+                else value
+                for key, value in entry.items()
+            }
+        groups = [{**group, "params": [index[name] for name in group["params"]]}
+                  for group in optimizer["param_groups"]]
+        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+    def save_policy(self, path: str | os.PathLike[str]) -> str:
+        from flashrl.learners import fsdp
+
+        dtype = None if self.spec.torch_dtype == torch.float32 else self.spec.torch_dtype
+        return fsdp.export_hf(self.model, path, tokenizer_source=self.spec.model, dtype=dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+def _enable_hf_checkpointing(model: torch.nn.Module) -> None:
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # Transformers checkpoints a decoder layer only while that layer is in training mode; flag the
+    # layers themselves (not their children) so checkpointing runs while dropout stays off.
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
+            module.training = True
+
+
+def _tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """``{alias: primary}`` for parameters registered under several names (tied embeddings)."""
+    from flashrl.learners.fsdp import clean_name
+
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        name = clean_name(name)
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
+
+
+def _replace_folder(path: str | os.PathLike[str], write: Callable[[Path], None]) -> str:
+    """Write a model folder beside ``path`` with ``write(tmp)`` and rename it into place."""
+    target = Path(path).resolve()
+    if target.exists() and any(target.iterdir()) and not (target / "config.json").is_file():
+        raise FileExistsError(
+            f"{target} exists and is not a saved policy folder (no config.json); refusing to replace it. "
+            "Pass a new or empty folder."
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a policy folder is meant to be read by other processes
+    try:
+        write(tmp)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            target.rename(old)
+            tmp.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+def _to_cpu(value: Any) -> Any:
+    """A deep copy of a nested structure with every tensor copied to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
