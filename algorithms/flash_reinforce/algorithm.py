@@ -28,6 +28,7 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
 from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
 from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError, RunnerReport
+from flashrl.env_runners.batching import BatchAssembler
 from flashrl.episode import Episode
 from flashrl.metrics import (
     LAG_BUCKETS,
@@ -182,74 +183,59 @@ class FlashReinforce(Trainable):
     # batches
     # ------------------------------------------------------------------------------------------
     def _collect_async(self) -> tuple[list[Episode], None, list[RunnerReport], float]:
-        """The next B finished episodes of B distinct prompts, in arrival order.
+        """The next B finished episodes of B distinct prompts, in arrival order (`BatchAssembler`).
 
-        An episode whose prompt is already in the batch (or that arrives once the batch is full) waits
-        in `_pending` for a later batch; that queue is bounded (`_pending_capacity`): beyond it the
-        oldest waiting episode is dropped and counted (`pending_overflow`). With `async_queue_size`
-        set, an episode more than that many versions behind the learner is dropped and counted
-        (`stale`), and the runners start new episodes only as the admission budget allows
-        (`_allowed_starts`). `sample_timeout_s` counts from the last time the batch grew: episodes
-        that keep arriving without filling it (too few distinct prompts) are not progress.
+        Episodes that cannot join the batch wait in `_pending` (bounded; the oldest beyond it is
+        dropped and counted). With `async_queue_size` set, stale episodes are dropped and counted,
+        and the runners start new episodes only as the admission budget allows (`_allowed_starts`).
+        `sample_timeout_s` counts from the last time the batch grew: episodes that keep arriving
+        without filling it (too few distinct prompts) are not progress.
         """
         cfg = self.algo_config
         group = self.env_runner_group
-        bound = cfg.async_queue_size
-        version = self.learner_group.version
-        batch: list[Episode] = []
-        prompts: set[str] = set()
-        later: deque[Episode] = deque()
-        dropped: Counter[str] = Counter()  # since the batch last grew
-
-        def offer(episode: Episode) -> None:
-            if bound is not None and policy_lags(version, [episode.min_policy_version])[0] > bound:
-                self._book_skipped({"stale": 1})
-                dropped["stale"] += 1
-            elif len(batch) < cfg.train_batch_size and episode.prompt_id not in prompts:
-                batch.append(episode)
-                prompts.add(episode.prompt_id)
-            else:  # a repeated prompt or an overflow: it opens a later batch
-                later.append(episode)
-                dropped["repeated"] += episode.prompt_id in prompts
-                if len(later) > self._pending_capacity:
-                    later.popleft()
-                    self._book_skipped({"pending_overflow": 1})
-
+        assembler = BatchAssembler(
+            cfg.train_batch_size,
+            pending_capacity=self._pending_capacity,
+            learner_version=self.learner_group.version,
+            max_lag=cfg.async_queue_size,
+        )
         reports: list[RunnerReport] = []
         wait_start = time.perf_counter()
         try:
-            while self._pending:
-                offer(self._pending.popleft())
-            allowed = self._allowed_starts(prompts, later)
+            pending, self._pending = self._pending, deque()
+            assembler.offer_all(pending)
+            self._book_skipped(assembler.take_skipped())
             if not group.streaming:
-                group.start_streaming(allowed)
+                group.start_streaming(self._allowed_starts(assembler.blocked()))
             else:
-                group.grant(allowed)
-            last_growth, arrived = wait_start, 0
-            while len(batch) < cfg.train_batch_size:
+                group.grant(self._allowed_starts(assembler.blocked()))
+            last_growth, arrived, stale, repeated = wait_start, 0, 0, assembler.repeated
+            while not assembler.full:
                 new = group.next_reports(timeout_s=WAIT_SLICE_S)
                 reports.extend(new)
+                size = len(assembler.batch)
                 for report in new:
                     self._book_skipped(report.skipped)  # now: the admission budget counts them
-                size = len(batch)
-                for report in new:
                     arrived += len(report.episodes)
-                    for episode in report.episodes:
-                        offer(episode)
-                group.grant(self._allowed_starts(prompts, later))
+                    assembler.offer_all(report.episodes)
+                skipped = assembler.take_skipped()
+                stale += skipped["stale"]
+                self._book_skipped(skipped)
+                group.grant(self._allowed_starts(assembler.blocked()))
                 now = time.perf_counter()
-                if len(batch) > size:
-                    last_growth, arrived = now, 0
-                    dropped.clear()
+                if len(assembler.batch) > size:
+                    last_growth, arrived, stale, repeated = now, 0, 0, assembler.repeated
                 elif now - last_growth > cfg.sample_timeout_s:
-                    raise self._stalled(len(batch), len(prompts), arrived, dropped)
+                    raise self._stalled(assembler, arrived, assembler.repeated - repeated, stale)
         except BaseException:
-            self._pending = deque([*batch, *later])  # kept on the books: nothing is dropped silently
+            # Kept on the books: nothing is dropped silently.
+            self._pending = deque([*assembler.batch, *assembler.later])
             raise
         wait_s = time.perf_counter() - wait_start
-        self._pending = later
-        group.grant(self._allowed_starts(set(), later, consumed=len(batch)))  # runs during the update
-        return batch, None, reports, wait_s
+        self._pending = assembler.later
+        # The budget the next batch may use is granted now, so the runners sample during the update.
+        group.grant(self._allowed_starts(assembler.blocked(set()), consumed=len(assembler.batch)))
+        return assembler.batch, None, reports, wait_s
 
     @property
     def _pending_capacity(self) -> int:
@@ -257,23 +243,18 @@ class FlashReinforce(Trainable):
         cfg = self.algo_config
         return (cfg.num_env_runners + 1) * cfg.train_batch_size
 
-    def _allowed_starts(self, prompts: set[str], later: deque[Episode], consumed: int = 0) -> int | None:
+    def _allowed_starts(self, blocked: int, consumed: int = 0) -> int | None:
         """Training episodes the runners may have started in total under `async_queue_size` (Q).
 
         Molt's meaning of `train.async_queue_size`: the rollout side may run at most Q batches ahead of
         the learner. Per episode: started, not yet taken by the learner, not dropped and not lost
         (in flight, buffered, in the batch being collected, waiting in `_pending`) stays <= Q x B.
-        Episodes waiting in `_pending` that cannot join the batch (their prompt is already in it) do
-        not count, so too few distinct finished episodes never deadlock the stream.
+        The `blocked` waiting episodes (their prompt is already in the batch) do not count, so too
+        few distinct finished episodes never deadlock the stream.
         """
         cfg = self.algo_config
         if cfg.async_queue_size is None:
             return None
-        seen, blocked = set(prompts), 0
-        for episode in later:
-            if episode.prompt_id in seen:
-                blocked += 1
-            seen.add(episode.prompt_id)
         trained = self._totals["episodes"] + consumed
         skipped = sum(v for k, v in self._totals.items() if k.startswith("skipped/"))
         settled = trained + skipped + self.env_runner_group.num_lost_episodes + blocked
@@ -282,9 +263,10 @@ class FlashReinforce(Trainable):
     def _book_skipped(self, skipped: Mapping[str, int]) -> None:
         self._totals.update({f"skipped/{k}": v for k, v in skipped.items()})
 
-    def _stalled(self, collected: int, distinct: int, arrived: int, dropped: Counter[str]) -> EnvRunnerGroupError:
+    def _stalled(self, assembler: BatchAssembler, arrived: int, repeated: int, stale: int) -> EnvRunnerGroupError:
         cfg = self.algo_config
         b = cfg.train_batch_size
+        collected = len(assembler.batch)
         if not arrived:
             return EnvRunnerGroupError(
                 f"No finished episode arrived for {cfg.sample_timeout_s:g} s (sample_timeout_s); "
@@ -293,11 +275,11 @@ class FlashReinforce(Trainable):
             )
         what = (
             f"The batch has not grown for {cfg.sample_timeout_s:g} s (sample_timeout_s): {arrived} episodes "
-            f"arrived meanwhile, but {dropped['repeated']} repeated one of the {distinct} prompts already in "
-            f"the batch and {dropped['stale']} were stale (async_queue_size={cfg.async_queue_size}); "
+            f"arrived meanwhile, but {repeated} repeated one of the {len(assembler.prompts)} prompts already "
+            f"in the batch and {stale} were stale (async_queue_size={cfg.async_queue_size}); "
             f"{collected}/{b} collected."
         )
-        if dropped["stale"] > dropped["repeated"]:
+        if stale > repeated:
             return EnvRunnerGroupError(
                 f"{what} Expected episodes at most async_queue_size versions behind the learner: the "
                 f"runners sample with old weights. Fix: raise async_queue_size (or None), or check that "
