@@ -1,0 +1,118 @@
+"""Each benchmark's --quick mode end to end (tiny random model, torch engine): its JSON and figure.
+
+The numbers of a quick run mean nothing (a random model never adds); what is checked is that the
+report has its schema, that the budgets are the ones promised and that every number is finite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.ray
+
+
+def _numbers(value, path="$"):
+    """Every number in a JSON value, with its path."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _numbers(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _numbers(v, f"{path}[{i}]")
+
+
+def _load(path: Path) -> dict:
+    def refuse(name):
+        raise AssertionError(f"{path}: non-standard JSON constant {name}")
+
+    report = json.loads(path.read_text(), parse_constant=refuse)
+    bad = [(p, v) for p, v in _numbers(report) if not math.isfinite(v)]
+    assert not bad, bad
+    return report
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _figure(path: Path) -> None:
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+
+
+def test_learning_efficiency_quick(ray_cluster, bench, tmp_path):
+    out, fig = tmp_path / "le.json", tmp_path / "le.png"
+    bench("learning_efficiency").main(["--quick", "--output", str(out), "--figure", str(fig)])
+    report = _load(out)
+    _figure(fig)
+    assert report["benchmark"] == "learning_efficiency"
+    assert report["settings"]["seeds"] == [0] and report["settings"]["rollouts_per_update"] == 4
+    assert report["methods"]["grpo"]["overrides"]["rollout_mode"] == "sync_group"
+    assert report["methods"]["grpo"]["config"]["group_size"] == 4
+    assert report["methods"]["flash_reinforce"]["config"]["model"] == "tiny"  # the spec, not a local folder
+    assert sorted((r["method"], r["seed"]) for r in report["runs"]) == [("flash_reinforce", 0), ("grpo", 0)]
+    for run in report["runs"]:
+        assert run["missing_metrics"] == []
+        # evaluated before training and after each of the 2 updates, at equal rollout budgets
+        assert [(p["update"], p["rollouts"]) for p in run["curve"]] == [(0, 0), (1, 4), (2, 8)]
+        assert all(0.0 <= p["accuracy"] <= 1.0 and p["num_episodes"] == 8 for p in run["curve"])
+        assert run["summary"]["rollouts_trained"] == 8
+    for method in ("flash_reinforce", "grpo"):
+        s = report["summary"][method]
+        for key in ("initial_accuracy", "final_accuracy", "curve_mean_accuracy", "accepted_fraction"):
+            assert _is_number(s[key]["mean"]) and s[key]["n"] == 1, (method, key)
+        assert [p["update"] for p in s["curve"]] == [0, 1, 2]
+        assert s["seeds_reaching_target"] in (0, 1)
+    assert set(report["ratios"]) == {
+        "final_accuracy_flash_over_grpo",
+        "curve_mean_accuracy_flash_over_grpo",
+        "rollouts_to_target_grpo_over_flash",
+    }
+
+
+@pytest.mark.slow  # 9 arms, each a fresh algorithm: about 90 s on 2 cores
+def test_ablations_quick(ray_cluster, bench, tmp_path):
+    out, fig = tmp_path / "ab.json", tmp_path / "ab.png"
+    module = bench("ablations")
+    module.main(["--quick", "--output", str(out), "--figure", str(fig)])
+    report = _load(out)
+    _figure(fig)
+    assert list(report["summary"]) == module.ARM_NAMES
+    assert report["arms"]["no_trust@Q8"]["config"]["delta"] == "inf"
+    for name, s in report["summary"].items():
+        for key in ("final_accuracy", "accepted_fraction", "drift_mean", "policy_lag_mean", "policy_lag_max"):
+            assert _is_number(s[key]["mean"]), (name, key)
+        assert 0.0 <= s["accepted_fraction"]["mean"] <= 1.0
+    for q in (4, 8):
+        config = report["arms"][f"flash_reinforce@Q{q}"]["config"]
+        assert (config["async_queue_size"], config["episodes_in_flight_per_env_runner"]) == (q, q * 4)
+        assert report["summary"][f"no_trust@Q{q}"]["policy_lag_max"]["max"] <= q
+    for run in report["runs"]:
+        assert run["missing_metrics"] == [] and run["summary"]["rollouts_trained"] == 8
+        assert [p["update"] for p in run["curve"]] == [0, 2]
+
+
+def test_async_vs_sync_quick(ray_cluster, bench, tmp_path):
+    out = tmp_path / "avs.json"
+    bench("async_vs_sync").main(["--quick", "--output", str(out)])
+    report = _load(out)
+    runs = report["runs"]
+    for name in ("num_env_runners", "episodes_in_flight_per_env_runner", "train_batch_size"):
+        assert report["configs"]["async"][name] == report["configs"]["sync_group"][name], name
+    assert report["configs"]["async"]["episodes_in_flight_per_env_runner"] == 4  # B = 8 over 2 runners
+    assert runs["async"]["episodes_into_learner"] == runs["sync_group"]["episodes_into_learner"] == 16
+    assert runs["sync_group"]["episodes_sampled"] == 16 and runs["async"]["episodes_sampled"] >= 16
+    for run in runs.values():
+        assert run["iterations"] == 2 and run["missing_metrics"] == []
+        assert sum(run["policy_lag_distribution"].values()) == pytest.approx(1.0)
+        assert 0.0 <= run["learner_idle_fraction"] <= 1.0
+    assert runs["sync_group"]["policy_lag_max"] == 0  # on-policy
+    for key in ("trajectories_per_s", "learner_idle_fraction", "iteration_s"):
+        assert _is_number(report["ratios_async_over_sync"][key]), key
