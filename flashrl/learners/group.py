@@ -83,6 +83,13 @@ class LearnerActor:
     def save_policy(self, path: str) -> str:
         return self._learner.save_policy(path)
 
+    def save_state(self, path: str) -> str:
+        return self._learner.save_state(path)
+
+    def load_state(self, path: str) -> int:
+        self._learner.load_state(path)
+        return self._learner.version
+
     def version(self) -> int:
         return self._learner.version
 
@@ -251,6 +258,25 @@ class LearnerGroup:
             ref = ray.put(state)
             self._version = int(self._call("set_state", [a.set_state.remote(ref) for a in self._actors])[0])
         self._num_skipped = sum(state.get("skip_counts", {}).values())
+
+    def save_state(self, path: str | os.PathLike[str]) -> str:
+        """``Learner.save_state`` on every rank: sharded learners write DCP shards, never gathering them."""
+        self._check_usable()
+        if self._local is not None:
+            return self._local.save_state(path)
+        path = os.fspath(path)
+        return self._call("save_state", [actor.save_state.remote(path) for actor in self._actors])[0]
+
+    def load_state(self, path: str | os.PathLike[str]) -> None:
+        """``Learner.load_state`` on every rank (DCP reshards a folder saved by another number of learners)."""
+        self._check_usable()
+        if self._local is not None:
+            self._local.load_state(path)
+            self._version = self._local.version
+            self._num_skipped = self._local.num_skipped_batches
+            return
+        path = os.fspath(path)
+        self._version = int(self._call("load_state", [a.load_state.remote(path) for a in self._actors])[0])
 
     def save_policy(self, path: str | os.PathLike[str]) -> str:
         """Write the policy as a Hugging Face folder (gathered to rank 0, written on rank 0's node)."""

@@ -276,15 +276,41 @@ class Learner:
 
         A plain dict of CPU tensors and Python values (``torch.load(..., weights_only=True)`` loads it):
         full tensors keyed by parameter name whatever the parallelism, so a state saved by one learner
-        resumes on several and back. Sharded learners gather it to rank 0 (others return {}).
+        resumes on several and back. Sharded learners gather it to rank 0 (others return {}); for large
+        models prefer ``save_state``, which never gathers.
         """
         model, optimizer = self.policy.train_state()
         if self.rank != 0:
             return {}
+        return {"model": model, "optimizer": optimizer, **self._extra_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``get_state`` returned (from any number of learners of the same model)."""
+        missing = {"format", "model", "optimizer", "rng", "version"} - set(state)
+        if missing:
+            raise ValueError(f"Learner state is missing {sorted(missing)}; pass what Learner.get_state() returned.")
+        self._check_format(state)
+        self.policy.load_train_state(state["model"], state["optimizer"])
+        self._load_extra_state(state)
+
+    def save_state(self, path: str | os.PathLike[str]) -> str:
+        """Write the training state into the folder ``path`` without gathering it; returns the path.
+
+        Sharded learners write torch DCP shards, every rank its own (the folder must be reachable by
+        every rank); one learner writes one file. ``load_state`` reads either, on any number of sharded
+        learners (DCP reshards). A collective when sharded.
+        """
+        return self.policy.save_state(path, self._extra_state())
+
+    def load_state(self, path: str | os.PathLike[str]) -> None:
+        """Restore what ``save_state`` wrote (a collective when sharded)."""
+        extra = self.policy.load_state(path)
+        self._check_format(extra)
+        self._load_extra_state(extra)
+
+    def _extra_state(self) -> dict[str, Any]:
         return {
             "format": STATE_FORMAT,
-            "model": model,
-            "optimizer": optimizer,
             "lr_scheduler": self.lr_scheduler.state_dict(),
             "rng": _rng_state(),
             "version": self.version,
@@ -292,17 +318,15 @@ class Learner:
             "spec": self.spec.to_dict(),
         }
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore what ``get_state`` returned (from any number of learners of the same model)."""
-        missing = {"format", "model", "optimizer", "rng", "version"} - set(state)
-        if missing:
-            raise ValueError(f"Learner state is missing {sorted(missing)}; pass what Learner.get_state() returned.")
-        if state["format"] != STATE_FORMAT:
+    @staticmethod
+    def _check_format(state: dict[str, Any]) -> None:
+        if state.get("format") != STATE_FORMAT:
             raise ValueError(
-                f"Learner state format {state['format']!r} is not supported; expected {STATE_FORMAT}. Resume it "
-                "with the flashrl version that saved it."
+                f"Learner state format {state.get('format')!r} is not supported; expected {STATE_FORMAT}. Resume "
+                "it with the flashrl version that saved it."
             )
-        self.policy.load_train_state(state["model"], state["optimizer"])
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
         if "lr_scheduler" in state:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         else:  # a state saved without a schedule: the schedule is at its `version`-th update

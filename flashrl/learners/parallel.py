@@ -27,7 +27,11 @@ import torch
 
 from flashrl.learners.spec import OPTIMIZERS, LearnerSpec
 
-__all__ = ["LocalPolicy", "ShardedPolicy", "attention_implementation"]
+__all__ = ["STATE_FILE", "LocalPolicy", "ShardedPolicy", "attention_implementation"]
+
+STATE_FILE = "learner_state.pt"
+"""A single learner's ``save_state`` folder holds this one file (sharded learners write DCP shards)."""
+DCP_METADATA_FILE = ".metadata"
 
 
 def attention_implementation(device: torch.device) -> str:
@@ -142,6 +146,28 @@ class LocalPolicy:
         ]
         self.optimizer.load_state_dict(converted)
 
+    def save_state(self, path: str | os.PathLike[str], extra: dict[str, Any]) -> str:
+        """One file in the folder ``path``: the full weights and optimizer state, and ``extra``."""
+        folder = Path(path).resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        model, optimizer = self.train_state()
+        tmp = folder / (STATE_FILE + ".tmp")
+        torch.save({"model": model, "optimizer": optimizer, "extra_state": extra}, tmp)
+        tmp.replace(folder / STATE_FILE)
+        return str(folder)
+
+    def load_state(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        folder = Path(path).resolve()
+        if (folder / DCP_METADATA_FILE).is_file():
+            raise ValueError(
+                f"{folder} holds the shards of sharded learners (torch DCP); a single learner cannot load it. "
+                "Resume with num_learners >= 2 (DCP reshards to any number of them), or save a full state "
+                "with get_state()."
+            )
+        model, optimizer, extra = _read_state_file(folder)
+        self.load_train_state(model, optimizer)
+        return extra
+
     def save_policy(self, path: str | os.PathLike[str]) -> str:
         from transformers import AutoTokenizer
 
@@ -252,6 +278,23 @@ class ShardedPolicy:
                   for group in optimizer["param_groups"]]
         self.optimizer.load_state_dict({"state": state, "param_groups": groups})
 
+    def save_state(self, path: str | os.PathLike[str], extra: dict[str, Any]) -> str:
+        """A DCP folder: every rank writes its own shards of the weights and optimizer state; ``extra`` once."""
+        from flashrl.learners import fsdp
+
+        return fsdp.save_sharded(path, self.model, self.optimizer, extra_state=extra)
+
+    def load_state(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Load a DCP folder (from any number of sharded ranks) or a single learner's state file."""
+        from flashrl.learners import fsdp
+
+        folder = Path(path).resolve()
+        if (folder / STATE_FILE).is_file():
+            model, optimizer, extra = _read_state_file(folder)
+            self.load_train_state(model, optimizer)
+            return extra
+        return fsdp.load_sharded(folder, self.model, self.optimizer)
+
     def save_policy(self, path: str | os.PathLike[str]) -> str:
         from flashrl.learners import fsdp
 
@@ -310,6 +353,17 @@ def _replace_folder(path: str | os.PathLike[str], write: Callable[[Path], None])
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+def _read_state_file(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    file = folder / STATE_FILE
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"{folder} is not a learner state folder: expected {STATE_FILE} (one learner) or DCP shards with "
+            f"{DCP_METADATA_FILE} (sharded learners). Pass the folder that save_state() wrote."
+        )
+    state = torch.load(file, map_location="cpu", weights_only=False)  # our own file: RNG states inside
+    return state["model"], state["optimizer"], state["extra_state"]
 
 
 def _to_cpu(value: Any) -> Any:

@@ -8,6 +8,8 @@ with fewer micro-batches than the other (the 5-episode batch).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -98,7 +100,7 @@ def test_bad_requests_are_refused_clearly(two_learners, make_spec, batch):
         LearnerGroup(make_spec(device="auto"), num_learners=2, num_gpus_per_learner=0.5)
 
 
-def test_sharded_adamw_state_moves_to_one_learner_and_back(ray_cluster, make_spec, batch, next_batch):
+def test_sharded_adamw_state_moves_to_one_learner_and_back(ray_cluster, make_spec, batch, next_batch, tmp_path):
     # float64: AdamW divides tiny gradient entries by their own tiny moments, which turns float32
     # summation-order noise into 1% of a step; in float64 the two paths agree to 1e-10.
     options = {**DP_OPTIONS, "optimizer": "adamw", "lr": 1e-3, "dtype": "float64"}
@@ -121,6 +123,18 @@ def test_sharded_adamw_state_moves_to_one_learner_and_back(ray_cluster, make_spe
         assert metrics["loss"] == pytest.approx(expected["loss"], rel=1e-10)
         _assert_same_weights(group.get_weights(), single.get_weights(), atol=1e-10)
         assert group.version == single.version == 4
+
+        # DCP: each rank writes its own shards; loading them back rewinds to that exact state.
+        folder = group.save_state(tmp_path / "sharded")
+        assert sorted(p.name for p in Path(folder).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+        expected = group.update(batch)
+        weights = group.get_weights()
+        group.update(next_batch)
+        group.load_state(folder)
+        assert group.version == 4
+        again = group.update(batch)
+        assert {k: again[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
+        _assert_same_weights(group.get_weights(), weights, atol=0.0)
     finally:
         group.shutdown()
 

@@ -174,6 +174,29 @@ def test_state_round_trip_reproduces_the_next_update_exactly(make_spec, batch, n
         second.set_state({"model": state["model"]})
 
 
+def test_save_state_folder_resumes_exactly_and_refuses_what_it_cannot_read(make_spec, batch, next_batch, tmp_path):
+    spec = make_spec(optimizer="adamw", lr=1e-3, grad_clip=0.5)
+    first = Learner(spec)
+    first.update(batch)
+    folder = first.save_state(tmp_path / "state")
+    expected = first.update(next_batch)
+    second = Learner(spec)
+    second.load_state(folder)
+    assert second.version == 1
+    metrics = second.update(next_batch)
+    assert {k: v for k, v in metrics.items() if k not in TIME_KEYS} == {
+        k: v for k, v in expected.items() if k not in TIME_KEYS
+    }
+    for (name, a), b in zip(first.model.named_parameters(), second.model.parameters()):
+        assert torch.equal(a, b), name
+    with pytest.raises(FileNotFoundError, match="not a learner state folder"):
+        second.load_state(tmp_path)
+    (tmp_path / "dcp").mkdir()
+    (tmp_path / "dcp" / ".metadata").write_bytes(b"")
+    with pytest.raises(ValueError, match="num_learners >= 2"):
+        second.load_state(tmp_path / "dcp")
+
+
 def test_get_weights_are_cpu_copies_under_hf_names(make_spec):
     learner = Learner(make_spec())
     weights = learner.get_weights()
