@@ -23,8 +23,8 @@ from flashrl.learners.spec import OPTIMIZERS, LearnerSpec, register_optimizer
 
 __all__ = [
     "LR_SCHEDULES",
-    "BatchContext",
     "OPTIMIZERS",
+    "BatchContext",
     "Learner",
     "LearnerGroup",
     "LearnerGroupError",

@@ -214,33 +214,6 @@ class TrainBatch:
             return "non_finite_behavior_logprobs"
         return None
 
-    def shard_bounds(self, rank: int, world_size: int) -> tuple[int, int]:
-        """Rows ``[start, stop)`` that data-parallel rank ``rank`` of ``world_size`` trains on."""
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"Expected 0 <= rank < world_size and world_size >= 1; got rank={rank}, "
-                             f"world_size={world_size}.")
-        b = self.batch_size
-        if b < world_size:
-            raise ValueError(
-                f"A batch of {b} episodes cannot be split over {world_size} learners (each needs at least "
-                f"one); use train_batch_size >= num_learners."
-            )
-        # Contiguous, balanced split: the first (b % world_size) ranks get one extra row.
-        base, extra = divmod(b, world_size)
-        start = rank * base + min(rank, extra)
-        return start, start + base + (1 if rank < extra else 0)
-
-    def shard(self, rank: int, world_size: int) -> TrainBatch:
-        """The rows of data-parallel rank ``rank``, with padding trimmed to the shard's longest row.
-
-        Shards are contiguous and balanced (sizes differ by at most one) and, over all ranks, cover every
-        row exactly once in order. Batch-global quantities (the baseline's advantages, the 1/B of the
-        loss) must be computed on the whole batch, not on a shard: see ``flashrl.learners.Learner``.
-        """
-        start, stop = self.shard_bounds(rank, world_size)
-        t = int(self.attention_mask[start:stop].sum(-1).max())
-        return self.rows(slice(start, stop), max_length=t)
-
     def rows(self, index: slice, *, max_length: int | None = None) -> TrainBatch:
         """A sub-batch of the rows in ``index`` (optionally keeping only the first ``max_length`` columns)."""
         cols = slice(0, max_length)

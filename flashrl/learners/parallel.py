@@ -34,9 +34,9 @@ STATE_FILE = "learner_state.pt"
 DCP_METADATA_FILE = ".metadata"
 
 
-def attention_implementation(device: torch.device) -> str:
-    """flash_attention_2 on a GPU where the package is installed (varlen packing), else sdpa."""
-    if device.type == "cuda":
+def attention_implementation(device: torch.device, dtype: torch.dtype) -> str:
+    """flash_attention_2 for bfloat16 on a GPU where the package is installed (varlen packing), else sdpa."""
+    if device.type == "cuda" and dtype == torch.bfloat16:
         import importlib.util
 
         if importlib.util.find_spec("flash_attn") is not None:
@@ -52,7 +52,7 @@ class LocalPolicy:
 
         self.spec = spec
         self.model = AutoModelForCausalLM.from_pretrained(
-            spec.model, dtype=spec.torch_dtype, attn_implementation=attention_implementation(device)
+            spec.model, dtype=spec.torch_dtype, attn_implementation=attention_implementation(device, spec.torch_dtype)
         ).to(device)
         self.model.config.use_cache = False
         # Eval mode: no dropout, so recomputed log-probs describe the policy the engines sample from.
@@ -196,7 +196,7 @@ class ShardedPolicy:
             cpu_offload=spec.optimizer_offload,
         )
         self.model.config.use_cache = False
-        implementation = attention_implementation(device)
+        implementation = attention_implementation(device, spec.torch_dtype)
         if self.model.config._attn_implementation != implementation:
             self.model.set_attn_implementation(implementation)
         self.optimizer = OPTIMIZERS[spec.optimizer](
@@ -204,17 +204,14 @@ class ShardedPolicy:
         )
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` inside the root module's call, so FSDP gathers and reshards the root around it.
+        """``fn(*args)`` as the root module's forward, so FSDP gathers and reshards the root around it.
 
-        The learner's log-prob kernels call the decoder and the output layer themselves (to avoid the
-        ``[N, V]`` logits), not ``model.forward``; the root unit (embeddings, final norm, head) is
-        gathered by FSDP's hooks on the root's ``__call__``, so ``fn`` runs as the root's forward.
+        The learner's log-prob kernels call the decoder and the output layer themselves (no ``[N, V]``
+        logits), not ``model.forward`` (``flashrl.learners.fsdp.call_through_root``).
         """
-        self.model.forward = lambda: fn(*args)
-        try:
-            return self.model()
-        finally:
-            del self.model.forward
+        from flashrl.learners import fsdp
+
+        return fsdp.call_through_root(self.model, lambda _model: fn(*args))
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -1,4 +1,4 @@
-"""TrainBatch: padding, validation and data-parallel sharding."""
+"""TrainBatch: padding, validation, success labels (rows for ranks and micro-batches: tests/learners/test_packing.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from flashrl.episode import Episode
 from flashrl.learners import TrainBatch
+from flashrl.learners.packing import gather_rows
 
 
 def _episode(prompt_id: str, n_prompt: int, n_response: int, *, reward: float = 1.0, versions=(3,)) -> Episode:
@@ -103,42 +102,6 @@ def test_non_finite_values_are_reported_not_rejected_by_the_constructor():
     assert replace(batch, behavior_logprobs=logprobs).non_finite_reason() is None
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    lengths=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 5)), min_size=1, max_size=9),
-    world_size=st.integers(1, 4),
-)
-def test_shards_partition_the_batch_in_order(lengths, world_size):
-    episodes = [_episode(f"p{i}", n_p, n_r, reward=float(i)) for i, (n_p, n_r) in enumerate(lengths)]
-    batch = TrainBatch.from_episodes(episodes, pad_token_id=0, group_ids=list(range(len(episodes))))
-    if len(episodes) < world_size:
-        with pytest.raises(ValueError, match="cannot be split"):
-            batch.shard(0, world_size)
-        return
-    shards = [batch.shard(rank, world_size) for rank in range(world_size)]
-    sizes = [s.batch_size for s in shards]
-    assert sum(sizes) == batch.batch_size and max(sizes) - min(sizes) <= 1
-    assert [pid for s in shards for pid in s.prompt_ids] == batch.prompt_ids
-    assert torch.cat([s.rewards for s in shards]).tolist() == batch.rewards.tolist()
-    assert torch.cat([s.group_ids for s in shards]).tolist() == batch.group_ids.tolist()
-    row = 0
-    for s in shards:
-        assert s.token_ids.shape[1] == int(s.attention_mask.sum(-1).max())  # padding trimmed to the shard
-        t = s.token_ids.shape[1]
-        for i in range(s.batch_size):
-            assert torch.equal(s.token_ids[i], batch.token_ids[row, :t])
-            assert torch.equal(s.loss_mask[i], batch.loss_mask[row, :t])
-            assert torch.equal(s.behavior_logprobs[i], batch.behavior_logprobs[row, :t])
-            assert not bool(batch.attention_mask[row, t:].any())  # nothing real was cut
-            row += 1
-
-
-def test_shard_rejects_bad_rank():
-    batch = TrainBatch.from_episodes([_episode("a", 2, 3)], pad_token_id=0)
-    with pytest.raises(ValueError, match="rank"):
-        batch.shard(1, 1)
-
-
 # --------------------------------------------------------------------------------------------------
 # Success labels (the failure-token entropy filter's explicit failures).
 
@@ -155,7 +118,7 @@ def test_success_labels_come_from_the_env_info_and_travel_with_the_rows():
     batch = TrainBatch.from_episodes([a, b, c], pad_token_id=0)
     assert batch.success.tolist() == [False, True, True]
     assert batch.failures.tolist() == [True, False, False]
-    assert batch.shard(1, 2).success.tolist() == [True]
+    assert gather_rows(batch, [2, 0]).success.tolist() == [True, False]  # a micro-batch's rows keep them
     assert batch.rows(slice(0, 2)).failures.tolist() == [True, False]
 
 

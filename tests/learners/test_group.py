@@ -104,7 +104,9 @@ def test_sharded_adamw_state_moves_to_one_learner_and_back(ray_cluster, make_spe
     # float64: AdamW divides tiny gradient entries by their own tiny moments, which turns float32
     # summation-order noise into 1% of a step; in float64 the two paths agree to 1e-10.
     options = {**DP_OPTIONS, "optimizer": "adamw", "lr": 1e-3, "dtype": "float64"}
-    group = LearnerGroup(make_spec(**options, **SHARDED_OPTIONS), num_learners=2, num_cpus_per_learner=0.5,
+    # The shards also checkpoint their activations and keep parameters and optimizer state in host memory.
+    sharded = {**SHARDED_OPTIONS, "gradient_checkpointing": True, "optimizer_offload": True}
+    group = LearnerGroup(make_spec(**options, **sharded), num_learners=2, num_cpus_per_learner=0.5,
                          timeout_s=240.0)
     try:
         single = Learner(make_spec(**options))
