@@ -89,6 +89,22 @@ def test_state_weights_ref_and_policy_through_actors(two_learners, make_spec, ba
         local.update(batch)
 
 
+def test_sharded_ranks_skip_a_non_finite_batch_together(two_learners, make_spec, batch):
+    """NaN log-probs: each rank still runs its backward passes (zero loss), then all agree to skip."""
+    state = LearnerGroup(make_spec(**DP_OPTIONS), local=True).get_state()
+    broken = {**state, "model": {**state["model"], "model.norm.weight": state["model"]["model.norm.weight"].clone()}}
+    broken["model"]["model.norm.weight"][0] = float("nan")
+    two_learners.set_state(broken)
+    before = two_learners.get_weights()
+    metrics = two_learners.update(batch)
+    assert (metrics["applied"], metrics["skipped/non_finite_logprobs"]) == (0.0, 1.0)
+    after = two_learners.get_weights()
+    for name, value in before.items():  # nothing stepped: the NaN weight included, bit for bit
+        torch.testing.assert_close(after[name], value, rtol=0, atol=0, equal_nan=True, msg=name)
+    two_learners.set_state(state)  # the group goes on: a finite batch updates again
+    assert two_learners.update(batch)["applied"] == 1.0 and two_learners.version == 1
+
+
 def test_bad_requests_are_refused_clearly(two_learners, make_spec, batch):
     with pytest.raises(ValueError, match="cannot be split over 2 learners"):
         two_learners.update(batch.rows(slice(0, 1)))
