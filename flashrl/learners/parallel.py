@@ -242,11 +242,28 @@ class ShardedPolicy:
         return {name: gathered[aliases.get(name, name)] for name in names}
 
     def train_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """Rank 0: full master weights and optimizer state by parameter name (CPU); others: empty."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        """Rank 0: full master weights and optimizer state by parameter name (CPU); others: empty.
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_state_dict(self.model, self.optimizer, options=options)
+        The optimizer state is gathered here, tensor by tensor, rather than by ``get_state_dict``, which
+        initialises the state of a fresh optimizer with a zero step (AdamW's step count would then be
+        one ahead of a single learner's).
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from flashrl.learners import fsdp
+
+        model = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        names = [fsdp.clean_name(n) for n, p in self.model.named_parameters() if p.requires_grad]
+        saved = self.optimizer.state_dict()  # keyed by position in the parameter list, shards as DTensors
+        state = {
+            names[i]: {k: fsdp._gather(v, dtype=None, device="cpu") if isinstance(v, torch.Tensor) else v
+                       for k, v in entry.items()}
+            for i, entry in sorted(saved["state"].items())  # the same order on every rank: each is a gather
+        }
+        if self.rank != 0:
+            return {}, {}
+        groups = [{**group, "params": [names[i] for i in group["params"]]} for group in saved["param_groups"]]
+        return model, {"state": state, "param_groups": groups}
 
     def load_train_state(self, model: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
         """Load a full state (every rank holds it): each rank keeps its own shards.

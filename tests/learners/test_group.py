@@ -125,8 +125,12 @@ def test_sharded_adamw_state_moves_to_one_learner_and_back(ray_cluster, make_spe
     group = LearnerGroup(make_spec(**options, **sharded), num_learners=2, num_cpus_per_learner=0.5,
                          timeout_s=240.0)
     try:
-        single = Learner(make_spec(**options))
-        group.update(batch)
+        single, untouched = Learner(make_spec(**options)), Learner(make_spec(**options))
+        single.set_state(group.get_state())  # a fresh state: reading it must not touch the optimizer
+        for learner in (single, untouched, group):
+            learner.update(batch)
+        _assert_same_weights(group.get_weights(), untouched.get_weights(), atol=1e-10)
+        _assert_same_weights(single.get_weights(), untouched.get_weights(), atol=1e-10)
         single.set_state(group.get_state())  # gathered from the shards: full tensors by name
         assert single.version == 1 and len(single.optimizer.state) > 0
         expected = single.update(next_batch)
