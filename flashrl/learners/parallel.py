@@ -32,6 +32,8 @@ __all__ = ["STATE_FILE", "LocalPolicy", "ShardedPolicy", "attention_implementati
 STATE_FILE = "learner_state.pt"
 """A single learner's ``save_state`` folder holds this one file (sharded learners write DCP shards)."""
 DCP_METADATA_FILE = ".metadata"
+FRESH_OPTIMIZER_FILE = "optimizer_not_started"
+"""In a sharded ``save_state`` folder: the optimizer had not stepped, so only the weights were saved."""
 
 
 def attention_implementation(device: torch.device, dtype: torch.dtype) -> str:
@@ -293,10 +295,18 @@ class ShardedPolicy:
         self.optimizer.load_state_dict({"state": state, "param_groups": groups})
 
     def save_state(self, path: str | os.PathLike[str], extra: dict[str, Any]) -> str:
-        """A DCP folder: every rank writes its own shards of the weights and optimizer state; ``extra`` once."""
+        """A DCP folder: every rank writes its own shards of the weights and optimizer state; ``extra`` once.
+
+        An optimizer that has not stepped yet is not saved (``get_state_dict`` would first give it a
+        zero step, one step ahead of a fresh one); a marker file says so.
+        """
         from flashrl.learners import fsdp
 
-        return fsdp.save_sharded(path, self.model, self.optimizer, extra_state=extra)
+        started = bool(self.optimizer.state)
+        folder = fsdp.save_sharded(path, self.model, self.optimizer if started else None, extra_state=extra)
+        if not started and self.rank == 0:
+            (Path(folder) / FRESH_OPTIMIZER_FILE).touch()
+        return folder
 
     def load_state(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Load a DCP folder (from any number of sharded ranks) or a single learner's state file."""
@@ -307,6 +317,9 @@ class ShardedPolicy:
             model, optimizer, extra = _read_state_file(folder)
             self.load_train_state(model, optimizer)
             return extra
+        if (folder / FRESH_OPTIMIZER_FILE).is_file():
+            self.optimizer.state.clear()  # as saved: not stepped yet
+            return fsdp.load_sharded(folder, self.model)
         return fsdp.load_sharded(folder, self.model, self.optimizer)
 
     def save_policy(self, path: str | os.PathLike[str]) -> str:

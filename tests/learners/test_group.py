@@ -157,6 +157,13 @@ def test_sharded_adamw_state_moves_to_one_learner_and_back(ray_cluster, make_spe
         again = group.update(batch)
         assert {k: again[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
         _assert_same_weights(group.get_weights(), weights, atol=0.0)
+
+        fresh = Learner(make_spec(**options))
+        group.set_state(fresh.get_state())  # version 0: the optimizer has not stepped
+        group.load_state(group.save_state(tmp_path / "fresh"))
+        fresh.update(batch)
+        group.update(batch)
+        _assert_same_weights(group.get_weights(), fresh.get_weights(), atol=1e-10)
     finally:
         group.shutdown()
 
