@@ -121,17 +121,18 @@ def evaluate_with_runner(config: Any, model_path: str) -> tuple[dict[str, float]
     """
     import asyncio
 
-    from flashrl.env_runners import EnvRunner
+    from flashrl.env_runners import EnvRunner, EnvRunnerSpec
     from flashrl.env_runners.evaluation import evaluation_metrics, evaluation_splits, num_prompts
 
     config.validate()
+    spec = EnvRunnerSpec.from_config(config)
 
     async def run() -> dict[str | None, list[Any]]:
-        runner = EnvRunner(config.to_dict(), runner_index=0, num_runners=1, model_path=model_path)
+        runner = EnvRunner(spec, runner_index=0, num_runners=1, model_path=model_path)
         try:
             results = {}
-            for split in evaluation_splits(config):
-                n = num_prompts(config, await runner.evaluation_size(split))
+            for split in evaluation_splits(spec):
+                n = num_prompts(spec, await runner.evaluation_size(split))
                 report = await runner.sample(
                     list(range(n)), group_size=config.evaluation_num_samples_per_prompt, evaluation=True, split=split
                 )

@@ -27,7 +27,7 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
 from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
-from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError, RunnerReport
+from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError, EnvRunnerSpec, RunnerReport
 from flashrl.env_runners.batching import BatchAssembler
 from flashrl.episode import Episode
 from flashrl.metrics import (
@@ -91,7 +91,7 @@ class FlashReinforce(Trainable):
             num_gpus_per_learner=cfg.num_gpus_per_learner,
             local=cfg.num_learners == 0,
         )
-        self.env_runner_group = EnvRunnerGroup(cfg, model_path=self.model_path)
+        self.env_runner_group = EnvRunnerGroup(EnvRunnerSpec.from_config(cfg), model_path=self.model_path)
         facts = self.env_runner_group.setup()
         self.pad_token_id = int(facts["pad_token_id"])
         self._pending: deque[Episode] = deque()
@@ -329,8 +329,8 @@ class FlashReinforce(Trainable):
         group = self.env_runner_group
         start = time.perf_counter()
         results = {}
-        for split in evaluation_splits(cfg):
-            n = num_prompts(cfg, group.evaluation_size(split))
+        for split in evaluation_splits(group.spec):
+            n = num_prompts(group.spec, group.evaluation_size(split))
             results[split] = group.sample(
                 list(range(n)), group_size=cfg.evaluation_num_samples_per_prompt, evaluation=True, split=split
             )
@@ -460,7 +460,7 @@ class FlashReinforce(Trainable):
         group = self.env_runner_group
         if group.streaming:  # running episodes belong to the old weights and cursor: start over
             group.stop()
-            group = self.env_runner_group = EnvRunnerGroup(self.algo_config, model_path=self.model_path)
+            group = self.env_runner_group = EnvRunnerGroup(group.spec, model_path=self.model_path)
             group.setup()
         # The books are the checkpoint's: its cursors started every episode it counts, and its own
         # in-flight and pending episodes are booked as lost. This run's unsaved episodes (running,

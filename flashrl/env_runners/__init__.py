@@ -3,6 +3,7 @@
 from flashrl.env_runners.env_runner import EnvRunner
 from flashrl.env_runners.group import EnvRunnerGroup, EnvRunnerGroupError
 from flashrl.env_runners.rollout import EnvError, play_episode, skip_reason
+from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import EVAL_STREAM, SKIP_REASONS, TRAIN_STREAM, RunnerReport, stream_seed
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "EnvRunner",
     "EnvRunnerGroup",
     "EnvRunnerGroupError",
+    "EnvRunnerSpec",
     "RunnerReport",
     "play_episode",
     "skip_reason",

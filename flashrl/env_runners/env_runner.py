@@ -38,6 +38,7 @@ from flashrl.env_runners.rollout import (
     play_episode,
     skip_reason,
 )
+from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import EVAL_STREAM, TRAIN_STREAM, RunnerReport, stream_seed
 from flashrl.episode import Episode
 
@@ -48,18 +49,18 @@ class EnvRunner:
     """Hosts one engine and up to K concurrent episodes; see the module docstring.
 
     Args:
-        config: `FlashReinforceConfig.to_dict()` of the run.
+        spec: what the runner needs of the run (`EnvRunnerSpec.from_config(algorithm_config)`).
         runner_index: stable index of this runner (its seeds and its share of the prompt stream).
         num_runners: how many runners share the training prompt stream.
         model_path: local Hugging Face folder of the initial policy.
         start_counter: training episodes this runner index already started (resume / restart).
-        env_spec: the driver's `gymnasium.EnvSpec` of `config.env`; lets envs registered only in the
+        env_spec: the driver's `gymnasium.EnvSpec` of `spec.env`; lets envs registered only in the
             driver script (e.g. a class defined in `__main__`) be made in the actor.
     """
 
     def __init__(
         self,
-        config: Mapping[str, Any],
+        spec: EnvRunnerSpec,
         *,
         runner_index: int,
         num_runners: int,
@@ -67,21 +68,24 @@ class EnvRunner:
         start_counter: int = 0,
         env_spec: gym.envs.registration.EnvSpec | None = None,
     ) -> None:
-        from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
-
-        self.config = FlashReinforceConfig.from_dict(dict(config))
-        logging.getLogger("flashrl").setLevel(self.config.log_level)
+        if not isinstance(spec, EnvRunnerSpec):
+            raise TypeError(
+                f"EnvRunner: expected an EnvRunnerSpec, got {type(spec).__name__}. Fix: pass "
+                "EnvRunnerSpec.from_config(config) (or EnvRunnerSpec.from_dict(...) for a plain dict)."
+            )
+        self.spec = spec
+        logging.getLogger("flashrl").setLevel(self.spec.log_level)
         self.runner_index = int(runner_index)
         self.num_runners = int(num_runners)
         self.model_path = model_path
         self._counter = int(start_counter)
-        self._context = self.config.max_episode_tokens
+        self._context = self.spec.max_episode_tokens
         self._env_spec = env_spec
         self._engine: Any = None
         self._pools: dict[tuple[int, str | None], list[gym.Env]] = defaultdict(list)
         """Idle env instances per (stream, evaluation split)."""
         self._executor = ThreadPoolExecutor(
-            max_workers=max(2, self.config.episodes_in_flight_per_env_runner),
+            max_workers=max(2, self.spec.episodes_in_flight_per_env_runner),
             thread_name_prefix=f"env-runner-{runner_index}",
         )
         self._buffer: deque[Episode] = deque()
@@ -110,18 +114,18 @@ class EnvRunner:
             # the engine's context and memory follow the run (max_episode_tokens x episodes in flight),
             # not the model's 8192-token default, unless engine_options say otherwise
             options = engine_options_for_run(
-                self.config.engine,
-                self.config.engine_options,
-                max_model_len=self.config.max_episode_tokens,
-                num_seqs=self.config.episodes_in_flight_per_env_runner,
+                self.spec.engine,
+                self.spec.engine_options,
+                max_model_len=self.spec.max_episode_tokens,
+                num_seqs=self.spec.episodes_in_flight_per_env_runner,
             )
             self._engine = make_engine(
-                self.config.engine,
+                self.spec.engine,
                 self.model_path,
-                seed=stream_seed(self.config.seed, 7, self.runner_index),
+                seed=stream_seed(self.spec.seed, 7, self.runner_index),
                 **options,
             )
-        self._context = min(self.config.max_episode_tokens, int(self._engine.max_model_len))
+        self._context = min(self.spec.max_episode_tokens, int(self._engine.max_model_len))
         tok = self._engine.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         return {
@@ -247,9 +251,9 @@ class EnvRunner:
 
     async def _stream(self) -> None:
         assert self._changed is not None
-        limit = self.config.episodes_in_flight_per_env_runner
-        max_buffered = self.config.effective_max_buffered_episodes
-        sampling = self._sampling(self.config.temperature)
+        limit = self.spec.episodes_in_flight_per_env_runner
+        max_buffered = self.spec.max_buffered_episodes
+        sampling = self._sampling(self.spec.temperature)
         while self._fatal is None:
             self._changed.clear()
             # Back-pressure: no new episode while the buffer is full (bounds the policy lag).
@@ -307,11 +311,11 @@ class EnvRunner:
         await self.setup()
         stream = EVAL_STREAM if evaluation else TRAIN_STREAM
         if evaluation:
-            sampling = self._sampling(self.config.evaluation_temperature, self.config.evaluation_top_p)
+            sampling = self._sampling(self.spec.evaluation_temperature, self.spec.evaluation_top_p)
         else:
-            sampling = self._sampling(self.config.temperature)
+            sampling = self._sampling(self.spec.temperature)
         self._check_split(split, evaluation)
-        gate = asyncio.Semaphore(self.config.episodes_in_flight_per_env_runner)
+        gate = asyncio.Semaphore(self.spec.episodes_in_flight_per_env_runner)
         accounts = _Accounts()  # kept apart from the stream's books
 
         async def one(index: int, replica: int) -> Episode | None:
@@ -335,28 +339,28 @@ class EnvRunner:
     def _check_split(self, split: str | None, evaluation: bool) -> None:
         if split is None:
             return
-        if not evaluation or split not in self.config.evaluation_splits:
+        if not evaluation or split not in self.spec.evaluation_splits:
             raise ValueError(
                 f"split {split!r}: expected None or, with evaluation=True, one of the evaluation_splits "
-                f"{sorted(self.config.evaluation_splits)}. Fix: add it to evaluation_splits."
+                f"{sorted(self.spec.evaluation_splits)}. Fix: add it to evaluation_splits."
             )
 
     def _sampling(self, temperature: float, top_p: float | None = None) -> dict[str, Any]:
         return {
             "temperature": float(temperature),
-            "top_p": float(self.config.top_p if top_p is None else top_p),
-            "top_k": int(self.config.top_k),
-            "max_tokens": int(self.config.max_new_tokens),
+            "top_p": float(self.spec.top_p if top_p is None else top_p),
+            "top_k": int(self.spec.top_k),
+            "max_tokens": int(self.spec.max_new_tokens),
         }
 
     def _make_env(self, stream: int, split: str | None = None) -> gym.Env:
         import flashrl.envs  # noqa: F401 - registers the flashrl/* ids
 
         if stream == EVAL_STREAM:
-            env_config = split_env_config(self.config, split)
+            env_config = split_env_config(self.spec, split)
         else:
-            env_config = dict(self.config.env_config)
-        return gym.make(self._env_spec if self._env_spec is not None else self.config.env, **env_config)
+            env_config = dict(self.spec.env_config)
+        return gym.make(self._env_spec if self._env_spec is not None else self.spec.env, **env_config)
 
     async def _play(
         self, index: int, stream: int, replica: int, sampling: dict[str, Any], split: str | None = None
@@ -364,14 +368,14 @@ class EnvRunner:
         """Play one episode; the caller books the outcome (atomically with its in-flight count)."""
         pool = self._pools[(stream, split)]
         env = pool.pop() if pool else self._make_env(stream, split)
-        datasource = self.config.evaluation_datasource_key
+        datasource = self.spec.evaluation_datasource_key
         start = time.perf_counter()
         try:
             episode = await play_episode(
                 env,
                 self._engine,
-                reset_seed=stream_seed(self.config.seed, stream, index),
-                sampling_seed=lambda turn: stream_seed(self.config.seed, stream, index, replica, turn),
+                reset_seed=stream_seed(self.spec.seed, stream, index),
+                sampling_seed=lambda turn: stream_seed(self.spec.seed, stream, index, replica, turn),
                 sampling=sampling,
                 max_episode_tokens=self._context,
                 executor=self._executor,
@@ -392,7 +396,7 @@ class EnvRunner:
             return _Outcome(None, "request_error")
         pool.append(env)
         tokens, turns = episode.num_generated_tokens, len(episode.policy_versions)
-        reason = skip_reason(episode, max_episode_tokens=self.config.max_episode_tokens)
+        reason = skip_reason(episode, max_episode_tokens=self.spec.max_episode_tokens)
         if reason is not None:
             return _Outcome(None, reason, tokens, turns)
         episode.info.update(

@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import RunnerReport
 from flashrl.episode import Episode
 
@@ -32,21 +33,21 @@ UNKNOWN_DATASOURCE = "unknown"
 """Benchmark name of an episode without the datasource field (when other episodes have it)."""
 
 
-def evaluation_splits(config: Any) -> dict[str | None, dict[str, Any]]:
+def evaluation_splits(spec: EnvRunnerSpec) -> dict[str | None, dict[str, Any]]:
     """Split name -> env_config of its evaluation env; ``{None: ...}`` when no split is named."""
-    names = list(config.evaluation_splits) or [None]
-    return {name: split_env_config(config, name) for name in names}
+    names = list(spec.evaluation_splits) or [None]
+    return {name: split_env_config(spec, name) for name in names}
 
 
-def split_env_config(config: Any, split: str | None) -> dict[str, Any]:
+def split_env_config(spec: EnvRunnerSpec, split: str | None) -> dict[str, Any]:
     """``env_config | evaluation_env_config | evaluation_splits[split]`` (no split: the first two)."""
-    overrides = config.evaluation_splits[split] if split is not None else {}
-    return {**config.env_config, **config.evaluation_env_config, **overrides}
+    overrides = spec.evaluation_splits[split] if split is not None else {}
+    return {**spec.env_config, **spec.evaluation_env_config, **overrides}
 
 
-def num_prompts(config: Any, finite_size: int | None) -> int:
+def num_prompts(spec: EnvRunnerSpec, finite_size: int | None) -> int:
     """Prompts to evaluate: `evaluation_num_episodes`, at most every task once of a finite list."""
-    n = int(config.evaluation_num_episodes)
+    n = int(spec.evaluation_num_episodes)
     return n if finite_size is None else max(1, min(n, int(finite_size)))
 
 

@@ -20,6 +20,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from flashrl.env_runners.env_runner import EnvRunner
+from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import RunnerReport
 
 logger = logging.getLogger("flashrl.env_runners")
@@ -48,27 +49,34 @@ class EnvRunnerGroup:
     """Start, poll, update and restart the EnvRunner actors of one run.
 
     Args:
-        config: the run's `FlashReinforceConfig`.
+        spec: what the runners need of the run (`EnvRunnerSpec.from_config(algorithm_config)`).
         model_path: local Hugging Face folder of the initial policy.
         start_counters: per runner index, training episodes already started (resume).
     """
 
-    def __init__(self, config: Any, *, model_path: str, start_counters: Sequence[int] | None = None) -> None:
-        self.config = config
+    def __init__(
+        self, spec: EnvRunnerSpec, *, model_path: str, start_counters: Sequence[int] | None = None
+    ) -> None:
+        if not isinstance(spec, EnvRunnerSpec):
+            raise TypeError(
+                f"EnvRunnerGroup: expected an EnvRunnerSpec, got {type(spec).__name__}. "
+                "Fix: pass EnvRunnerSpec.from_config(config)."
+            )
+        self.spec = spec
         self.model_path = model_path
-        self.num_runners = int(config.num_env_runners)
+        self.num_runners = spec.num_env_runners
         counters = list(start_counters or [])
         counters += [0] * (self.num_runners - len(counters))
         self._actor_cls = ray.remote(
-            num_cpus=config.num_cpus_per_env_runner,
-            num_gpus=config.num_gpus_per_env_runner,
+            num_cpus=spec.num_cpus_per_env_runner,
+            num_gpus=spec.num_gpus_per_env_runner,
             max_restarts=0,
         )(EnvRunner)
-        self._env_spec = _driver_env_spec(config.env)
+        self._env_spec = _driver_env_spec(spec.env)
         self._slots: dict[int, _RunnerSlot] = {}
         for index in range(self.num_runners):
             self._slots[index] = _RunnerSlot(actor=self._new_actor(index, counters[index]), started=counters[index])
-        self._budgeted = getattr(config, "async_queue_size", None) is not None
+        self._budgeted = spec.async_queue_size is not None
         """Whether training episodes start only as `grant()` allows (bounded staleness)."""
         self._streaming = False
         self._weights: tuple[int, Any] | None = None
@@ -81,7 +89,7 @@ class EnvRunnerGroup:
     # ------------------------------------------------------------------------------------------
     def _new_actor(self, index: int, start_counter: int) -> Any:
         return self._actor_cls.options(name=None).remote(
-            self.config.to_dict(),
+            self.spec,
             runner_index=index,
             num_runners=self.num_runners,
             model_path=self.model_path,
@@ -90,13 +98,13 @@ class EnvRunnerGroup:
         )
 
     def _get(self, refs: Any, what: str, timeout_s: float | None = None) -> Any:
-        timeout = self.config.sample_timeout_s if timeout_s is None else timeout_s
+        timeout = self.spec.sample_timeout_s if timeout_s is None else timeout_s
         try:
             return ray.get(refs, timeout=timeout)
         except GetTimeoutError as err:
             raise EnvRunnerGroupError(
                 f"EnvRunners did not {what} within {timeout:g} s. If the cluster is small, check that "
-                f"the actors' CPU requests fit (num_cpus_per_env_runner={self.config.num_cpus_per_env_runner}); "
+                f"the actors' CPU requests fit (num_cpus_per_env_runner={self.spec.num_cpus_per_env_runner}); "
                 f"otherwise raise sample_timeout_s."
             ) from err
 
@@ -208,7 +216,7 @@ class EnvRunnerGroup:
         # One call: a separate set_weights could land after the stream started (async actors do not
         # run calls in order, and this one waits for its weights to be fetched first).
         slot.actor.start.remote(version, weights, slot.granted)
-        slot.poll = slot.actor.poll.remote(self.config.train_batch_size, POLL_TIMEOUT_S)
+        slot.poll = slot.actor.poll.remote(self.spec.train_batch_size, POLL_TIMEOUT_S)
 
     @property
     def granted(self) -> int:
@@ -257,7 +265,7 @@ class EnvRunnerGroup:
             self._book(index, report)
             reports.append(report)
             slot = self._slots[index]
-            slot.poll = slot.actor.poll.remote(self.config.train_batch_size, POLL_TIMEOUT_S)
+            slot.poll = slot.actor.poll.remote(self.spec.train_batch_size, POLL_TIMEOUT_S)
         return reports
 
     def _book(self, index: int, report: RunnerReport) -> None:
@@ -308,14 +316,14 @@ class EnvRunnerGroup:
         slot = self._slots[index]
         lost = slot.in_flight + slot.buffered if lost is None else lost
         self.num_lost_episodes += lost
-        if not self.config.restart_failed_env_runners:
+        if not self.spec.restart_failed_env_runners:
             raise EnvRunnerGroupError(
                 f"EnvRunner {index} failed ({err!r}); restart_failed_env_runners is False."
             ) from err
-        if self.num_restarts >= self.config.max_num_env_runner_restarts:
+        if self.num_restarts >= self.spec.max_num_env_runner_restarts:
             raise EnvRunnerGroupError(
                 f"EnvRunner {index} failed ({err!r}) after {self.num_restarts} restarts "
-                f"(max_num_env_runner_restarts={self.config.max_num_env_runner_restarts})."
+                f"(max_num_env_runner_restarts={self.spec.max_num_env_runner_restarts})."
             ) from err
         self.num_restarts += 1
         logger.warning(

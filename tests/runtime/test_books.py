@@ -8,7 +8,7 @@ import pytest
 import ray
 
 from flashrl.algorithms import FlashReinforce
-from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError
+from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError, EnvRunnerSpec
 
 pytestmark = pytest.mark.ray
 
@@ -104,7 +104,7 @@ def test_a_restarted_runner_samples_with_the_current_weights(ray_session, tiny_c
 
     config = tiny_config(env="flashrl-test/Parity-v0", num_env_runners=1)
     weights = AutoModelForCausalLM.from_pretrained(config.model).state_dict()
-    group = EnvRunnerGroup(config, model_path=config.model)
+    group = EnvRunnerGroup(EnvRunnerSpec.from_config(config), model_path=config.model)
     try:
         group.setup()
         group.start_streaming()

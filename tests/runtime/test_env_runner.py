@@ -10,12 +10,13 @@ from collections import Counter
 import pytest
 import torch
 
-from flashrl.env_runners import EnvRunner, RunnerReport, skip_reason, stream_seed
+from flashrl.env_runners import EnvRunner, EnvRunnerSpec, RunnerReport, skip_reason, stream_seed
 from flashrl.episode import Episode
 
 
 def _runner(config, **kwargs) -> EnvRunner:
-    return EnvRunner(config.to_dict(), runner_index=0, num_runners=1, model_path=config.model, **kwargs)
+    spec = EnvRunnerSpec.from_config(config)
+    return EnvRunner(spec, runner_index=0, num_runners=1, model_path=config.model, **kwargs)
 
 
 async def _collect(runner: EnvRunner, n: int, timeout_s: float = 60.0) -> list[RunnerReport]:
@@ -143,7 +144,8 @@ def test_an_episode_is_a_function_of_its_index(tiny_config):
     config = tiny_config(env="flashrl-test/Parity-v0", max_new_tokens=12)
 
     async def play(runner_index: int):
-        runner = EnvRunner(config.to_dict(), runner_index=runner_index, num_runners=2, model_path=config.model)
+        spec = EnvRunnerSpec.from_config(config)
+        runner = EnvRunner(spec, runner_index=runner_index, num_runners=2, model_path=config.model)
         report = await runner.sample([5, 6], group_size=2)
         await runner.stop()
         return {(ep.info["episode_index"], ep.info["replica"]): ep for ep in report.episodes}

@@ -1,0 +1,88 @@
+"""EnvRunnerSpec: read from the algorithm config by field name, frozen, round-trips, rejects bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import pytest
+
+from flashrl.algorithms import FlashReinforceConfig
+from flashrl.env_runners import EnvRunner, EnvRunnerGroup, EnvRunnerSpec
+
+
+def _config() -> FlashReinforceConfig:
+    return (
+        FlashReinforceConfig()
+        .environment("flashrl/Math-v0", env_config={"preset": "arithmetic"})
+        .env_runners(num_env_runners=3, num_cpus_per_env_runner=0.5, engine="torch",
+                     engine_options={"dtype": "float32"}, episodes_in_flight_per_env_runner=6,
+                     async_queue_size=2, temperature=0.9, top_p=0.95, top_k=5, max_new_tokens=17,
+                     max_episode_tokens=300, max_num_env_runner_restarts=7, sample_timeout_s=12.0)
+        .training(train_batch_size=12)
+        .evaluation(evaluation_num_episodes=9, evaluation_temperature=0.7, evaluation_top_p=0.7,
+                    evaluation_env_config={"order": "sequential"},
+                    evaluation_splits={"seen": {"split": "valid_seen"}},
+                    evaluation_datasource_key="datasource")
+        .debugging(seed=11, log_level="INFO")
+    )
+
+
+def test_every_field_is_the_config_field_of_the_same_name():
+    config = _config()
+    spec = EnvRunnerSpec.from_config(config)
+    names = [f.name for f in dataclasses.fields(EnvRunnerSpec)]
+    config_names = {f.name for f in dataclasses.fields(FlashReinforceConfig)}
+    # A spec field the config lacks would silently keep its default in every run.
+    assert set(names) <= config_names, sorted(set(names) - config_names)
+    for name in names:
+        assert getattr(spec, name) == getattr(config, name), name
+    assert (spec.num_env_runners, spec.async_queue_size, spec.train_batch_size, spec.seed) == (3, 2, 12, 11)
+    assert spec.evaluation_splits == {"seen": {"split": "valid_seen"}}
+
+
+def test_max_buffered_episodes_defaults_to_the_episodes_in_flight():
+    spec = EnvRunnerSpec.from_config(_config())
+    assert spec.max_buffered_episodes == 6 == _config().effective_max_buffered_episodes
+    spec = EnvRunnerSpec.from_config(_config().env_runners(max_buffered_episodes_per_env_runner=2))
+    assert spec.max_buffered_episodes == 2
+
+
+def test_overrides_win_and_the_spec_owns_its_dicts():
+    config = _config()
+    spec = EnvRunnerSpec.from_config(config, num_env_runners=1, seed=5)
+    assert (spec.num_env_runners, spec.seed) == (1, 5)
+    config.env_config["preset"] = "easy_sums"  # a later change to the config does not reach the spec
+    assert spec.env_config == {"preset": "arithmetic"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.seed = 3  # type: ignore[misc]
+
+
+def test_round_trips_through_a_dict_and_pickle():
+    spec = EnvRunnerSpec.from_config(_config())
+    data = spec.to_dict()
+    assert EnvRunnerSpec.from_dict(data) == spec
+    data["env_config"]["preset"] = "x"  # to_dict copies
+    assert spec.env_config["preset"] == "arithmetic"
+    assert pickle.loads(pickle.dumps(spec)) == spec  # how it reaches the actors
+
+
+def test_bad_input_says_what_was_expected():
+    with pytest.raises(ValueError, match=r"Unknown EnvRunnerSpec fields \['lr'\]"):
+        EnvRunnerSpec.from_dict({"env": "flashrl/Math-v0", "lr": 1e-6})
+    with pytest.raises(ValueError, match=r"episodes_in_flight_per_env_runner: expected an integer >= 1; got 0\."):
+        EnvRunnerSpec(env="flashrl/Math-v0", episodes_in_flight_per_env_runner=0)
+    with pytest.raises(ValueError, match=r"EnvRunnerSpec.temperature: expected a finite number > 0"):
+        EnvRunnerSpec(env="flashrl/Math-v0", temperature=0.0)
+    with pytest.raises(ValueError, match=r"EnvRunnerSpec.env: expected a Gymnasium id"):
+        EnvRunnerSpec(env="")
+    with pytest.raises(ValueError, match=r"has no field \['env'\]"):
+        EnvRunnerSpec.from_config(object())
+
+
+def test_the_runners_take_a_spec_not_a_config_dict():
+    config = _config()
+    with pytest.raises(TypeError, match=r"expected an EnvRunnerSpec, got dict.*EnvRunnerSpec.from_config"):
+        EnvRunner(config.to_dict(), runner_index=0, num_runners=1, model_path="unused")
+    with pytest.raises(TypeError, match=r"expected an EnvRunnerSpec, got FlashReinforceConfig"):
+        EnvRunnerGroup(config, model_path="unused")
