@@ -3,6 +3,7 @@
 from flashrl.envs.math.env import PRESETS, MathEnv
 from flashrl.envs.math.generators import ArithmeticGenerator, WordProblemGenerator
 from flashrl.envs.math.tasks import (
+    DATASOURCE_FIELDS,
     DatasetError,
     MathTask,
     TaskList,
@@ -16,6 +17,7 @@ from flashrl.envs.math.templates import TEMPLATES, PromptTemplate
 from flashrl.envs.math.verifier import VerifyResult, verifier_stats, verify_answer
 
 __all__ = [
+    "DATASOURCE_FIELDS",
     "PRESETS",
     "TEMPLATES",
     "ArithmeticGenerator",

@@ -10,7 +10,7 @@ import numpy as np
 
 from flashrl.envs.base import LanguageEnv, Messages, StepResult
 from flashrl.envs.math.generators import ArithmeticGenerator, WordProblemGenerator
-from flashrl.envs.math.tasks import AnswerFormat, MathTask, TaskSource, load_tasks
+from flashrl.envs.math.tasks import DATASOURCE_FIELDS, AnswerFormat, MathTask, TaskSource, load_tasks
 from flashrl.envs.math.templates import PromptTemplate, resolve_template
 from flashrl.envs.math.verifier import verify_answer
 
@@ -58,14 +58,20 @@ class MathEnv(LanguageEnv):
     ``reset``: ``prompt_id`` (stable task key), ``question``, ``answer``, ``task_index`` (finite
     sources). ``step``: ``prompt_id``, ``answer``, ``extracted``, ``correct``, ``success`` (=
     ``correct``; a format bonus is not a success), ``boxed``, ``reason``, ``verifier_failed``, ``turn``.
+    Both also carry the task's :attr:`~flashrl.envs.math.tasks.MathTask.info`: a row's benchmark
+    under its field name (``data_source`` or ``datasource``, or ``datasource_field``), which the
+    evaluation reports by (``evaluation_datasource_key``, e.g. ``evaluation/aime25/avg@4``).
 
     ## Reset options
     ``{"task_index": i}`` picks task ``i`` of a finite source; ``{"task": {"question": ...,
-    "answer": ...}}`` (or a ``MathTask``) plays the given task.
+    "answer": ...}}`` (or a ``MathTask``; a dict's ``data_source`` / ``datasource`` is kept as its
+    benchmark) plays the given task.
 
     ## Arguments
     ``tasks``, ``preset`` (default ``"easy_sums"`` when ``tasks`` is None), ``difficulty``,
     ``question_field``/``answer_field``/``id_field``/``answer_format`` (file and row sources),
+    ``datasource_field`` (the rows' benchmark field; None = ``data_source`` or ``datasource`` where a
+    row has one),
     ``template`` (name in ``TEMPLATES``, a format string with ``{question}``, or a
     ``PromptTemplate``), ``system_prompt`` (overrides the template's), ``format_reward``,
     ``verify_timeout_s``, ``order`` (finite sources: ``shuffle`` each epoch, ``random`` with
@@ -85,6 +91,7 @@ class MathEnv(LanguageEnv):
         answer_field: str = "answer",
         id_field: str | None = None,
         answer_format: AnswerFormat = "plain",
+        datasource_field: str | None = None,
         template: PromptTemplate | str | None = None,
         system_prompt: str | None = None,
         format_reward: float = 0.0,
@@ -108,6 +115,7 @@ class MathEnv(LanguageEnv):
                 answer_field=answer_field,
                 id_field=id_field,
                 answer_format=answer_format,
+                datasource_field=datasource_field,
             )
         elif difficulty is not None:
             self.tasks = ArithmeticGenerator.from_difficulty(difficulty)
@@ -169,6 +177,7 @@ class MathEnv(LanguageEnv):
         else:
             self.task = self.tasks.sample(self.np_random)
         info: dict[str, Any] = {
+            **self.task.info,
             "prompt_id": self.task.prompt_id,
             "question": self.task.question,
             "answer": self.task.answer,
@@ -197,6 +206,7 @@ class MathEnv(LanguageEnv):
             self.verifier_failures += 1
         reward = result.reward + (self.format_reward if result.boxed else 0.0)
         info = {
+            **self.task.info,
             "prompt_id": self.task.prompt_id,
             "answer": self.task.answer,
             "extracted": result.extracted,
@@ -218,6 +228,7 @@ def _as_task(task: Any) -> MathTask:
             question=task["question"],
             answer=answer,
             prompt_id=str(task.get("prompt_id", f"custom:{task['question']}")),
+            info={key: str(task[key]) for key in DATASOURCE_FIELDS if task.get(key) is not None},
         )
     raise TypeError(
         "reset(options={'task': ...}) expects a MathTask or a dict with 'question' (str) and "

@@ -4,9 +4,12 @@ Every source yields :class:`MathTask` objects. A finite source is a :class:`Task
 generators (:mod:`flashrl.envs.math.generators`) are infinite sources. Both satisfy
 :class:`TaskSource`: ``sample(rng)`` draws one task with the environment's random generator.
 
-Fields are configurable (``question_field``, ``answer_field``, ``id_field``) and may be dotted paths
-into nested records (``"reward_model.ground_truth"``). A malformed row raises :class:`DatasetError`
-naming the file and line (JSONL) or row (Parquet, datasets), what was expected and what was found.
+Fields are configurable (``question_field``, ``answer_field``, ``id_field``, ``datasource_field``) and
+may be dotted paths into nested records (``"reward_model.ground_truth"``). A row's benchmark name
+(``data_source``, as verl names it, or ``datasource``, as the reference's Molt data do) is kept in
+:attr:`MathTask.info`, so every episode of the task reports it (per-benchmark evaluation). A
+malformed row raises :class:`DatasetError` naming the file and line (JSONL) or row (Parquet,
+datasets), what was expected and what was found.
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ class MathTask:
     """Stable key of the task (the same question always gets the same id)."""
     metadata: Mapping[str, Any] = field(default_factory=dict)
     """Source-specific details (operands, template name, file and line)."""
+    info: Mapping[str, Any] = field(default_factory=dict)
+    """Fields every episode of the task reports in its info, e.g. its benchmark ``{"datasource": "gsm8k"}``."""
+
+
+DATASOURCE_FIELDS = ("data_source", "datasource")
+"""Row fields read as a task's benchmark when no ``datasource_field`` is given (verl's, then Molt's)."""
 
 
 @runtime_checkable
@@ -105,30 +114,23 @@ def task_from_row(
     answer_field: str = "answer",
     id_field: str | None = None,
     answer_format: AnswerFormat = "plain",
+    datasource_field: str | None = None,
 ) -> MathTask:
-    """Build a task from one record; ``where`` (``"file.jsonl:12"``) prefixes every error."""
+    """Build a task from one record; ``where`` (``"file.jsonl:12"``) prefixes every error.
+
+    ``datasource_field`` names the row's benchmark field (then every row must have it); None reads
+    the first of :data:`DATASOURCE_FIELDS` the row has (not null), if any. It lands in
+    ``MathTask.info`` under that field's name.
+    """
     if not isinstance(row, Mapping):
         raise DatasetError(f"{where}: expected an object with fields, got {type(row).__name__}.")
+    if datasource_field is None:
+        datasource_field = next((name for name in DATASOURCE_FIELDS if row.get(name) is not None), None)
     values: dict[str, str] = {}
-    for role, path in (("question", question_field), ("answer", answer_field), ("id", id_field)):
-        if path is None:
-            continue
-        try:
-            value = _lookup(row, path)
-        except KeyError:
-            raise DatasetError(
-                f"{where}: missing field {path!r} (the {role}); the row has fields {sorted(row)}. "
-                f"Set {role}_field= to the right name."
-            ) from None
-        if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
-            raise DatasetError(
-                f"{where}: field {path!r} (the {role}) must be a string or a number; got "
-                f"{type(value).__name__}."
-            )
-        text = str(value).strip()
-        if not text:
-            raise DatasetError(f"{where}: field {path!r} (the {role}) is empty.")
-        values[role] = text
+    for role, path in (("question", question_field), ("answer", answer_field), ("id", id_field),
+                       ("datasource", datasource_field)):
+        if path is not None:
+            values[role] = _text_field(row, path, role, where)
     try:
         answer = normalize_answer(values["answer"], answer_format)
     except ValueError as exc:
@@ -140,7 +142,28 @@ def task_from_row(
         answer=answer,
         prompt_id=values.get("id", default_id),
         metadata={"source": where},
+        info={datasource_field: values["datasource"]} if datasource_field is not None else {},
     )
+
+
+def _text_field(row: Mapping[str, Any], path: str, role: str, where: str) -> str:
+    """The non-empty text of field ``path`` (a string or a number) of ``row``."""
+    try:
+        value = _lookup(row, path)
+    except KeyError:
+        raise DatasetError(
+            f"{where}: missing field {path!r} (the {role}); the row has fields {sorted(row)}. "
+            f"Set {role}_field= to the right name."
+        ) from None
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
+        raise DatasetError(
+            f"{where}: field {path!r} (the {role}) must be a string or a number; got "
+            f"{type(value).__name__}."
+        )
+    text = str(value).strip()
+    if not text:
+        raise DatasetError(f"{where}: field {path!r} (the {role}) is empty.")
+    return text
 
 
 # --------------------------------------------------------------------------------------- loaders
@@ -151,6 +174,7 @@ def load_jsonl(
     answer_field: str = "answer",
     id_field: str | None = None,
     answer_format: AnswerFormat = "plain",
+    datasource_field: str | None = None,
 ) -> TaskList:
     """Tasks from a JSON Lines file, one object per line (blank lines are skipped)."""
     path = os.fspath(path)
@@ -174,6 +198,7 @@ def load_jsonl(
                     answer_field=answer_field,
                     id_field=id_field,
                     answer_format=answer_format,
+                    datasource_field=datasource_field,
                 )
             )
     return TaskList(tasks, name=name)
@@ -186,6 +211,7 @@ def load_parquet(
     answer_field: str = "answer",
     id_field: str | None = None,
     answer_format: AnswerFormat = "plain",
+    datasource_field: str | None = None,
 ) -> TaskList:
     """Tasks from a Parquet file (rows numbered from 1 in errors and default ids)."""
     import pyarrow.parquet as pq
@@ -206,6 +232,7 @@ def load_parquet(
                 answer_field=answer_field,
                 id_field=id_field,
                 answer_format=answer_format,
+                datasource_field=datasource_field,
             )
             for i, row in enumerate(rows, start=1)
         ),
@@ -221,6 +248,7 @@ def from_records(
     answer_field: str = "answer",
     id_field: str | None = None,
     answer_format: AnswerFormat = "plain",
+    datasource_field: str | None = None,
 ) -> TaskList:
     """Tasks from any iterable of dict rows, e.g. a Hugging Face ``datasets.Dataset`` split."""
     return TaskList(
@@ -233,6 +261,7 @@ def from_records(
                 answer_field=answer_field,
                 id_field=id_field,
                 answer_format=answer_format,
+                datasource_field=datasource_field,
             )
             for i, row in enumerate(records, start=1)
         ),
@@ -247,6 +276,7 @@ def load_tasks(
     answer_field: str = "answer",
     id_field: str | None = None,
     answer_format: AnswerFormat = "plain",
+    datasource_field: str | None = None,
 ) -> TaskSource:
     """Any supported source as a :class:`TaskSource`.
 
@@ -259,6 +289,7 @@ def load_tasks(
         "answer_field": answer_field,
         "id_field": id_field,
         "answer_format": answer_format,
+        "datasource_field": datasource_field,
     }
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)

@@ -254,6 +254,54 @@ def test_records_like_a_hf_dataset_and_epoch_shuffle() -> None:
         from_records([{"q": "x", "a": 1}, {"q": "y"}], question_field="q", answer_field="a", name="toy")
 
 
+# ------------------------------------------------------------------------------------- benchmarks
+MIXED = [
+    {"question": "What is 1 + 1?", "answer": "2", "datasource": "gsm8k"},
+    {"question": "What is 2 + 2?", "answer": "4", "datasource": "aime25"},
+    {"question": "What is 3 + 3?", "answer": "6"},  # no benchmark: the episode info has none
+]
+
+
+def test_a_rows_datasource_is_in_the_reset_and_step_info(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "eval.jsonl", MIXED)
+    assert [t.info for t in load_jsonl(path)] == [{"datasource": "gsm8k"}, {"datasource": "aime25"}, {}]
+    env = gym.make("flashrl/Math-v0", tasks=str(path), order="sequential")
+    infos = []
+    for index, reply in enumerate(["2", "5", "6"]):
+        _, reset_info = env.reset(options={"task_index": index})
+        infos.append((reset_info.get("datasource"), env.step(reply)[4].get("datasource")))
+    assert infos == [("gsm8k", "gsm8k"), ("aime25", "aime25"), (None, None)]
+    # verl's spelling is read too, under its own name (evaluation_datasource_key's default)
+    env = MathEnv([{"question": "q", "answer": "1", "data_source": "math500"}])
+    assert env.reset(seed=0)[1]["data_source"] == "math500" and env.step("1")[4]["data_source"] == "math500"
+    task = {"question": "What is 5 + 5?", "answer": "10", "datasource": "amc23"}
+    assert env.reset(options={"task": task})[1]["datasource"] == "amc23"
+
+
+def test_a_named_datasource_field_is_required_and_may_be_nested(tmp_path: Path) -> None:
+    rows = [{"question": "q1", "answer": "1", "extra": {"bench": "minerva"}},
+            {"question": "q2", "answer": "2", "extra": {"bench": 2025}}]
+    tasks = from_records(rows, datasource_field="extra.bench", name="toy")
+    assert [t.info for t in tasks] == [{"extra.bench": "minerva"}, {"extra.bench": "2025"}]
+    missing = r"toy: row 2: missing field 'extra.bench' \(the datasource\).*Set datasource_field="
+    with pytest.raises(DatasetError, match=missing):
+        from_records([rows[0], {"question": "q", "answer": "1"}], datasource_field="extra.bench", name="toy")
+    with pytest.raises(DatasetError, match=r"row 1: field 'datasource' \(the datasource\) is empty"):
+        from_records([{"question": "q", "answer": "1", "datasource": " "}])
+
+
+def test_a_null_datasource_in_parquet_is_no_datasource(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "eval.parquet"
+    table = pa.table({"question": ["q1", "q2"], "answer": ["1", "2"], "datasource": ["aime24", None]})
+    pq.write_table(table, path)
+    env = MathEnv(path, order="sequential")
+    assert env.reset(seed=0)[1]["datasource"] == "aime24"
+    assert "datasource" not in env.reset()[1]
+
+
 def test_pandas_dataframe() -> None:
     import pandas as pd
 

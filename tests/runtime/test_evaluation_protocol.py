@@ -109,6 +109,30 @@ def test_splits_k_samples_and_the_evaluation_sampling_in_process(tiny_config):
     assert (training.temperature, training.top_p) == (1.0, 1.0)
 
 
+def test_math_reports_each_benchmark_of_its_task_file(tiny_config, tmp_path):
+    """The Math env carries a row's `datasource` into the episode info: one avg@k per benchmark."""
+    import json
+
+    from flashrl.cli import evaluate_with_runner
+
+    sources = ["gsm8k", "aime25", "gsm8k", "aime25", "gsm8k"]
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i), "datasource": s})
+                            + "\n" for i, s in enumerate(sources)))
+    config = tiny_config(env="flashrl/Math-v0", env_config={"tasks": str(path)}, evaluation_num_episodes=10,
+                         evaluation_num_samples_per_prompt=2, evaluation_datasource_key="datasource")
+    metrics, results = evaluate_with_runner(config, config.model)
+    episodes = [ep for reports in results.values() for r in reports for ep in r.episodes]
+    assert len(episodes) == 10  # five tasks, each once, two samples
+    for ep in episodes:  # the benchmark of the row the episode played
+        assert ep.info["datasource"] == sources[ep.info["episode_index"]]
+    assert (metrics["evaluation/gsm8k/num_prompts"], metrics["evaluation/aime25/num_prompts"]) == (3, 2)
+    for source in ("gsm8k", "aime25"):
+        rewards = [ep.reward for ep in episodes if ep.info["datasource"] == source]
+        assert metrics[f"evaluation/{source}/avg@2"] == pytest.approx(sum(rewards) / len(rewards))
+    assert "evaluation/unknown/avg@2" not in metrics
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(600)
 def test_evaluation_at_start_and_every_n_updates(ray_session, tiny_config):
