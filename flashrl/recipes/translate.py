@@ -292,8 +292,8 @@ def flashrl_fields(
         f"ceil(data.max_samples / rollout.batch_size) x train.num_episodes "
         f"({resolved.origin['train.num_episodes']}; {horizon})",
     )
-    _evaluation_data(resolved, out)
     _choices(resolved, out)
+    _evaluation_data(resolved, out)
     return out
 
 
@@ -334,10 +334,18 @@ def _evaluation_data(resolved: ResolvedSetting, out: FlashrlFields) -> None:
     """Which held-out sets the online evaluation reports (examples/README.md)."""
     readme = "examples/README.md"
     if resolved.setting.agent_kind == "alfworld":
+        games = f"{readme}: 140 seen + 134 unseen games ({resolved.setting.source} notes)"
         out.set(
             "evaluation_splits",
             {"valid_seen": {"split": "valid_seen"}, "valid_unseen": {"split": "valid_unseen"}},
-            f"{readme}: 140 seen + 134 unseen games ({resolved.setting.source} notes)",
+            games,
+        )
+        # evaluation_num_episodes counts prompts per split: every seen game once; the unseen split
+        # is capped at its 134 games (a finite game list is walked once)
+        out.set(
+            "evaluation_num_episodes",
+            FLASHRL_CHOICES[resolved.name].evaluation_num_episodes,
+            f"{games}: prompts per split, the larger split's count",
         )
     else:
         out.set(

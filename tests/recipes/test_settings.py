@@ -216,6 +216,28 @@ def test_every_setting_has_its_tuned_example() -> None:
         assert len(ast.parse(text).body) <= 6  # docstring, imports, the main: thin
 
 
+def test_alfworld_evaluates_every_seen_and_unseen_game_once() -> None:
+    """The reference's 140 seen + 134 unseen games: evaluation_num_episodes counts prompts per split."""
+    import argparse
+
+    from flashrl.env_runners import EnvRunnerSpec
+    from flashrl.env_runners.evaluation import num_prompts
+    from flashrl.recipes.setting_run import ALFWORLD_EVAL_GAMES, setting_config
+
+    out = flashrl_fields(resolved("alfworld"))
+    assert out.values["evaluation_num_episodes"] == 140
+    assert out.values["evaluation_splits"] == {"valid_seen": {"split": "valid_seen"},
+                                               "valid_unseen": {"split": "valid_unseen"}}
+    assert "140 seen + 134 unseen games" in out.sources["evaluation_num_episodes"]
+    args = argparse.Namespace(alfworld_data=None, num_generated_games=8)
+    spec = EnvRunnerSpec.from_config(setting_config(resolved("alfworld"), args))
+    assert {split: env["split"] for split, env in spec.evaluation_splits.items()} == {
+        "valid_seen": "valid_seen", "valid_unseen": "valid_unseen"}
+    # a finite game list caps the prompts at its size: each game played once, 274 in all
+    played = {split: num_prompts(spec, ALFWORLD_EVAL_GAMES[split]) for split in spec.evaluation_splits}
+    assert played == {"valid_seen": 140, "valid_unseen": 134}
+
+
 def test_a_constant_schedule_leaves_warmup_and_min_lr_inert() -> None:
     out = flashrl_fields(resolved("alfworld"))
     assert (out.values["lr_schedule"], out.values["lr_warmup_ratio"], out.values["min_lr_ratio"]) == (
