@@ -449,8 +449,8 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
             num_gpus_per_env_runner=1,
             num_cpus_per_env_runner=8,
             num_learners=4,
-            # Prompts per split: the reference evaluates 140 seen + 134 unseen games (the setting file's
-            # notes, examples/README.md); 140 plays every seen game once and caps the unseen split at its 134.
+            # Prompts per split: the reference evaluates 140 seen + 134 unseen games (the setting
+            # file's notes, examples/README.md); 140 plays every seen game once, the 134 unseen too.
             evaluation_num_episodes=140,
             success_threshold=0.80,
         ),
