@@ -45,11 +45,8 @@ def _assert_same_update(actual, expected, *, rel: float = 1e-10) -> None:
         assert float((a - e).abs().max()) <= rel * scale
     keys = set(m_e) - TIME_KEYS - {"num_micro_batches"}
     assert keys == set(m_a) - TIME_KEYS - {"num_micro_batches"}
-    for key in sorted(keys):
-        if key == "drift_values":
-            assert m_a[key] == pytest.approx(m_e[key], rel=rel, abs=1e-15), key
-        else:
-            assert m_a[key] == pytest.approx(m_e[key], rel=rel, abs=1e-15), key
+    for key in sorted(keys):  # drift_values: a list per trajectory, in the batch's order
+        assert m_a[key] == pytest.approx(m_e[key], rel=rel, abs=1e-15), key
 
 
 @pytest.mark.parametrize("name", list(OPTIONS))
@@ -68,9 +65,6 @@ def test_micro_batched_and_packed_updates_equal_the_single_pass(make_spec, batch
     packed = _update(make_spec, batch, pack_sequences=True, max_tokens_per_micro_batch=BUDGET, **options)
     assert packed[2].pack_sequences and packed[0]["num_micro_batches"] >= 4
     _assert_same_update(packed, single)
-
-    whole_packed = _update(make_spec, batch, pack_sequences=True, **options)
-    _assert_same_update(whole_packed, single)
 
 
 def test_one_optimizer_step_however_many_micro_batches(make_spec, batch):
