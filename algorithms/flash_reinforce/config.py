@@ -110,7 +110,7 @@ class FlashReinforceConfig(_TuneConfig):
     num_gpus_per_learner: float = 0.0
     """GPUs each Learner actor reserves; > 0 trains on CUDA (NCCL between learners)."""
     max_tokens_per_micro_batch: int | None = None
-    """Tokens per learner forward/backward pass (gradients accumulate, one step per batch); None = one pass."""
+    """Tokens per learner forward/backward pass (gradients accumulate; one step per batch); None = one."""
     pack_sequences: bool | None = None
     """Pack a micro-batch's episodes into one row without padding; None = only with flash attention (GPU)."""
     optimizer_offload: bool = False
@@ -120,7 +120,7 @@ class FlashReinforceConfig(_TuneConfig):
     model: str = "smollm2-135m-instruct"
     """Policy model: a local Hugging Face folder, a hub id, or a flashrl model name."""
     dtype: str = "float32"
-    """Learner parameter dtype: 'float32' or 'bfloat16'."""
+    """Learner compute dtype: 'float32' or 'bfloat16' (float32 master weights, optimizer, gradient sums)."""
     lr: float = 1e-6
     """Peak learning rate of the single optimizer step per batch (lr_schedule scales it per update)."""
     lr_schedule: str = "constant"
