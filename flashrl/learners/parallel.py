@@ -36,14 +36,17 @@ FRESH_OPTIMIZER_FILE = "optimizer_not_started"
 """In a sharded ``save_state`` folder: the optimizer had not stepped, so only the weights were saved."""
 
 
-def attention_implementation(device: torch.device, dtype: torch.dtype) -> str:
-    """flash_attention_2 for bfloat16 on a GPU where the package is installed (varlen packing), else sdpa."""
+def attention_implementation(device: torch.device, dtype: torch.dtype) -> str | None:
+    """flash_attention_2 for bfloat16 on a GPU where the package is installed (varlen packing), else None.
+
+    None keeps transformers' default (sdpa where the architecture supports it).
+    """
     if device.type == "cuda" and dtype == torch.bfloat16:
         import importlib.util
 
         if importlib.util.find_spec("flash_attn") is not None:
             return "flash_attention_2"
-    return "sdpa"
+    return None
 
 
 class LocalPolicy:
@@ -199,7 +202,7 @@ class ShardedPolicy:
         )
         self.model.config.use_cache = False
         implementation = attention_implementation(device, spec.torch_dtype)
-        if self.model.config._attn_implementation != implementation:
+        if implementation is not None and self.model.config._attn_implementation != implementation:
             self.model.set_attn_implementation(implementation)
         self.optimizer = OPTIMIZERS[spec.optimizer](
             [p for p in self.model.parameters() if p.requires_grad], spec
