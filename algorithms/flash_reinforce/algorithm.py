@@ -81,7 +81,7 @@ class FlashReinforce(Trainable):
         check_resources(self.algo_config)
         cfg = self.algo_config
         self.model_path = resolve_model(cfg.model)
-        # Every LearnerSpec field the config also has, by name; baseline, eps and the model derived.
+        # Every LearnerSpec field the config also has, by name; the loss is the config's FlashReinforceLoss.
         spec = LearnerSpec.from_config(cfg, model=self.model_path)
         self.env_runner_group: EnvRunnerGroup | None = None
         self.learner_group = LearnerGroup(
