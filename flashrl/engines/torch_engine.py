@@ -19,6 +19,7 @@ import torch
 
 from flashrl.engines.sampling import processed_logprobs, sample_tokens
 from flashrl.engines.types import Completion, Engine, SamplingConfig, check_full_state_dict
+from flashrl.engines.weight_stream import Weights, aiter_buckets, as_buckets
 
 __all__ = ["TorchEngine", "TorchEngineOptions"]
 
@@ -141,23 +142,33 @@ class TorchEngine(Engine):
         batcher.submit(_Request(list(prompt_token_ids), sampling, future))
         return await future
 
-    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        tied = {n for n in self._shapes if n not in weights and _is_tied_copy(self._model, n)}
-        check_full_state_dict(weights, {n: s for n, s in self._shapes.items() if n not in tied})
-        await asyncio.to_thread(self._load, weights, int(version))
+    async def update_weights(self, weights: Weights, version: int) -> None:
+        """Copy new weights into the model bucket by bucket; no batch runs until the last one is in.
+
+        A full mapping is one bucket (it is already in memory); a ``WeightBuckets`` stream is
+        resolved one bucket at a time, so this process holds at most one bucket beyond the model.
+        """
+        stream = as_buckets(weights, bucket_bytes=2**62)
+        names = {m.name: torch.Size(m.shape) for m in stream.metas}
+        tied = {n for n in self._shapes if n not in names and _is_tied_copy(self._model, n)}
+        check_full_state_dict(names, {n: s for n, s in self._shapes.items() if n not in tied})
+        # The batch lock is held across the whole stream (acquired off the event loop: a running
+        # batch holds it), so a completion never mixes two versions.
+        await asyncio.to_thread(self._lock.acquire)
+        try:
+            params = self._model.state_dict()
+            async for _, bucket in aiter_buckets(stream):
+                await asyncio.to_thread(_copy_into, params, bucket)
+                del bucket
+            self._version = int(version)
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         self._closed = True
         self._batchers.clear()
 
     # -- internals --------------------------------------------------------------------------------
-
-    def _load(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        params = self._model.state_dict()
-        with self._lock, torch.no_grad():
-            for name, tensor in weights.items():
-                params[name].copy_(tensor)
-            self._version = version
 
     def _run_batch(self, batch: list[_Request]) -> list[Completion]:
         with self._lock, torch.inference_mode():
@@ -232,6 +243,12 @@ class TorchEngine(Engine):
         else:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
         return torch.Generator().manual_seed(seed)
+
+
+def _copy_into(params: Mapping[str, torch.Tensor], bucket: Mapping[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, tensor in bucket.items():
+            params[name].copy_(tensor)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

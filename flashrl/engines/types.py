@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import torch
 
+from flashrl.engines.weight_stream import Weights
+
 __all__ = ["Completion", "Engine", "FinishReason", "RequestError", "SamplingConfig"]
 
 logger = logging.getLogger("flashrl.engines")
@@ -104,8 +106,14 @@ class Engine(abc.ABC):
         """Sample one completion of ``prompt_token_ids``."""
 
     @abc.abstractmethod
-    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load new weights (HF ``state_dict()`` names, all of them) in place; stamp them ``version``."""
+    async def update_weights(self, weights: Weights, version: int) -> None:
+        """Load new weights (HF ``state_dict()`` names, all of them) in place; stamp them ``version``.
+
+        ``weights`` is a full ``{name: tensor}`` mapping or a ``WeightBuckets`` stream: the plan of
+        every tensor up front, then bounded buckets (dicts, or awaitables of dicts such as Ray object
+        refs) that the engine resolves and loads one at a time, so it never holds more than one
+        bucket beyond the model. The plan is checked (``check_full_state_dict``) before anything loads.
+        """
 
     @property
     @abc.abstractmethod
@@ -148,17 +156,19 @@ class Engine(abc.ABC):
             raise RequestError(f"prompt token ids must be ints in [0, {vocab}); got {bad[:5]}.")
 
 
-def check_full_state_dict(weights: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Size]) -> None:
-    """Raise ``ValueError`` unless ``weights`` has exactly the expected names and shapes.
+def check_full_state_dict(
+    weights: Mapping[str, torch.Tensor | torch.Size], expected: Mapping[str, torch.Size]
+) -> None:
+    """Raise ``ValueError`` unless ``weights`` (tensors, or their shapes) has exactly the expected names and shapes.
 
     Tied parameters that HF lists twice (``lm_head.weight`` next to the embedding) may be absent.
     """
     missing = [n for n in expected if n not in weights]
     unknown = [n for n in weights if n not in expected]
     wrong = [
-        f"{n}: expected {tuple(expected[n])}, got {tuple(t.shape)}"
+        f"{n}: expected {tuple(expected[n])}, got {tuple(_shape(t))}"
         for n, t in weights.items()
-        if n in expected and tuple(t.shape) != tuple(expected[n])
+        if n in expected and tuple(_shape(t)) != tuple(expected[n])
     ]
     if missing or unknown or wrong:
         raise ValueError(
@@ -166,3 +176,7 @@ def check_full_state_dict(weights: Mapping[str, torch.Tensor], expected: Mapping
             f"Missing {missing[:5]}{'...' if len(missing) > 5 else ''}; unknown {unknown[:5]}; "
             f"wrong shapes {wrong[:5]}."
         )
+
+
+def _shape(value: torch.Tensor | torch.Size) -> torch.Size:
+    return value.shape if isinstance(value, torch.Tensor) else torch.Size(value)

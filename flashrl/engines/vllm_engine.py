@@ -8,10 +8,14 @@ Memory: on CPU the KV cache gets an explicit number of bytes computed from the r
 (``flashrl.engines.memory.kv_cache_budget``: ``max_num_seqs`` sequences of ``max_model_len``
 tokens), never a share of the RAM that happens to be free; on GPU ``gpu_memory_utilization`` decides.
 
-Weight updates are in place: all tensors go into one shared-memory file, generation pauses with
-running requests frozen (``pause_generation(mode="keep")``), one RPC reloads them with vLLM's own
-loader, and then **every KV block computed with the old weights is dropped** before generation
-resumes (``reset_prefix_cache(reset_running_requests=True)``). Without that, a prompt seen before the
+Weight updates are in place and streamed: generation pauses with running requests frozen
+(``pause_generation(mode="keep")``), the weights arrive as bounded buckets (``WeightBuckets``; a
+full state dict is cut into buckets here), each bucket goes through one shared-memory file into one
+layerwise reload session of vLLM's loader (``flashrl.engines.vllm_worker``), and then **every KV
+block computed with the old weights is dropped** before generation resumes
+(``reset_prefix_cache(reset_running_requests=True)``). The engine's process holds one bucket at a
+time, and the transfer folder (``/dev/shm``) one bucket file: its free space is checked against the
+largest bucket before anything moves. Without the KV reset, a prompt seen before the
 update would be served from prefix-cache blocks of the old weights (measured: 0.32 nats/token on a
 618-token prompt), and a running request would sample its next tokens from new queries over old keys
 and values: a mixture that is no policy version. What this means for requests in flight: they are
@@ -26,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,15 +47,26 @@ from flashrl.engines.memory import (
     kv_bytes_per_token_from_hf,
     kv_cache_budget,
 )
+from flashrl.engines.shm_transfer import (
+    bucket_file_bytes,
+    check_transfer_space,
+    default_transfer_dir,
+    write_bucket_file,
+)
 from flashrl.engines.types import Completion, Engine, SamplingConfig, check_full_state_dict
-from flashrl.engines.vllm_worker import WeightEntry
+from flashrl.engines.weight_stream import (
+    DEFAULT_BUCKET_BYTES,
+    TensorMeta,
+    WeightBuckets,
+    Weights,
+    aiter_buckets,
+    as_buckets,
+)
+from flashrl.engines.weight_transfer import PUSH_ROUTES, resolve_weight_sync, vllm_transfer_args
 
 __all__ = ["VLLMEngine", "VLLMEngineOptions", "cpu_thread_defaults", "vllm_engine_args"]
 
 logger = logging.getLogger("flashrl.engines")
-
-_ALIGN = 64  # byte alignment of each tensor in the weight file (any dtype view stays legal)
-
 
 @dataclass(frozen=True)
 class VLLMEngineOptions:
@@ -79,7 +93,17 @@ class VLLMEngineOptions:
     """CPU build only: cores the engine's OpenMP threads bind to (``VLLM_CPU_OMP_THREADS_BIND``);
     default every core this process may use, none reserved."""
     weight_transfer_dir: str | None = None
-    """Folder of the weight-update file; default ``/dev/shm`` (RAM) when present."""
+    """Folder of the weight-bucket files (one bucket at a time); default ``/dev/shm`` (RAM) when
+    present. Its free space is checked against the largest bucket before an update starts."""
+    weight_bucket_bytes: int | None = None
+    """Bucket size when ``update_weights`` gets a full state dict (default 512 MiB); a
+    ``WeightBuckets`` stream brings its own plan."""
+    weight_sync: str = "auto"
+    """How new weights reach the workers: ``shm`` (buckets through shared-memory files; CPU and the
+    generic fallback), ``nccl`` (vLLM's NCCL weight-transfer engine: learner rank 0 broadcasts to
+    every worker, across nodes and tensor-parallel ranks), ``ipc`` (vLLM's CUDA-IPC engine: learner
+    and engine on one GPU), ``auto`` (``shm`` on CPU, ``nccl`` on GPU). See
+    ``flashrl.engines.weight_transfer``; the GPU routes have not run yet."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Further ``vllm.AsyncEngineArgs`` fields, passed as given (they override the above)."""
 
@@ -133,6 +157,7 @@ def vllm_engine_args(
         "worker_extension_cls": "flashrl.engines.vllm_worker.FlashRLWorkerExtension",
         "disable_log_stats": True,
     }
+    args.update(vllm_transfer_args(resolve_weight_sync(o.weight_sync, on_cpu=on_cpu)))
     if not on_cpu or o.gpu_memory_utilization is not None:
         args["gpu_memory_utilization"] = o.gpu_memory_utilization or 0.85
     if o.kv_cache_memory_bytes is not None:
@@ -190,6 +215,7 @@ class VLLMEngine(Engine):
         self._tied = bool(getattr(self._hf_config, "tie_word_embeddings", False))
         self._version = 0
         self._update_lock: asyncio.Lock | None = None
+        self._broken: str | None = None
         self._llm = self._start(path, seed)
         self._max_model_len = int(self._llm.model_config.max_model_len)
 
@@ -197,6 +223,8 @@ class VLLMEngine(Engine):
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
+        self.weight_sync = resolve_weight_sync(self.options.weight_sync, on_cpu=on_cpu)
+        """The route new weights take (``flashrl.engines.weight_transfer``)."""
         if on_cpu:
             for key, value in cpu_thread_defaults().items():
                 if key == "VLLM_CPU_OMP_THREADS_BIND" and self.options.cpu_threads:
@@ -238,8 +266,7 @@ class VLLMEngine(Engine):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        if self._llm is None:
-            raise RuntimeError("the engine is closed")
+        self._check_usable()
         sampling.validate()
         self.check_prompt(prompt_token_ids)
         params = SamplingParams(
@@ -269,29 +296,134 @@ class VLLMEngine(Engine):
         reason = comp.finish_reason if comp.finish_reason in ("stop", "length") else "abort"
         return Completion(tokens, logprobs, reason, version, metrics={"version_spans": spans})
 
-    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        expected = dict(self._shapes)
-        if self._tied and "lm_head.weight" in weights and "lm_head.weight" not in expected:
-            weights = {n: t for n, t in weights.items() if n != "lm_head.weight"}
-        check_full_state_dict(weights, expected)
-        if self._llm is None:
-            raise RuntimeError("the engine is closed")
+    async def update_weights(self, weights: Weights, version: int) -> None:
+        """Load new weights in place, bucket by bucket, and stamp them ``version``.
+
+        ``weights`` is a full ``state_dict()`` (cut here into buckets of ``weight_bucket_bytes``) or a
+        ``WeightBuckets`` stream (buckets resolved one at a time). The plan is checked against the
+        checkpoint's names and shapes, and the transfer folder's free space against the largest
+        bucket, before generation pauses. A stream that fails midway leaves the engine serving a
+        mixture of two versions: it is marked broken and every later call raises (its env runner is
+        then restarted and loads the current weights).
+        """
+        self._check_usable()
+        stream = self._checked_stream(weights)
+        folder = default_transfer_dir(self.options.weight_transfer_dir)
+        check_transfer_space(folder, max(bucket_file_bytes(b) for b in stream.plan))
         if self._update_lock is None:
             self._update_lock = asyncio.Lock()
         async with self._update_lock:
-            path, total, entries = await asyncio.to_thread(self._write_weight_file, weights)
+            llm = self._llm
+            # "keep" freezes running requests where they are; nothing is scheduled until resume
+            await llm.pause_generation(mode="keep", clear_cache=False)
             try:
-                # "keep" freezes running requests where they are; nothing is scheduled until resume
-                await self._llm.pause_generation(mode="keep", clear_cache=False)
+                await llm.collective_rpc("flashrl_start_weight_update")
                 try:
-                    await self._llm.collective_rpc("flashrl_reload_weights", args=(path, total, entries))
-                    await self._drop_old_kv()
-                    await self._llm.update_weight_version(str(int(version)))
-                    self._version = int(version)
+                    async for planned, bucket in aiter_buckets(stream):
+                        planned, bucket = self._untie(planned, bucket)
+                        path, total, entries = await asyncio.to_thread(write_bucket_file, folder, bucket, planned)
+                        del bucket  # the file holds it now; the caller's stream may free its copy
+                        try:
+                            await llm.collective_rpc("flashrl_load_bucket", args=(path, total, entries))
+                        finally:
+                            os.unlink(path)
                 finally:
-                    await self._llm.resume_generation()
+                    await llm.collective_rpc("flashrl_finish_weight_update")
+                await self._drop_old_kv()
+                await llm.update_weight_version(str(int(version)))
+                self._version = int(version)
+            except BaseException as err:
+                self._broken = f"a weight update to version {version} failed midway ({err!r})"
+                raise
             finally:
-                os.unlink(path)
+                await llm.resume_generation()
+
+    # -- GPU push routes (vLLM's weight-transfer engines; not run yet) ------------------------------
+
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """Join the learner's transfer (``weight_sync`` ``nccl``: the NCCL rendezvous; ``ipc``: none)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        self._check_push_route()
+        await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(init_info)))
+
+    async def begin_weight_transfer(self) -> None:
+        """Pause generation (requests frozen) and open vLLM's weight-update session."""
+        self._check_push_route()
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        await self._update_lock.acquire()  # released by end_weight_transfer (or on failure here)
+        try:
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
+            await self._llm.start_weight_update()
+        except BaseException:
+            await self._llm.resume_generation()
+            self._update_lock.release()
+            raise
+
+    async def receive_weight_transfer(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """One chunk of the learner's broadcast / IPC handles (vLLM's ``update_weights``)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        try:
+            await self._llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+        except BaseException as err:
+            self._broken = f"a pushed weight update failed midway ({err!r})"
+            raise
+
+    async def end_weight_transfer(self, version: int) -> None:
+        """Close vLLM's session, re-tie a tied head, drop the old KV, stamp ``version``, resume."""
+        assert self._update_lock is not None and self._update_lock.locked(), "begin_weight_transfer first"
+        try:
+            await self._llm.finish_weight_update()
+            await self._llm.collective_rpc("flashrl_retie_output_embedding")
+            await self._drop_old_kv()
+            await self._llm.update_weight_version(str(int(version)))
+            self._version = int(version)
+        except BaseException as err:
+            self._broken = f"finishing a pushed weight update to version {version} failed ({err!r})"
+            raise
+        finally:
+            await self._llm.resume_generation()
+            self._update_lock.release()
+
+    def _check_push_route(self) -> None:
+        self._check_usable()
+        if self.weight_sync not in PUSH_ROUTES:
+            raise RuntimeError(
+                f"this engine was started with weight_sync={self.weight_sync!r}; a pushed transfer needs "
+                "'nccl' or 'ipc' (on a GPU). Fix: set weight_sync in the engine options, or send "
+                "WeightBuckets to update_weights (the shm route)."
+            )
+
+    def _checked_stream(self, weights: Weights) -> WeightBuckets:
+        """The update as buckets, its plan checked against the checkpoint (tied head may be absent)."""
+        bucket_bytes = self.options.weight_bucket_bytes or DEFAULT_BUCKET_BYTES
+        stream = as_buckets(weights, bucket_bytes)
+        planned = {m.name: torch.Size(m.shape) for m in stream.metas if not self._is_dropped_head(m.name)}
+        check_full_state_dict(planned, dict(self._shapes))
+        return stream
+
+    def _is_dropped_head(self, name: str) -> bool:
+        return self._tied and name == "lm_head.weight" and name not in self._shapes
+
+    def _untie(
+        self, planned: tuple[TensorMeta, ...], bucket: dict[str, torch.Tensor]
+    ) -> tuple[tuple[TensorMeta, ...], dict[str, torch.Tensor]]:
+        """Leave out a tied ``lm_head.weight`` the checkpoint does not have (the loader skips it)."""
+        if not any(self._is_dropped_head(m.name) for m in planned):
+            return planned, bucket
+        keep = tuple(m for m in planned if not self._is_dropped_head(m.name))
+        return keep, {m.name: bucket[m.name] for m in keep}
+
+    def _check_usable(self) -> None:
+        if self._llm is None:
+            raise RuntimeError("the engine is closed")
+        if self._broken is not None:
+            raise RuntimeError(
+                f"the engine serves a mixture of two weight versions: {self._broken}. Fix: start a new "
+                "engine (an EnvRunner's failure restarts it with the current weights)."
+            )
 
     async def _drop_old_kv(self) -> None:
         """Forget every KV block computed with the old weights: the prefix cache and the running requests'.
@@ -312,32 +444,6 @@ class VLLMEngine(Engine):
         llm, self._llm = getattr(self, "_llm", None), None
         if llm is not None:
             llm.shutdown()
-
-    # -- internals --------------------------------------------------------------------------------
-
-    def _write_weight_file(self, weights: Mapping[str, torch.Tensor]) -> tuple[str, int, list[WeightEntry]]:
-        """Copy every tensor into one flat file (RAM-backed when possible); return its layout."""
-        entries: list[WeightEntry] = []
-        offset = 0
-        for name, tensor in weights.items():
-            nbytes = tensor.numel() * tensor.element_size()
-            entries.append(
-                (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, nbytes)
-            )
-            offset += -(-nbytes // _ALIGN) * _ALIGN
-        folder = self.options.weight_transfer_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
-        fd, path = tempfile.mkstemp(prefix="flashrl-weights-", suffix=".bin", dir=folder)
-        try:
-            os.ftruncate(fd, max(offset, 1))
-        finally:
-            os.close(fd)
-        buffer = torch.from_file(path, shared=True, size=max(offset, 1), dtype=torch.uint8)  # [total]
-        with torch.no_grad():
-            for (name, _, shape, start, nbytes), tensor in zip(entries, weights.values()):
-                view = buffer[start : start + nbytes].view(tensor.dtype).view(shape)
-                view.copy_(tensor.detach())
-        del buffer
-        return path, max(offset, 1), entries
 
 
 def _spans(completion: Any) -> list[tuple[int, int]]:

@@ -1,28 +1,51 @@
-"""vLLM worker extension: loads a whole new set of weights in place from one shared-memory file.
+"""vLLM worker extension: loads new weights in place, bucket by bucket, from shared-memory files.
 
-vLLM mixes this class into its workers (engine argument ``worker_extension_cls``); the engine calls
-``collective_rpc("flashrl_reload_weights", ...)``. Tensors sent through ``collective_rpc`` would be
-serialised element by element, so the trainer side writes every tensor into one flat file (in
-``/dev/shm``: RAM) and sends only its layout. The worker maps the file and hands zero-copy views to
-``reload_weights``, which runs vLLM's own checkpoint loader (name mapping, fused projections, and on
-CPU the repacking of linear weights) in one pass.
+vLLM mixes this class into its workers (engine argument ``worker_extension_cls``); the engine
+calls its methods with ``collective_rpc``. Tensors sent through ``collective_rpc`` would be
+serialised element by element, so the engine writes each bucket into one flat file (in
+``/dev/shm``: RAM) and sends only its layout; the worker maps the file and hands zero-copy views to
+the model's own ``load_weights``.
+
+One update is one **layerwise reload session**, the lifecycle vLLM's own weight-transfer engines
+use (``NCCLWeightTransferEngine``: ``initialize_layerwise_reload`` in ``start_weight_update``,
+``model.load_weights`` per received chunk, ``finalize_layerwise_reload`` in
+``finish_weight_update``): ``flashrl_start_weight_update`` swaps every layer's kernel tensors for
+loading wrappers, each ``flashrl_load_bucket`` feeds one bucket through the checkpoint loader (name
+mapping, fused q/k/v and gate/up projections), and a layer is processed (on CPU: its linear weights
+repacked) and copied back into its original storage as soon as all of its tensors have arrived;
+``flashrl_finish_weight_update`` processes what is left and restores the layers that got nothing.
+Calling vLLM's ``reload_weights`` once per bucket instead would be wrong: each call finalizes, and a
+layer whose parts straddle two buckets would be processed half-loaded. Plain ``model.load_weights``
+outside a session fails on CPU (the repacked linear weights have parameters of size 0).
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
 
 import torch
 
 __all__ = ["FlashRLWorkerExtension", "WeightEntry"]
 
 WeightEntry = tuple[str, str, list[int], int, int]
-"""``(name, dtype name, shape, byte offset, byte count)`` of one tensor in the flat file."""
+"""``(name, dtype name, shape, byte offset, byte count)`` of one tensor in a bucket file."""
 
 
 class FlashRLWorkerExtension:
     """Methods added to each vLLM worker (``self`` is the worker)."""
 
-    def flashrl_reload_weights(self, path: str, total_bytes: int, entries: list[WeightEntry]) -> int:
-        """Load every tensor described by ``entries`` from ``path``; return how many were loaded."""
+    def flashrl_start_weight_update(self) -> None:
+        """Open a layerwise reload session (the model serves nothing until it is finished)."""
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with self._flashrl_config():
+            initialize_layerwise_reload(self.model_runner.get_model())  # type: ignore[attr-defined]
+        self._flashrl_loaded = 0
+
+    def flashrl_load_bucket(self, path: str, total_bytes: int, entries: list[WeightEntry]) -> int:
+        """Load the tensors of one bucket file into the open session; return how many."""
+        # MAP_PRIVATE: the engine side owns the file and unlinks it after this call returns
         buffer = torch.from_file(path, shared=False, size=total_bytes, dtype=torch.uint8)  # [total_bytes]
 
         def tensors():
@@ -30,16 +53,52 @@ class FlashRLWorkerExtension:
                 flat = buffer[offset : offset + nbytes].view(getattr(torch, dtype))
                 yield name, flat.view(shape)
 
-        runner = self.model_runner  # type: ignore[attr-defined]
-        runner.reload_weights(weights_iterator=tensors())
-        _retie_output_embedding(runner.get_model(), runner.model_config.hf_config)
+        with self._flashrl_config(), _no_mtp_check():
+            self.model_runner.get_model().load_weights(tensors())  # type: ignore[attr-defined]
+        self._flashrl_loaded = getattr(self, "_flashrl_loaded", 0) + len(entries)
         return len(entries)
+
+    def flashrl_finish_weight_update(self) -> int:
+        """Close the session: process the remaining layers, re-tie the head; return tensors loaded."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        runner = self.model_runner  # type: ignore[attr-defined]
+        with self._flashrl_config():
+            finalize_layerwise_reload(runner.get_model(), runner.model_config)
+        _retie_output_embedding(runner.get_model(), runner.model_config.hf_config)
+        # what GPUModelRunner.reload_weights resets after a reload: state derived from the old weights
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            if hasattr(runner, reset):
+                getattr(runner, reset)()
+        loaded, self._flashrl_loaded = getattr(self, "_flashrl_loaded", 0), 0
+        return loaded
+
+    def flashrl_retie_output_embedding(self) -> None:
+        """After vLLM's own weight-transfer session (the push routes): re-tie a tied output head."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        _retie_output_embedding(runner.get_model(), runner.model_config.hf_config)
 
     def flashrl_kv_cache_bytes(self) -> int:
         """Bytes of the KV-cache tensors this worker allocated (tests check them against the budget)."""
         caches = self.model_runner.kv_caches  # type: ignore[attr-defined]
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors(caches)}
         return sum(storages.values())
+
+    def _flashrl_config(self) -> Any:
+        """vLLM's current-config context, as its worker sets it around weight-transfer calls."""
+        from vllm.config import set_current_vllm_config
+
+        config = getattr(self, "vllm_config", None)
+        return set_current_vllm_config(config) if config is not None else nullcontext()
+
+
+def _no_mtp_check() -> Any:
+    """vLLM's guard against multi-token-prediction completeness checks on a partial load."""
+    try:
+        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+    except ImportError:  # older vLLM: no such check
+        return nullcontext()
+    return disable_mtp_completeness_check()
 
 
 def _tensors(obj: object):
