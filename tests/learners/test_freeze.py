@@ -1,0 +1,89 @@
+"""freeze_moe_router freezes exactly the routers of a tiny random Qwen3-MoE (and of Mixtral), never a dense MLP."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashrl.learners.freeze import freeze_moe_router
+
+
+def _qwen3_moe(num_layers: int = 2) -> torch.nn.Module:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        moe_intermediate_size=8,
+        num_hidden_layers=num_layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )
+    return Qwen3MoeForCausalLM(config)
+
+
+def test_freezes_the_router_of_every_qwen3_moe_layer_and_nothing_else():
+    model = _qwen3_moe(num_layers=2)
+    frozen = freeze_moe_router(model)
+    assert frozen == ["model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight"]
+    still = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert still == {n for n, _ in model.named_parameters()} - set(frozen)
+    assert any("experts" in n for n in still)  # the experts themselves still train
+
+
+def test_a_step_leaves_the_router_unchanged_and_moves_the_experts():
+    model = _qwen3_moe(num_layers=1)
+    freeze_moe_router(model)
+    router = model.model.layers[0].mlp.gate.weight.detach().clone()
+    experts = [p.detach().clone() for n, p in model.named_parameters() if "experts" in n]
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(0))  # [B, T]
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert model.model.layers[0].mlp.gate.weight.grad is None
+    optimizer.step()
+    assert torch.equal(model.model.layers[0].mlp.gate.weight, router)
+    assert any(
+        not torch.equal(p, q)
+        for p, q in zip([p for n, p in model.named_parameters() if "experts" in n], experts)
+    )
+
+
+def test_mixtral_block_sparse_moe_gate():
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    frozen = freeze_moe_router(MixtralForCausalLM(config))
+    assert len(frozen) == 1 and frozen[0].endswith(".gate.weight") and "gate_proj" not in frozen[0]
+
+
+def test_a_dense_model_has_no_router_to_freeze():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    model = Qwen2ForCausalLM(config)
+    with pytest.raises(ValueError, match="freeze_moe_router=False for a dense model"):
+        freeze_moe_router(model)
+    assert all(p.requires_grad for p in model.parameters())  # nothing frozen on the way to the error
