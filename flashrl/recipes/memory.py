@@ -1,19 +1,55 @@
 """Memory estimates of a run: what one learner and one env runner hold, from the model's shape.
 
-The formulas are deliberately simple (they are a plan, not a profiler). With P parameters, b the
-learner's dtype bytes, L layers, H hidden size, I MLP width, V vocabulary:
+The formulas are a plan, not a profiler; each term follows what the code allocates, and the learner's
+were checked against ``benchmarks/learner_memory.py`` (``docs/training.md``, "Learner memory"). With
+P parameters, b the learner's dtype bytes, L layers, H hidden size, q = heads x head_dim,
+kv = kv_heads x head_dim, I the MLP width, V vocabulary, W = num_learners:
 
-Learner (every learner holds a full replica: flashrl's learners are data parallel, not sharded)::
+Learner, static (``flashrl/learners/parallel.py``)::
 
-    weights     = P x b
-    gradients   = P x b
-    master      = P x 4 x 2            only when b < 4: float32 master weights + their gradients
-    optimizer   = P x 4 x 2            AdamW's two moments, float32 (SGD: 0)
-    activations = N x H x L x b        N = ceil(B / learners) x max_episode_tokens (padded rows);
-                  (gradient checkpointing keeps each layer's input; without it a layer keeps about
-                   6H + 3I values per token, so H becomes 6H + 3I)
-                + N x H x b            the final hidden states fed to the chunked output projection
-                + chunk x V x 4 x 3    one chunk of float32 logits, softmax and their gradient
+    one learner (W <= 1, LocalPolicy):
+      weights     = P x b
+      gradients   = P x b
+      master      = P x 4 x 2      only when b < 4: float32 master weights + their float32 gradients
+      optimizer   = P x 4 x 2      AdamW's two float32 moments (SGD: 0)
+    W >= 2 learners (ShardedPolicy, FSDP2 per decoder layer + root, flashrl/learners/fsdp.py):
+      master      = P / W x 4      the float32 parameter shards (the "weights" FSDP keeps)
+      gradients   = P / W x 4      float32 gradient shards (reduce dtype float32)
+                  + (R + P_l) x b  unsharded gradients before their reduce-scatter: the root's R
+                                   parameters (embeddings, untied head, final norm; the root is not
+                                   resharded between forward and backward) and one layer's P_l
+      optimizer   = P / W x 4 x 2
+      weights     = (R + 2 P_l) x b   gathered compute copies: the root, the running layer and the
+                                   prefetched one
+      optimizer_offload moves master, the gradient shards and the optimizer to host memory
+      (CPUOffloadPolicy; ``host``), leaving the gathered copies and unsharded gradients on the GPU
+
+Learner, activations of ONE pass (``flashrl/learners/learner.py``: the batch's ceil(B / W) rows per
+learner run in passes of at most ``max_tokens_per_micro_batch`` tokens, packed; a trajectory is
+never split)::
+
+    M = ceil(B / W) x T                           max_tokens_per_micro_batch None (one padded pass)
+    M = min(ceil(B / W) x T, max(budget, T))      else (a lone trajectory of T tokens may exceed it)
+    a = 4H + 3q + 2kv + 4I                        values one decoder layer saves per token for its
+        backward: the two RMSNorms' input and output (4H), rotated queries, attention output and
+        o_proj input (3q), keys and values (2kv), the MLP's gate, up, SiLU(gate) and product (4I);
+        MoE (E experts, k per token, I the expert width): 4kI + 2kH + E instead of 4I (each token's
+        k expert MLPs, its k gathered inputs and weighted outputs, the router logits)
+    layers   = M x L x a x b                      without gradient checkpointing
+             = M x L x H x b + M x a x b          with it: every layer's checkpointed input, plus the
+                                                  one layer recomputed during the backward pass
+    head     = M x H x (2b + 4)                   final norm's input and output, the float32
+                                                  gradient of the hidden states
+             + 3 x c x V x 4                      c = min(logprob_chunk_size, M): one chunk's float32
+                                                  logits, probabilities and their gradient
+             + V x H x 4 (+ V x H x b if b < 4)   the float32 head-gradient accumulator (and its cast)
+                                                  of ``flashrl/ops/logprobs.py``
+    activations = layers + head
+
+Measured (``benchmarks/learner_memory.py``, float32, 4 layers x 512, V = 151,936, T = 128): the
+update's transient bytes (gradients + activations) grow with B on the single padded pass and stay
+flat under a token budget; the formula is within the tolerance ``tests/recipes/test_memory.py``
+states of those points.
 
 Env runner (one vLLM engine, split over its GPUs by tensor / expert parallelism)::
 
@@ -24,9 +60,6 @@ Env runner (one vLLM engine, split over its GPUs by tensor / expert parallelism)
                ``flashrl/engines/memory.py`` (the same call the engine makes: whole blocks, a floor
                and a cap), or the engine options' ``kv_cache_memory_bytes``; on GPU the engine takes
                its ``gpu_memory_utilization`` share and the plan compares the need with it
-
-This mirrors ``flashrl/learners/learner.py`` (float32 master weights and AdamW state under bfloat16)
-and ``flashrl/models/logprobs.py`` (one forward pass over a learner's whole shard of the batch).
 """
 
 from __future__ import annotations
@@ -43,14 +76,21 @@ from flashrl.engines.memory import (
 )
 from flashrl.recipes.architectures import DTYPE_BYTES, Architecture
 
-__all__ = ["EnvRunnerMemory", "LearnerMemory", "env_runner_memory", "format_bytes", "learner_memory"]
+__all__ = [
+    "EnvRunnerMemory",
+    "LearnerMemory",
+    "env_runner_memory",
+    "format_bytes",
+    "layer_values_per_token",
+    "learner_memory",
+]
 
 GIB = 1024**3
 
 
 @dataclass(frozen=True)
 class LearnerMemory:
-    """Bytes one learner holds during an update."""
+    """Bytes one learner holds during an update (on its device; ``host`` is what it offloaded)."""
 
     weights: int
     gradients: int
@@ -58,11 +98,23 @@ class LearnerMemory:
     optimizer: int
     activations: int
     tokens: int
-    """Tokens in one learner's forward pass (padded): ceil(B / learners) x max_episode_tokens."""
+    """Tokens in one learner's largest forward pass (M of the module docstring)."""
+    layer_activations: int = 0
+    """The decoder layers' part of ``activations`` (checkpointed inputs + one recomputed layer, or all)."""
+    head_activations: int = 0
+    """The final hidden states' and the chunked log-prob head's part of ``activations``."""
+    host: int = 0
+    """Bytes in host memory instead (optimizer_offload: master shards, gradient shards, optimizer)."""
+    sharded: bool = False
+    """Whether the static state is sharded over the learners (FSDP2, num_learners >= 2)."""
+
+    @property
+    def static(self) -> int:
+        return self.weights + self.gradients + self.master + self.optimizer
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.master + self.optimizer + self.activations
+        return self.static + self.activations
 
 
 @dataclass(frozen=True)
@@ -91,30 +143,71 @@ def learner_memory(
     max_episode_tokens: int,
     gradient_checkpointing: bool,
     logprob_chunk_size: int,
+    max_tokens_per_micro_batch: int | None = None,
+    optimizer_offload: bool = False,
 ) -> LearnerMemory:
-    """The learner formula of the module docstring."""
+    """The learner formula of the module docstring (``num_learners`` 0 means one learner in the driver)."""
     p = arch.num_parameters()
     b = DTYPE_BYTES[dtype]
-    master = p * 4 * 2 if b < 4 else 0
-    optimizer_bytes = p * 4 * 2 if optimizer == "adamw" else 0
-    rows = math.ceil(train_batch_size / max(1, num_learners))
-    tokens = rows * max_episode_tokens
-    per_token_layer = (
-        arch.hidden_size if gradient_checkpointing else 6 * arch.hidden_size + 3 * arch.intermediate_size
-    )
-    activations = (
-        tokens * per_token_layer * arch.num_layers * b
-        + tokens * arch.hidden_size * b
-        + logprob_chunk_size * arch.vocab_size * 4 * 3
+    world = max(1, num_learners)
+    moments = 2 if optimizer == "adamw" else 0
+    host = 0
+    if world == 1:
+        weights, gradients = p * b, p * b
+        master = p * 4 * 2 if b < 4 else 0
+        optimizer_bytes = p * 4 * moments
+    else:
+        shard = math.ceil(p / world)
+        root = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
+        layer = (p - root) // max(1, arch.num_layers)
+        weights = (root + 2 * layer) * b
+        master, sharded_gradients, optimizer_bytes = shard * 4, shard * 4, shard * 4 * moments
+        if optimizer_offload:
+            host = master + sharded_gradients + optimizer_bytes
+            master, sharded_gradients, optimizer_bytes = 0, 0, 0
+        gradients = sharded_gradients + (root + layer) * b
+    tokens, layer_acts, head_acts = _activations(
+        arch, b, rows=math.ceil(train_batch_size / world), length=max_episode_tokens,
+        budget=max_tokens_per_micro_batch, checkpointing=gradient_checkpointing, chunk=logprob_chunk_size,
     )
     return LearnerMemory(
-        weights=p * b,
-        gradients=p * b,
+        weights=weights,
+        gradients=gradients,
         master=master,
         optimizer=optimizer_bytes,
-        activations=activations,
+        activations=layer_acts + head_acts,
         tokens=tokens,
+        layer_activations=layer_acts,
+        head_activations=head_acts,
+        host=host,
+        sharded=world > 1,
     )
+
+
+def layer_values_per_token(arch: Architecture) -> int:
+    """a of the module docstring: values one decoder layer saves per token for its backward pass."""
+    q = arch.num_attention_heads * arch.head_dim
+    kv = arch.num_key_value_heads * arch.head_dim
+    if not arch.is_moe:
+        return 4 * arch.hidden_size + 3 * q + 2 * kv + 4 * arch.intermediate_size
+    k = arch.num_experts_per_token
+    moe = 4 * k * arch.intermediate_size + 2 * k * arch.hidden_size + arch.num_experts
+    return 4 * arch.hidden_size + 3 * q + 2 * kv + moe
+
+
+def _activations(
+    arch: Architecture, b: int, *, rows: int, length: int, budget: int | None, checkpointing: bool, chunk: int
+) -> tuple[int, int, int]:
+    """(tokens M of the largest pass, the layers' bytes, the head's bytes) of the module docstring."""
+    tokens = rows * length if budget is None else min(rows * length, max(budget, length))
+    a = layer_values_per_token(arch)
+    h, v = arch.hidden_size, arch.vocab_size
+    if checkpointing:
+        layers = tokens * arch.num_layers * h * b + tokens * a * b
+    else:
+        layers = tokens * arch.num_layers * a * b
+    head = tokens * h * (2 * b + 4) + 3 * min(chunk, tokens) * v * 4 + v * h * 4 + (v * h * b if b < 4 else 0)
+    return tokens, layers, head
 
 
 def env_runner_memory(

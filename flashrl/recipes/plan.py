@@ -27,7 +27,7 @@ from typing import Any
 from flashrl.engines import engine_options_for_run
 from flashrl.engines.memory import DEFAULT_MAX_NUM_SEQS
 from flashrl.recipes.architectures import Architecture, architecture_for
-from flashrl.recipes.memory import GIB, env_runner_memory, format_bytes, learner_memory
+from flashrl.recipes.memory import GIB, LearnerMemory, env_runner_memory, format_bytes, learner_memory
 from flashrl.recipes.preset import NodePlan, Preset
 
 __all__ = ["Check", "Plan", "make_plan"]
@@ -288,58 +288,7 @@ def _memory(plan: Plan, arch: Architecture | None) -> list[str]:
             f"max_episode_tokens={config.max_episode_tokens} exceeds the model's "
             f"max_position_embeddings={arch.max_position_embeddings}"
         )
-    learners = max(1, config.num_learners)
-    lm = learner_memory(
-        arch,
-        dtype=config.dtype,
-        optimizer=config.optimizer,
-        train_batch_size=config.train_batch_size,
-        num_learners=learners,
-        max_episode_tokens=config.max_episode_tokens,
-        gradient_checkpointing=config.gradient_checkpointing,
-        logprob_chunk_size=config.logprob_chunk_size,
-    )
-    lines += [
-        f"  per learner ({config.dtype}, {config.optimizer}, full replica):",
-        (
-            f"    weights {format_bytes(lm.weights)} + gradients {format_bytes(lm.gradients)}"
-            " + float32 master "
-            f"{format_bytes(lm.master)} + optimizer {format_bytes(lm.optimizer)}"
-        ),
-        (
-            f"    activations {format_bytes(lm.activations)} ({lm.tokens} padded tokens per forward,"
-            " gradient "
-            f"checkpointing {'on' if config.gradient_checkpointing else 'off'})"
-        ),
-        f"    total {format_bytes(lm.total)}",
-    ]
-    gpu_bytes = nodes.gpu_memory_gib * GIB
-    if config.num_gpus_per_learner > 0:
-        gpu_bytes *= min(1.0, config.num_gpus_per_learner)  # a fractional learner shares its GPU
-        lines.append(f"    learner on its GPU: {format_bytes(lm.total)} of {format_bytes(gpu_bytes)}")
-        if config.num_gpus_per_learner > 1:
-            plan.warnings.append(
-                f"num_gpus_per_learner={config.num_gpus_per_learner:g}: a learner trains on one device; the "
-                "other GPUs of its bundle stay idle (flashrl's learners do not shard a model)"
-            )
-        if lm.total > gpu_bytes:
-            plan.warnings.append(
-                f"learner memory {format_bytes(lm.total)} exceeds its GPU share ({format_bytes(gpu_bytes)}): "
-                "flashrl's learners keep a full replica each (data parallel, no FSDP/ZeRO sharding); "
-                + (
-                    "lower train_batch_size or add learners to cut activations, or turn on gradient "
-                    "checkpointing"
-                    if lm.weights + lm.gradients + lm.master + lm.optimizer < gpu_bytes
-                    else "this model needs a sharded learner, which flashrl does not have yet"
-                )
-            )
-    else:
-        host = nodes.host_memory_gib * GIB
-        if lm.total > host:
-            plan.warnings.append(
-                f"learner memory {format_bytes(lm.total)} exceeds the node's RAM "
-                f"({nodes.host_memory_gib:g} GiB)"
-            )
+    lines += _learner_memory_lines(plan, arch)
     on_gpu = config.num_gpus_per_env_runner > 0
     engine_dtype = str(config.engine_options.get("dtype") or ("bfloat16" if on_gpu else "float32"))
     if engine_dtype not in ("float32", "bfloat16", "float16"):
@@ -397,6 +346,84 @@ def _memory(plan: Plan, arch: Architecture | None) -> list[str]:
                 "or max_episode_tokens, or give each runner more GPUs"
             )
     return lines
+
+
+def _learner_memory_lines(plan: Plan, arch: Architecture) -> list[str]:
+    """One learner's memory (flashrl/recipes/memory.py) and whether it fits its GPU share or the node's RAM."""
+    config, nodes = plan.config, plan.node_plan
+    lm = learner_memory(
+        arch,
+        dtype=config.dtype,
+        optimizer=config.optimizer,
+        train_batch_size=config.train_batch_size,
+        num_learners=config.num_learners,
+        max_episode_tokens=config.max_episode_tokens,
+        gradient_checkpointing=config.gradient_checkpointing,
+        logprob_chunk_size=config.logprob_chunk_size,
+        max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
+        optimizer_offload=config.optimizer_offload,
+    )
+    layout = (
+        f"FSDP2 over {config.num_learners} learners" + (", optimizer offloaded" if config.optimizer_offload else "")
+        if lm.sharded
+        else "full replica"
+    )
+    passes = (
+        f"{lm.tokens} padded tokens in one pass"
+        if config.max_tokens_per_micro_batch is None
+        else f"passes of at most {lm.tokens} tokens (max_tokens_per_micro_batch={config.max_tokens_per_micro_batch})"
+    )
+    lines = [
+        f"  per learner ({config.dtype}, {config.optimizer}, {layout}):",
+        (
+            f"    weights {format_bytes(lm.weights)} + gradients {format_bytes(lm.gradients)}"
+            f" + float32 master {format_bytes(lm.master)} + optimizer {format_bytes(lm.optimizer)}"
+            + (f" (host memory: {format_bytes(lm.host)})" if lm.host else "")
+        ),
+        (
+            f"    activations {format_bytes(lm.activations)} = layers {format_bytes(lm.layer_activations)}"
+            f" + log-prob head {format_bytes(lm.head_activations)} ({passes}, gradient checkpointing "
+            f"{'on' if config.gradient_checkpointing else 'off'})"
+        ),
+        f"    total {format_bytes(lm.total)}",
+    ]
+    if config.num_gpus_per_learner > 0:
+        gpu_bytes = nodes.gpu_memory_gib * GIB * min(1.0, config.num_gpus_per_learner)  # a fraction shares its GPU
+        lines.append(f"    learner on its GPU: {format_bytes(lm.total)} of {format_bytes(gpu_bytes)}")
+        if config.num_gpus_per_learner > 1:
+            plan.warnings.append(
+                f"num_gpus_per_learner={config.num_gpus_per_learner:g}: a learner trains on one device; the "
+                "other GPUs of its bundle stay idle (shard over more learners instead: num_learners)"
+            )
+        if lm.total > gpu_bytes:
+            plan.warnings.append(
+                f"learner memory {format_bytes(lm.total)} exceeds its GPU share ({format_bytes(gpu_bytes)}): "
+                + _learner_fix(config, lm, gpu_bytes)
+            )
+    elif lm.total + lm.host > nodes.host_memory_gib * GIB:
+        plan.warnings.append(
+            f"learner memory {format_bytes(lm.total + lm.host)} exceeds the node's RAM ({nodes.host_memory_gib:g} GiB)"
+        )
+    if lm.host and lm.host * max(1, config.num_learners) > nodes.host_memory_gib * GIB * nodes.num_nodes:
+        plan.warnings.append(
+            f"offloaded learner state {format_bytes(lm.host)} x {config.num_learners} learners exceeds the nodes' "
+            f"RAM ({nodes.host_memory_gib:g} GiB in all)"
+        )
+    return lines
+
+
+def _learner_fix(config: Any, lm: LearnerMemory, gpu_bytes: float) -> str:
+    """What to change when a learner does not fit its GPU, most effective first."""
+    fixes = []
+    if config.max_tokens_per_micro_batch is None or lm.activations > gpu_bytes / 4:
+        fixes.append("set max_tokens_per_micro_batch (e.g. max_episode_tokens) to bound a pass's activations")
+    if not config.gradient_checkpointing:
+        fixes.append("turn on gradient checkpointing")
+    if lm.static > gpu_bytes / 2:
+        fixes.append("shard over more learners (num_learners, FSDP2)")
+        if lm.sharded and not config.optimizer_offload:
+            fixes.append("offload the optimizer to host memory (optimizer_offload=True)")
+    return "; ".join(fixes) or "lower max_tokens_per_micro_batch"
 
 
 # ------------------------------------------------------------------------------------ versions

@@ -386,6 +386,12 @@ class FlashrlChoices:
     """`--stop-reward` / `--as-test` bar on `evaluation/episode_return_mean` (no reference value)."""
     num_checkpoints_to_keep: int = 3
     """Periodic checkpoints kept (the reference saves every `ckpt.save_steps` and keeps Molt's default)."""
+    max_tokens_per_micro_batch: int | None = None
+    """Tokens per learner pass (None: one pass over a learner's share of the batch)."""
+    optimizer_offload: bool = False
+    """Keep the sharded learners' parameters, gradients and optimizer state in host memory."""
+    learner_layout: str = ""
+    """One line: why the learner layout (micro-batch budget, offload) is what it is."""
 
 
 FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
@@ -424,6 +430,9 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
             num_gpus_per_env_runner=1,
             num_cpus_per_env_runner=8,
             num_learners=4,
+            max_tokens_per_micro_batch=16384,
+            learner_layout="FSDP2 over 4 learners, passes of at most 16,384 tokens: about 45 GiB of 80; one "
+            "padded pass of 32 x 8,192 tokens per learner needs about 144 GiB (flashrl/recipes/memory.py)",
             success_threshold=0.30,
         ),
         "qwen3_tool_ablation": FlashrlChoices(
@@ -437,6 +446,9 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
             num_cpus_per_env_runner=16,
             num_learners=8,
             engine_args=_frozen({"tensor_parallel_size": 4, "enable_expert_parallel": True}),
+            max_tokens_per_micro_batch=16384,
+            learner_layout="FSDP2 over 8 learners, passes of one 16,384-token episode: about 72 GiB of 80; one "
+            "padded pass of 16 x 16,384 tokens per learner needs about 157 GiB (flashrl/recipes/memory.py)",
             success_threshold=0.30,
             num_checkpoints_to_keep=2,
         ),
@@ -449,6 +461,9 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
             num_gpus_per_env_runner=1,
             num_cpus_per_env_runner=8,
             num_learners=4,
+            max_tokens_per_micro_batch=16384,
+            learner_layout="FSDP2 over 4 learners, passes of one 16,384-token episode: about 45 GiB of 80; one "
+            "padded pass of 32 x 16,384 tokens per learner needs about 250 GiB (flashrl/recipes/memory.py)",
             # Prompts per split: the reference evaluates 140 seen + 134 unseen games (the setting
             # file's notes, examples/README.md); 140 plays every seen game once, the 134 unseen too.
             evaluation_num_episodes=140,

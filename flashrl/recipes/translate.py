@@ -372,6 +372,9 @@ def _choices(resolved: ResolvedSetting, out: FlashrlFields) -> None:
         ("num_checkpoints_to_keep", c.num_checkpoints_to_keep),
     ):
         out.set(name, value, FLASHRL_CHOICE)
+    layout = FLASHRL_CHOICE + (f" ({c.learner_layout})" if c.learner_layout else "")
+    out.set("max_tokens_per_micro_batch", c.max_tokens_per_micro_batch, layout)
+    out.set("optimizer_offload", c.optimizer_offload, layout)
     out.set("engine_options.dtype", "bfloat16", FLASHRL_CHOICE + " (Molt's vllm.dtype default)")
     if c.engine_args:
         out.set("engine_options.engine_args", dict(c.engine_args), FLASHRL_CHOICE)

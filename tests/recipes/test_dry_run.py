@@ -116,18 +116,21 @@ def test_tiny_sweep_dry_run_shows_the_grid(capsys: pytest.CaptureFixture[str]) -
 
 def test_memory_plan_of_the_math_preset(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = dry_run(capsys, "qwen25_math_1p5b", "--dry-run")
-    # 1,543,714,304 parameters x 2 bytes = 2.88 GiB; 128 / 4 = 32 rows x 6144 tokens per learner
-    assert "weights 2.88 GiB + gradients 2.88 GiB" in out
-    assert "196608 padded tokens per forward" in out
+    # 1,543,714,304 parameters sharded over 4 learners: 385,928,576 x 4 bytes = 1.44 GiB of float32 master
+    # shards, twice that for AdamW; 128 / 4 = 32 rows x 6144 tokens per learner in one pass (no budget)
+    assert "(bfloat16, adamw, FSDP2 over 4 learners)" in out
+    assert "float32 master 1.44 GiB + optimizer 2.88 GiB" in out
+    assert "196608 padded tokens in one pass" in out
     assert "(4 sequences x 6144 tokens x" in out  # 16 rollouts in flight (common.json) over 4 env runners
 
 
-def test_the_moe_preset_states_its_learner_limit(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_moe_preset_shards_and_bounds_its_passes(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = dry_run(capsys, "python_tool_qwen3_30b_a3b", "--dry-run")
     assert code == 0
     assert "3.35B active per token, 128 experts" in out
     assert "split over 4" in out
-    assert "this model needs a sharded learner" in out
+    assert "FSDP2 over 8 learners" in out and "passes of at most 16384 tokens" in out
+    assert "max_tokens_per_micro_batch=16384: flashrl's choice" in out
 
 
 def test_negative_delta_fails_with_the_config_message(capsys: pytest.CaptureFixture[str]) -> None:
@@ -180,3 +183,31 @@ def test_first_fit_packs_or_refuses() -> None:
     assert _first_fit(fives, two_nodes) is None  # 15 <= 16 GPUs in total, but 5 + 5 > 8 on one node
     fours = [(f"runner {i}", {"CPU": 1.0, "GPU": 4.0}) for i in range(4)]
     assert _first_fit(fours, two_nodes) == [["runner 0", "runner 1"], ["runner 2", "runner 3"]]
+
+
+GPU_PRESETS = sorted(c.script for c in FLASHRL_CHOICES.values())
+
+
+@pytest.mark.parametrize("script", GPU_PRESETS)
+def test_every_gpu_preset_learner_fits_its_gpu(script: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = dry_run(capsys, script, "--dry-run")
+    assert code == 0, out + err
+    line = next(x for x in out.splitlines() if "learner on its GPU:" in x)
+    need, _, have = line.split("learner on its GPU:")[1].partition(" of ")
+    assert have.strip() == "80.00 GiB"
+    assert need.strip().endswith("GiB") and float(need.split()[0]) < 80.0, line
+    assert "exceeds its GPU share" not in out
+
+
+def test_the_moe_preset_fits_only_because_of_its_micro_batch_budget() -> None:
+    from flashrl.recipes.architectures import architecture_for
+    from flashrl.recipes.memory import GIB, learner_memory
+
+    choices = FLASHRL_CHOICES["qwen3_tool_ablation"]
+    common = {"dtype": "bfloat16", "optimizer": "adamw", "train_batch_size": 128, "num_learners": choices.num_learners,
+                  "max_episode_tokens": 16384, "gradient_checkpointing": True, "logprob_chunk_size": 1024}
+    arch = architecture_for("Qwen/Qwen3-30B-A3B")
+    bounded = learner_memory(arch, max_tokens_per_micro_batch=choices.max_tokens_per_micro_batch, **common)
+    one_pass = learner_memory(arch, max_tokens_per_micro_batch=None, **common)
+    assert bounded.tokens == 16384 and one_pass.tokens == 16 * 16384
+    assert bounded.total < 80 * GIB < one_pass.total
