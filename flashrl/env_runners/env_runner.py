@@ -22,14 +22,13 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
-import torch
 
+from flashrl.engines.weight_stream import Weights
 from flashrl.env_runners.evaluation import split_env_config
 from flashrl.env_runners.rollout import (
     EnvError,
@@ -95,7 +94,7 @@ class EnvRunner:
         self._arrived: asyncio.Event | None = None
         self._fatal: BaseException | None = None
         self._weights_lock: asyncio.Lock | None = None
-        self._pending_weights: tuple[int, Mapping[str, torch.Tensor]] | None = None
+        self._pending_weights: tuple[int, Weights] | None = None
         self._accounts = _Accounts()  # the stream's, since the last poll
         self._start_limit: int | None = None
         """No training episode starts once the data cursor reaches it (None = no limit)."""
@@ -137,7 +136,7 @@ class EnvRunner:
     async def start(
         self,
         version: int | None = None,
-        weights: Mapping[str, torch.Tensor] | None = None,
+        weights: Weights | None = None,
         start_limit: int | None = None,
     ) -> None:
         """Begin streaming training episodes (async mode).
@@ -197,8 +196,13 @@ class EnvRunner:
     # ------------------------------------------------------------------------------------------
     # weights
     # ------------------------------------------------------------------------------------------
-    async def set_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> int:
+    async def set_weights(self, version: int, weights: Weights) -> int:
         """Load new weights while sampling goes on; returns the version now served.
+
+        ``weights`` is a full ``{name: tensor}`` dict or a ``WeightBuckets`` stream (the learner's
+        ``put_weight_buckets``: its plan, then one object ref per bucket). The engine resolves the
+        refs one at a time while it loads, so this runner holds one bucket beyond its model, and a
+        version that is superseded before it loads is never fetched at all.
 
         Calls coalesce: if several versions arrive while one is loading, only the newest is loaded
         next, and a version not newer than the served one is ignored.
@@ -211,6 +215,31 @@ class EnvRunner:
                 self._pending_weights = None
                 if version > self._engine.version:
                     await self._engine.update_weights(weights, version)
+        return int(self._engine.version)
+
+    # The GPU push routes (vLLM's NCCL / IPC weight-transfer engines): learner rank 0 drives these
+    # through `flashrl.learners.weight_sync.EnvRunnerSyncClient`. Not run yet (no GPU).
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        await self.setup()
+        await self._engine.init_weight_transfer(init_info)
+
+    async def begin_weight_transfer(self) -> None:
+        await self.setup()
+        await self._weights_lock.acquire()  # no streamed update interleaves with a pushed one
+        try:
+            await self._engine.begin_weight_transfer()
+        except BaseException:
+            self._weights_lock.release()
+            raise
+
+    async def receive_weight_transfer(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        await self._engine.receive_weight_transfer(update_info)
+
+    async def end_weight_transfer(self, version: int) -> int:
+        try:
+            await self._engine.end_weight_transfer(int(version))
+        finally:
+            self._weights_lock.release()
         return int(self._engine.version)
 
     # ------------------------------------------------------------------------------------------

@@ -149,7 +149,13 @@ class EnvRunnerGroup:
     # weights
     # ------------------------------------------------------------------------------------------
     def broadcast_weights(self, version: int, weights_ref: Any, *, wait: bool = False) -> float:
-        """Send one object-store ref of the weights to every runner; returns seconds spent.
+        """Send the weights to every runner; returns seconds spent.
+
+        `weights_ref` is a `WeightBuckets` of object refs (the learner's `put_weight_buckets`: each
+        runner fetches and loads one bucket at a time, so no runner holds a full copy) or one
+        object ref of a full state dict (Ray resolves it before the call runs: a full copy per
+        runner). The same object goes to every runner and is kept for restarts: a replacement runner
+        loads it before its first episode.
 
         With `wait=False` (async mode) the runners load the weights while they keep sampling and this
         returns at once; errors surface at the next call. `wait=True` blocks until all have loaded.

@@ -1,0 +1,82 @@
+"""Streamed weights through the runners: coalescing fetches nothing it skips, a restart loads them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from flashrl.engines.weight_stream import WeightBuckets
+from flashrl.env_runners import EnvRunner, EnvRunnerGroup, EnvRunnerSpec
+from flashrl.learners.weight_sync import iter_weight_buckets, put_weight_buckets, weight_plan
+
+
+def _model(path: str, shift: float):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.add_(shift)
+    return model
+
+
+def test_coalesced_versions_are_never_fetched(tiny_config) -> None:
+    """v1 loads slowly; v2 and v3 arrive meanwhile: v3 loads next and v2's buckets are never asked for."""
+    config = tiny_config(env="flashrl-test/Parity-v0")
+    runner = EnvRunner(EnvRunnerSpec.from_config(config), runner_index=0, num_runners=1, model_path=config.model)
+    fetched: dict[int, int] = {1: 0, 2: 0, 3: 0}
+
+    def stream(version: int, delay_s: float) -> WeightBuckets:
+        model = _model(config.model, float(version))
+        plan = weight_plan(model, bucket_bytes=2**18)
+
+        async def buckets():
+            for bucket in iter_weight_buckets(model, plan):
+                fetched[version] += 1
+                await asyncio.sleep(delay_s)
+                yield bucket
+
+        return WeightBuckets(plan, buckets())
+
+    async def scenario():
+        await runner.setup()
+        first = asyncio.create_task(runner.set_weights(1, stream(1, 0.2)))
+        await asyncio.sleep(0.05)  # v1 is loading
+        results = await asyncio.gather(first, runner.set_weights(2, stream(2, 0.0)), runner.set_weights(3, stream(3, 0.0)))
+        norm = runner._engine.model.model.norm.weight.detach().clone()
+        await runner.stop()
+        return results, norm
+
+    results, norm = asyncio.run(scenario())
+    assert results[-1] == 3
+    plan_size = len(weight_plan(_model(config.model, 0.0), bucket_bytes=2**18))
+    assert fetched == {1: plan_size, 2: 0, 3: plan_size}
+    assert torch.allclose(norm, _model(config.model, 3.0).model.norm.weight)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_a_restarted_runner_loads_the_streamed_weights_first(ray_session, tiny_config) -> None:
+    config = tiny_config(env="flashrl-test/Parity-v0", num_env_runners=1)
+    stream = put_weight_buckets(_model(config.model, 0.5), bucket_bytes=2**18)  # object refs, one per bucket
+    assert stream is not None and len(stream.buckets) >= 4
+    group = EnvRunnerGroup(EnvRunnerSpec.from_config(config), model_path=config.model)
+    try:
+        group.setup()
+        group.start_streaming()
+        assert group.next_reports(30.0)
+        group.broadcast_weights(5, stream)
+        group.kill(0)
+        versions: list[int] = []
+        for _ in range(60):
+            restarted = group.num_restarts
+            for report in group.next_reports(5.0):
+                if restarted:  # polls sent to the replacement
+                    versions += [v for ep in report.episodes for v in ep.policy_versions]
+            if restarted and len(versions) >= 8:
+                break
+        assert group.num_restarts == 1
+        assert len(versions) >= 8 and set(versions) == {5}
+    finally:
+        group.stop()
