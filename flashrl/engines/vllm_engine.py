@@ -316,6 +316,7 @@ class VLLMEngine(Engine):
             llm = self._llm
             # "keep" freezes running requests where they are; nothing is scheduled until resume
             await llm.pause_generation(mode="keep", clear_cache=False)
+            loads, finished = 0, False
             try:
                 await llm.collective_rpc("flashrl_start_weight_update")
                 try:
@@ -324,16 +325,20 @@ class VLLMEngine(Engine):
                         path, total, entries = await asyncio.to_thread(write_bucket_file, folder, bucket, planned)
                         del bucket  # the file holds it now; the caller's stream may free its copy
                         try:
+                            loads += 1
                             await llm.collective_rpc("flashrl_load_bucket", args=(path, total, entries))
                         finally:
                             os.unlink(path)
                 finally:
+                    # closing a session that loaded nothing puts every layer's old tensors back
                     await llm.collective_rpc("flashrl_finish_weight_update")
+                    finished = True
                 await self._drop_old_kv()
                 await llm.update_weight_version(str(int(version)))
                 self._version = int(version)
             except BaseException as err:
-                self._broken = f"a weight update to version {version} failed midway ({err!r})"
+                if loads or not finished:  # some layers new, some old (or a session left open)
+                    self._broken = f"a weight update to version {version} failed midway ({err!r})"
                 raise
             finally:
                 await llm.resume_generation()

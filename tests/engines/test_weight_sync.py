@@ -139,3 +139,40 @@ def test_a_transfer_folder_too_small_is_a_clear_error_before_anything_moves(
     comps = _sample(engine, prompts, run)  # still serving, with the version-4 weights
     assert [c.version for c in comps] == [4] * 4
     assert measure_agreement(model, prompts, comps).max_abs_diff < 1e-3
+
+
+def _stream_with_a_bad_bucket(model, bad_index: int) -> WeightBuckets:
+    plan = weight_plan(model, bucket_bytes=BUCKET_BYTES)
+
+    def produce():
+        for k, bucket in enumerate(iter_weight_buckets(model, plan)):
+            if k == bad_index:  # one tensor of the wrong shape: the producer's bug
+                name = next(iter(bucket))
+                bucket = {**bucket, name: torch.zeros(3)}
+            yield bucket
+
+    return WeightBuckets(plan, produce())
+
+
+def test_a_stream_that_fails_before_loading_anything_leaves_the_engine_serving(
+    engine, tiny_llama_path, chat_prompts, event_loop_runner
+) -> None:
+    run = event_loop_runner.run_until_complete
+    old = _perturbed(tiny_llama_path, seed=3)
+    run(engine.update_weights(old.state_dict(), version=8))
+    with pytest.raises(ValueError, match="weight bucket 0 disagrees with its plan"):
+        run(engine.update_weights(_stream_with_a_bad_bucket(_perturbed(tiny_llama_path, seed=4), 0), version=9))
+    prompts = chat_prompts(engine.tokenizer, 4)
+    comps = _sample(engine, prompts, run)
+    assert engine.version == 8 and [c.version for c in comps] == [8] * 4
+    assert measure_agreement(old, prompts, comps).max_abs_diff < 1e-3  # the session put everything back
+
+
+def test_a_stream_that_fails_midway_marks_the_engine_broken(engine, tiny_llama_path, chat_prompts, event_loop_runner) -> None:
+    """Runs last in this module: the engine serves a mixture afterwards and refuses to go on."""
+    run = event_loop_runner.run_until_complete
+    with pytest.raises(ValueError, match="weight bucket 2 disagrees with its plan"):
+        run(engine.update_weights(_stream_with_a_bad_bucket(_perturbed(tiny_llama_path, seed=5), 2), version=10))
+    assert engine.version == 8
+    with pytest.raises(RuntimeError, match="mixture of two weight versions: a weight update to version 10"):
+        run(engine.generate(chat_prompts(engine.tokenizer, 1)[0], SamplingConfig(max_tokens=4)))
