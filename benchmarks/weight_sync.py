@@ -1,0 +1,153 @@
+"""Weight sync into the vLLM engine: one update's seconds vs the bytes moved and a memcpy bound.
+
+For each model, in one run and one engine: a plain memory copy of the model's bytes (the bound),
+one update as a single bucket (the whole model in one shared-memory file, what flashrl did before
+streaming), and streamed updates in buckets of a few sizes (``WeightBuckets`` from the learner
+helper, one bucket file at a time). Each row reports seconds, GB/s, the ratio to the memcpy bound,
+the number of buckets and the largest bucket file (what ``/dev/shm`` must hold).
+
+Usage::
+
+    python benchmarks/weight_sync.py                       # the tiny random Llama and SmolLM2-135M
+    python benchmarks/weight_sync.py --models tiny --repeats 3
+
+Prints a table and writes JSON (default ``benchmarks/results/weight_sync.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MIB = 2**20
+
+
+def memcpy_seconds(state: dict[str, torch.Tensor], buffers: list[torch.Tensor]) -> float:
+    """One plain copy of every tensor into preallocated (already touched) buffers."""
+    start = time.perf_counter()
+    for dst, src in zip(buffers, state.values()):
+        dst.copy_(src)
+    return time.perf_counter() - start
+
+
+def update_seconds(
+    engine: Any, model: torch.nn.Module, bucket_bytes: int | None, loop, version: int
+) -> tuple[float, int, int]:
+    """One update; (seconds, buckets, largest bucket file bytes)."""
+    from flashrl.engines.shm_transfer import bucket_file_bytes
+    from flashrl.engines.weight_stream import WeightBuckets, as_buckets
+    from flashrl.learners.weight_sync import iter_weight_buckets, weight_plan
+
+    if bucket_bytes is None:  # the whole state dict in one bucket: the single-file path
+        engine.options = dataclasses.replace(engine.options, weight_bucket_bytes=2**62)
+        state = model.state_dict()
+        # a tied head is one tensor: sent once (the engine would leave out a second copy too)
+        weights: Any = {m.name: state[m.name] for b in weight_plan(model, bucket_bytes=2**62) for m in b}
+        plan = as_buckets(weights, 2**62).plan
+    else:
+        plan = weight_plan(model, bucket_bytes=bucket_bytes)
+        weights = WeightBuckets(plan, iter_weight_buckets(model, plan))
+    start = time.perf_counter()
+    loop.run_until_complete(engine.update_weights(weights, version=version))
+    return time.perf_counter() - start, len(plan), max(bucket_file_bytes(b) for b in plan)
+
+
+def measure(name: str, path: str, bucket_sizes: list[int], repeats: int) -> list[dict[str, Any]]:
+    from transformers import AutoModelForCausalLM
+
+    from flashrl.engines import make_engine
+    from flashrl.learners.weight_sync import weight_plan
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    state = {n: t for n, t in model.state_dict().items()}
+    nbytes = sum(t.nbytes for t in {t.data_ptr(): t for t in state.values()}.values())  # a tied head once
+    loop = asyncio.new_event_loop()
+    engine = make_engine("vllm", path, seed=0, max_model_len=256, max_num_seqs=4)
+    rows = []
+    unique = {m.name: state[m.name] for b in weight_plan(model, bucket_bytes=2**62) for m in b}
+    buffers = [t.clone() for t in unique.values()]  # allocated and touched once, outside the timing
+    copies: list[float] = []
+    try:
+        version = 0
+        # Each update is timed right after a memcpy of the same bytes, so both see the same load
+        # (these machines are shared): the bound is the best memcpy of the run.
+        for bucket in [None, *bucket_sizes]:
+            best = float("inf")
+            for _ in range(repeats):
+                copies.append(memcpy_seconds(unique, buffers))
+                version += 1
+                seconds, buckets, largest = update_seconds(engine, model, bucket, loop, version)
+                best = min(best, seconds)
+            rows.append({"model": name, "path": "single file" if bucket is None else "streamed",
+                         "bucket_bytes": bucket, "seconds": best, "buckets": buckets,
+                         "largest_file_bytes": largest})  # fmt: skip
+        bound = min(copies)
+        rows.insert(0, {"model": name, "path": "memcpy (bound)", "bucket_bytes": None, "seconds": bound})
+    finally:
+        engine.close()
+        pending = asyncio.all_tasks(loop)  # vLLM's output handler, cancelled by close()
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.close()
+    for row in rows:
+        row["bytes"] = nbytes
+        row["memcpy_samples_s"] = copies if row["path"].startswith("memcpy") else None
+        row["gb_per_s"] = nbytes / row["seconds"] / 1e9
+        row["x_memcpy"] = row["seconds"] / bound
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | path | bucket | buckets | largest file | seconds | GB/s | x memcpy |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        bucket = "-" if r["bucket_bytes"] is None else f"{r['bucket_bytes'] / MIB:g} MiB"
+        largest = f"{r['largest_file_bytes'] / MIB:.1f} MiB" if "largest_file_bytes" in r else "-"
+        lines.append(
+            f"| {r['model']} | {r['path']} | {bucket} | {r.get('buckets', '-')} | {largest} | "
+            f"{r['seconds']:.3f} | {r['gb_per_s']:.2f} | {r['x_memcpy']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["tiny", "smollm2-135m-instruct"],
+                        help="'tiny' (random 2-layer Llama), built-in names or HF folders")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions; the best is kept")
+    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "weight_sync.json"))
+    args = parser.parse_args()
+
+    from flashrl.models import build_tiny_llama, resolve_model
+
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in args.models:
+            if spec == "tiny":
+                path = str(build_tiny_llama(Path(tmp) / "tiny"))
+                sizes = [256 * 1024, 4 * MIB]
+            else:
+                path = resolve_model(spec)
+                sizes = [16 * MIB, 128 * MIB]
+            rows += measure(spec, path, sizes, args.repeats)
+    print(table(rows))
+    result = {"machine": {"platform": platform.platform(), "torch": torch.__version__}, "repeats": args.repeats,
+              "rows": rows, "table": table(rows)}  # fmt: skip
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
