@@ -46,10 +46,13 @@ never split)::
                                                   of ``flashrl/ops/logprobs.py``
     activations = layers + head
 
-Measured (``benchmarks/learner_memory.py``, float32, 4 layers x 512, V = 151,936, T = 128): the
-update's transient bytes (gradients + activations) grow with B on the single padded pass and stay
-flat under a token budget; the formula is within the tolerance ``tests/recipes/test_memory.py``
-states of those points.
+Measured (``benchmarks/learner_memory.py``, float32, 8 layers x 512, V = 151,936, T = 64, B = 4..64,
+table in ``docs/training.md``): the update's transient bytes (gradients + activations) grow with B in
+the single padded pass (1.0 -> 2.0 GiB) and stay flat under a 256-token budget (1.1 GiB); the formula
+is within 22% of every point (``tests/recipes/test_memory.py`` holds it within 30%). It is a sum, so
+it over-predicts where phases do not overlap (the tied embedding's gradient sum at the end of the
+backward pass comes after the layers' activations are freed) and under-predicts the accumulation's
+temporary of a second pass by about 10%.
 
 Env runner (one vLLM engine, split over its GPUs by tensor / expert parallelism)::
 
