@@ -59,12 +59,12 @@ QWEN25_MATH_1P5B = {  # flashrl/recipes/architectures.py: Qwen/Qwen2.5-Math-1.5B
     "max_position_embeddings": 4096,
     "rope_theta": 10000.0,
 }
-TINY = {  # --small: the shape of flashrl.models.tiny, as a Qwen2 model
-    "hidden_size": 64,
-    "intermediate_size": 128,
+TINY = {  # --small: the shape of flashrl.models.tiny (head_dim 64: vLLM's CPU attention needs >= 32), as Qwen2
+    "hidden_size": 128,
+    "intermediate_size": 256,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
     "tie_word_embeddings": True,
     "max_position_embeddings": 512,
 }
@@ -355,6 +355,11 @@ def rank_main(rank: int, world: int, opts: Options, model: str, port: int, resul
         out["error"] = f"{type(exc).__name__}: {exc}"
         raise
     finally:
+        pending = asyncio.all_tasks(loop)  # e.g. vLLM's output handler: cancelled, not left to a closed loop
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         if engine is not None:
             engine.close()
         loop.close()

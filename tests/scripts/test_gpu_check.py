@@ -46,10 +46,11 @@ def test_batch_has_exact_lengths_and_masks() -> None:
 
 
 @pytest.mark.slow
-def test_small_run_end_to_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_small_run_end_to_end(engine: str, tmp_path: Path) -> None:
     out = tmp_path / "gpu_check.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--small", "--output", str(out)],
+        [sys.executable, str(SCRIPT), "--small", "--engine", engine, "--output", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
