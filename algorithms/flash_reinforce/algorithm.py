@@ -130,7 +130,7 @@ class FlashReinforce(Trainable):
         if self.learner_group.version != version_before:
             sync_s = self.env_runner_group.broadcast_weights(
                 self.learner_group.version,
-                self.learner_group.get_weights_ref(),
+                self.learner_group.weight_buckets_refs(),
                 wait=cfg.rollout_mode == "sync_group",
             )
         iteration_s = time.perf_counter() - start
@@ -469,7 +469,7 @@ class FlashReinforce(Trainable):
         group.num_lost_episodes = int(state.get("num_lost_episodes", 0))
         group.num_restarts = int(state.get("num_restarts", 0))
         if self.learner_group.version > 0:
-            group.broadcast_weights(self.learner_group.version, self.learner_group.get_weights_ref(), wait=True)
+            group.broadcast_weights(self.learner_group.version, self.learner_group.weight_buckets_refs(), wait=True)
         self._pending.clear()
         self._cursor = int(state["sync_cursor"])
         self._totals = Counter(state.get("totals", {}))

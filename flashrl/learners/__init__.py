@@ -9,7 +9,7 @@ The learner is generic (RLlib style): the algorithm supplies its loss as a ``Los
     spec = LearnerSpec(model=path, lr=1e-6, max_tokens_per_micro_batch=8192, loss=FlashReinforceLoss(delta=0.01))
     group = LearnerGroup(spec, num_learners=2)  # Ray actors, the policy sharded over them
     metrics = group.update(TrainBatch.from_episodes(episodes, pad_token_id=tokenizer.pad_token_id))
-    weights_ref = group.get_weights_ref()  # one object-store ref for every engine's update_weights
+    weights = group.weight_buckets_refs()  # object refs, one per bucket, for every engine's update_weights
     group.save_policy("policy/")           # a Hugging Face folder that transformers and vLLM load
     group.shutdown()
 """

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from flashrl.engines.weight_stream import DEFAULT_BUCKET_BYTES, WeightBuckets
 from flashrl.learners import distributed as ddp
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.learner import Learner
@@ -72,6 +73,9 @@ class LearnerActor:
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         return self._learner.get_weights()
+
+    def weight_buckets(self, bucket_bytes: int) -> WeightBuckets | None:
+        return self._learner.weight_buckets(bucket_bytes)
 
     def get_state(self) -> dict[str, Any]:
         return self._learner.get_state()
@@ -226,18 +230,21 @@ class LearnerGroup:
             return self._local.get_weights()
         return self._call("get_weights", [actor.get_weights.remote() for actor in self._actors])[0]
 
-    def get_weights_ref(self) -> Any:
-        """A Ray ObjectRef of ``get_weights()``: hand one ref to every EnvRunner without a driver copy."""
+    def weight_buckets_refs(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightBuckets:
+        """The weights as ``WeightBuckets`` of object refs (one per bucket) for ``broadcast_weights``.
+
+        The refs are owned by learner rank 0 (or this process when local), which must stay alive while
+        the runners fetch them.
+        """
         import ray
 
         self._check_usable()
         if self._local is not None:
             if not ray.is_initialized():
-                raise LearnerGroupError("get_weights_ref() needs a running Ray cluster; call ray.init() first.")
-            return ray.put(self._local.get_weights())
-        refs = [actor.get_weights.remote() for actor in self._actors]  # a gather: every rank takes part
-        self._call("get_weights", refs[1:], first_rank=1)  # the other ranks return {} once it is done
-        return refs[0]
+                raise LearnerGroupError("weight_buckets_refs() needs a running Ray cluster; call ray.init() first.")
+            return self._local.weight_buckets(bucket_bytes)
+        refs = [actor.weight_buckets.remote(bucket_bytes) for actor in self._actors]  # every rank gathers
+        return self._call("weight_buckets", refs)[0]
 
     def get_state(self) -> dict[str, Any]:
         """``Learner.get_state()``: full tensors gathered to rank 0 (loadable by any number of learners)."""

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from flashrl.engines.weight_stream import DEFAULT_BUCKET_BYTES, WeightBuckets
 from flashrl.learners import distributed as ddp
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.loss import BatchContext, LossMetrics, MicroBatch
@@ -270,6 +271,18 @@ class Learner:
         shards (a collective).
         """
         return self.policy.full_weights()
+
+    def weight_buckets(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightBuckets | None:
+        """The policy's weights as object refs, one ``ray.put`` per bucket (rank 0; None on other ranks).
+
+        At most one bucket is held beyond the model; sharded, every rank calls this (the gathers are
+        collectives). EnvRunners fetch the buckets one at a time (``docs/engines.md``, Weight sync).
+        """
+        from flashrl.learners.weight_sync import put_weight_buckets
+
+        return put_weight_buckets(
+            self.policy.model, bucket_bytes=bucket_bytes, dtype=self.spec.torch_dtype, is_sender=self.rank == 0
+        )
 
     def get_state(self) -> dict[str, Any]:
         """Everything needed to continue training exactly: weights, optimizer, schedule, RNG, counters.

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from flashrl.learners.freeze import freeze_moe_router
 from flashrl.learners.spec import OPTIMIZERS, LearnerSpec
 
 __all__ = ["STATE_FILE", "LocalPolicy", "ShardedPolicy", "attention_implementation"]
@@ -64,6 +65,8 @@ class LocalPolicy:
         self.model.eval()
         if spec.gradient_checkpointing:
             _enable_hf_checkpointing(self.model)
+        if spec.freeze_moe_router:  # before the optimizer: a frozen router gets no state, no decay
+            freeze_moe_router(self.model)
         self.names = [name for name, p in self.model.named_parameters() if p.requires_grad]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # Low-precision training keeps float32 master weights (and so float32 optimizer state): a bf16
@@ -204,6 +207,8 @@ class ShardedPolicy:
         implementation = attention_implementation(device, spec.torch_dtype)
         if implementation is not None and self.model.config._attn_implementation != implementation:
             self.model.set_attn_implementation(implementation)
+        if spec.freeze_moe_router:
+            freeze_moe_router(self.model)
         self.optimizer = OPTIMIZERS[spec.optimizer](
             [p for p in self.model.parameters() if p.requires_grad], spec
         )

@@ -98,6 +98,8 @@ class LearnerSpec:
     """Pack a micro-batch's rows into one row without padding; None = only with flash attention (GPU)."""
     optimizer_offload: bool = False
     """Sharded learners: keep parameter shards, gradients and optimizer state in host memory (FSDP2)."""
+    freeze_moe_router: bool = False
+    """MoE models: keep the router (gate) weights fixed during RL, as Molt's ``freeze_moe_router``."""
     loss: Loss | None = None
     """The algorithm's loss hook (a flashrl.learners.Loss, e.g. FlashReinforceLoss); from_config builds it."""
 

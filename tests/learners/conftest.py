@@ -65,6 +65,12 @@ def make_episodes(
 
 
 @pytest.fixture(scope="session")
+def episode_maker() -> Callable[..., list[Episode]]:
+    """``make_episodes`` for tests that score episodes with a model of their own."""
+    return make_episodes
+
+
+@pytest.fixture(scope="session")
 def episodes(tiny_llama_path: str) -> list[Episode]:
     """Six ragged on-policy episodes with mixed rewards, drift rising with the index."""
     return make_episodes(tiny_llama_path, num=6, seed=1, behavior_noise=0.02)

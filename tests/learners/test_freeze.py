@@ -87,3 +87,34 @@ def test_a_dense_model_has_no_router_to_freeze():
     with pytest.raises(ValueError, match="freeze_moe_router=False for a dense model"):
         freeze_moe_router(model)
     assert all(p.requires_grad for p in model.parameters())  # nothing frozen on the way to the error
+
+
+def test_the_learner_keeps_a_frozen_router_out_of_the_optimizer_and_unchanged(tmp_path, episode_maker):
+    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+    from flashrl.learners import Learner, LearnerSpec, TrainBatch
+
+    path = tmp_path / "moe"
+    _qwen3_moe(num_layers=2).save_pretrained(path)
+    episodes = episode_maker(str(path), num=4, seed=3, rewards=[1.0, 0.0, 1.0, 0.0])
+    spec = LearnerSpec(model=str(path), lr=1e-2, weight_decay=0.1, grad_clip=None, freeze_moe_router=True,
+                       loss=FlashReinforceLoss(delta=float("inf")))
+    learner = Learner(spec)
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    routers = [n for n in before if n.endswith("mlp.gate.weight")]
+    assert len(routers) == 2
+    assert all(not p.requires_grad for n, p in learner.model.named_parameters() if n in routers)
+    metrics = learner.update(TrainBatch.from_episodes(episodes, pad_token_id=0))
+    assert metrics["applied"] == 1.0
+    after = dict(learner.model.named_parameters())
+    for name in routers:  # no gradient, no weight decay: bit for bit the same
+        torch.testing.assert_close(after[name].detach(), before[name], rtol=0, atol=0)
+    assert any(not torch.equal(after[n].detach(), before[n]) for n in before if "experts" in n)
+
+
+def test_the_learner_refuses_to_freeze_the_router_of_a_dense_model(tiny_llama_path):
+    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+    from flashrl.learners import Learner, LearnerSpec
+
+    spec = LearnerSpec(model=tiny_llama_path, freeze_moe_router=True, loss=FlashReinforceLoss(delta=0.01))
+    with pytest.raises(ValueError, match="router"):
+        Learner(spec)

@@ -69,12 +69,22 @@ def test_two_learners_give_the_same_updates_as_one(two_learners, make_spec, batc
     assert metrics["grad_norm"] > DP_OPTIONS["grad_clip"]  # clipping was active
 
 
-def test_state_weights_ref_and_policy_through_actors(two_learners, make_spec, batch, tmp_path, ray_cluster):
+def test_state_weight_stream_and_policy_through_actors(two_learners, make_spec, batch, tmp_path, ray_cluster):
     local = LearnerGroup(make_spec(**DP_OPTIONS), local=True)
     state = local.get_state()
     two_learners.set_state(state)  # both replicas
     assert two_learners.version == 0
-    _assert_same_weights(ray_cluster.get(two_learners.get_weights_ref(), timeout=60), local.get_weights())
+    # The weight stream the runners fetch: buckets of object refs, every tensor once (tied ones once).
+    buckets = two_learners.weight_buckets_refs(bucket_bytes=64 * 1024)
+    assert len(buckets.buckets) > 1
+    streamed: dict[str, torch.Tensor] = {}
+    for ref, metas in zip(buckets.buckets, buckets.plan):
+        bucket = ray_cluster.get(ref, timeout=60)
+        assert list(bucket) == [m.name for m in metas]
+        streamed.update(bucket)
+    expected_weights = local.get_weights()
+    _assert_same_weights(streamed, {n: expected_weights[n] for n in streamed})
+    assert set(expected_weights) - set(streamed) <= {"lm_head.weight"}  # tied to the embedding
     expected = local.update(batch)
     metrics = two_learners.update(batch)
     assert metrics["loss"] == pytest.approx(expected["loss"], rel=1e-5)
