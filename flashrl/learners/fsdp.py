@@ -440,7 +440,7 @@ def export_hf(
     target = Path(path).resolve()
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if _rank() == 0:
-        for alias, primary in _tied_aliases(model).items():
+        for alias, primary in tied_aliases(model).items():
             if alias in full and primary in full:
                 full[alias] = full[primary]  # one storage: save_pretrained then drops the tied alias
         if dtype is not None:
@@ -461,15 +461,8 @@ def _write_hf_folder(
 ) -> None:
     if not hasattr(model, "save_pretrained"):
         raise TypeError(f"export_hf needs a transformers PreTrainedModel; got {type(model).__name__}.")
-    if target.exists() and any(target.iterdir()) and not (target / "config.json").is_file():
-        raise FileExistsError(
-            f"{target} exists and is not a Hugging Face model folder (no config.json); not replacing it. "
-            "Pass a new or empty folder."
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; inference engines in other processes read it
-    try:
+
+    def write(tmp: Path) -> None:
         # is_main_process: the caller is rank 0 only, so transformers must not wait for the others.
         model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True, is_main_process=True)
         if dtype is not None:  # save_pretrained recorded the master dtype; the file holds ``dtype``
@@ -480,6 +473,27 @@ def _write_hf_folder(
             from transformers import AutoTokenizer
 
             AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(tmp)
+
+    replace_folder(target, write)
+
+
+def replace_folder(path: str | os.PathLike[str], write: Callable[[Path], None]) -> str:
+    """Write a model folder beside ``path`` with ``write(tmp)`` and rename it into place; returns it.
+
+    Readers (inference engines in other processes) never see a half-written folder. A non-empty
+    folder that is not a model folder (no ``config.json``) is never replaced.
+    """
+    target = Path(path).resolve()
+    if target.exists() and any(target.iterdir()) and not (target / "config.json").is_file():
+        raise FileExistsError(
+            f"{target} exists and is not a Hugging Face model folder (no config.json); not replacing it. "
+            "Pass a new or empty folder."
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; inference engines in other processes read it
+    try:
+        write(tmp)
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
             target.rename(old)
@@ -490,9 +504,10 @@ def _write_hf_folder(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
 
 
-def _tied_aliases(model: nn.Module) -> dict[str, str]:
+def tied_aliases(model: nn.Module) -> dict[str, str]:
     """``{alias: primary}`` for parameters registered under several names (tied embeddings)."""
     first: dict[int, str] = {}
     aliases: dict[str, str] = {}

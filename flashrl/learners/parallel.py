@@ -17,8 +17,6 @@ of ``ShardedPolicy`` is a collective: call it on every rank, in the same order.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from typing import Any
 import torch
 
 from flashrl.learners.freeze import freeze_moe_router
+from flashrl.learners.fsdp import replace_folder, tied_aliases
 from flashrl.learners.spec import OPTIMIZERS, LearnerSpec
 
 __all__ = ["STATE_FILE", "LocalPolicy", "ShardedPolicy", "attention_implementation"]
@@ -128,7 +127,7 @@ class LocalPolicy:
         model = self.full_weights()
         for name, master in zip(self.names, self.master_params):
             model[name] = master.detach().to("cpu", copy=True)
-        for alias, primary in _tied_aliases(self.model).items():
+        for alias, primary in tied_aliases(self.model).items():
             model[alias] = model[primary]
         optimizer = _to_cpu(self.optimizer.state_dict())
         optimizer["state"] = {self.names[i]: v for i, v in optimizer["state"].items()}
@@ -183,7 +182,7 @@ class LocalPolicy:
             self.model.save_pretrained(tmp, safe_serialization=True)
             AutoTokenizer.from_pretrained(self.spec.model).save_pretrained(tmp)
 
-        return _replace_folder(path, write)
+        return replace_folder(path, write)
 
 
 class ShardedPolicy:
@@ -247,7 +246,7 @@ class ShardedPolicy:
                 gathered[name] = tensor
         if self.rank != 0:
             return {}
-        aliases = _tied_aliases(self.model)
+        aliases = tied_aliases(self.model)
         names = [fsdp.clean_name(k) for k in self.model.state_dict(keep_vars=True)]
         return {name: gathered[aliases.get(name, name)] for name in names}
 
@@ -347,47 +346,6 @@ def _enable_hf_checkpointing(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
             module.training = True
-
-
-def _tied_aliases(model: torch.nn.Module) -> dict[str, str]:
-    """``{alias: primary}`` for parameters registered under several names (tied embeddings)."""
-    from flashrl.learners.fsdp import clean_name
-
-    first: dict[int, str] = {}
-    aliases: dict[str, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        name = clean_name(name)
-        if id(p) in first:
-            aliases[name] = first[id(p)]
-        else:
-            first[id(p)] = name
-    return aliases
-
-
-def _replace_folder(path: str | os.PathLike[str], write: Callable[[Path], None]) -> str:
-    """Write a model folder beside ``path`` with ``write(tmp)`` and rename it into place."""
-    target = Path(path).resolve()
-    if target.exists() and any(target.iterdir()) and not (target / "config.json").is_file():
-        raise FileExistsError(
-            f"{target} exists and is not a saved policy folder (no config.json); refusing to replace it. "
-            "Pass a new or empty folder."
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; a policy folder is meant to be read by other processes
-    try:
-        write(tmp)
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(target)
 
 
 def _read_state_file(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:

@@ -234,7 +234,7 @@ def test_saved_policy_loads_with_transformers_and_gives_identical_logits(make_sp
     other = tmp_path / "not_a_policy"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")
-    with pytest.raises(FileExistsError, match="not a saved policy"):
+    with pytest.raises(FileExistsError, match="not a Hugging Face model folder"):
         learner.save_policy(other)
 
 
