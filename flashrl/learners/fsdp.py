@@ -13,8 +13,8 @@ instead, with torch's own engines and nothing home-made where those serve:
   learner's loss is already normalised by the GLOBAL batch (``-(1/B) sum_{i in shard} ...``, see
   ``docs/design.md`` section 1), so the summed shard gradients are exactly the global gradient, as with
   today's all-reduce.
-- ``build_adamw`` / ``decay_param_groups``: ``torch.optim.AdamW`` over the sharded parameters (it
-  steps ``DTensor`` s shard by shard), with a no-decay group for norms and biases.
+- The optimizer is a plain ``torch.optim.AdamW`` over the sharded parameters (it steps ``DTensor`` s
+  shard by shard), built by the learner (``flashrl/learners/spec.py``: one group, as Molt's).
 - ``clip_grad_norm``: the global gradient norm across shards (``torch.nn.utils`` on ``DTensor``
   gradients reduces the per-shard norms), optional clipping.
 - ``save_sharded`` / ``load_sharded``: a DCP checkpoint folder; every rank writes its own shards, and
@@ -67,11 +67,9 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import DTensor
 
 __all__ = [
-    "build_adamw",
     "call_through_root",
     "clean_name",
     "clip_grad_norm",
-    "decay_param_groups",
     "decoder_layers",
     "export_hf",
     "iter_full_buckets",
@@ -291,51 +289,6 @@ def clean_name(name: str) -> str:
 
 # --------------------------------------------------------------------------------------------------
 # Optimizer and gradient clipping
-def decay_param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
-    """Two AdamW groups: matrices decay, vectors (norm weights, biases) do not.
-
-    A shared (tied) parameter appears once. The rule is the parameter's dimension, not its name, so it
-    holds for every architecture; the names are kept in each group's ``"names"`` for inspection.
-    """
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    decay_names: list[str] = []
-    no_decay_names: list[str] = []
-    for name, p in model.named_parameters():  # remove_duplicate=True: tied weights once
-        if not p.requires_grad:
-            continue
-        if p.ndim >= 2:
-            decay.append(p)
-            decay_names.append(clean_name(name))
-        else:
-            no_decay.append(p)
-            no_decay_names.append(clean_name(name))
-    groups = [
-        {"params": decay, "weight_decay": weight_decay, "names": decay_names},
-        {"params": no_decay, "weight_decay": 0.0, "names": no_decay_names},
-    ]
-    return [g for g in groups if g["params"]]
-
-
-def build_adamw(
-    params: Iterable[nn.Parameter] | Iterable[dict[str, Any]],
-    *,
-    lr: float,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-    weight_decay: float = 0.0,
-) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` over (sharded) parameters or param groups (e.g. ``decay_param_groups``).
-
-    Each rank's optimizer state covers only its shards. Group keys other than AdamW's (``"names"``)
-    are kept in ``param_groups`` and in the optimizer's state dict.
-    """
-    params = list(params)
-    if not params:
-        raise ValueError("build_adamw got no parameters; pass model.parameters() or decay_param_groups(...).")
-    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-
-
 def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float | None) -> torch.Tensor:
     """The global L2 norm of the gradients across every shard; clips them to ``max_norm`` if given.
 

@@ -123,7 +123,7 @@ def _worker(out_dir: Path, model_dir: Path) -> None:
         for layer in fsdp.decoder_layers(model):  # the layers themselves: fires again on a recompute
             inner = getattr(layer, "_checkpoint_wrapped_module", layer)
             inner.register_forward_pre_hook(count_call, with_kwargs=True)
-        optimizer = fsdp.build_adamw(fsdp.decay_param_groups(model, weight_decay=WEIGHT_DECAY), lr=LR)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         return model, optimizer
 
     for scenario, options in SCENARIOS.items():
@@ -175,7 +175,7 @@ def _resume_worker(out_dir: Path, model_dir: Path) -> None:
 
     rank, world = _join()
     model = fsdp.load_pretrained_sharded(model_dir, dtype=DTYPE)
-    optimizer = fsdp.build_adamw(fsdp.decay_param_groups(model, weight_decay=WEIGHT_DECAY), lr=LR)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     fsdp.load_sharded(out_dir / "plain-dcp", model, optimizer)
     rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     result = {"norm2": _step(model, optimizer, _batch(2), rows, fsdp.clip_grad_norm)}
@@ -205,12 +205,10 @@ def references(model_dir: Path) -> dict[bool, dict]:
     """
     from transformers import AutoModelForCausalLM
 
-    from flashrl.learners.fsdp import decay_param_groups
-
     refs = {}
     for kernel in (False, True):
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPE).eval()
-        optimizer = torch.optim.AdamW(decay_param_groups(model, weight_decay=WEIGHT_DECAY), lr=LR)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         out: dict = {"initial": {k: v.clone() for k, v in model.state_dict().items()}}
         out["norm1"] = _step(model, optimizer, _batch(1), slice(None), torch.nn.utils.clip_grad_norm_, kernel)
         out["step1"] = {k: v.clone() for k, v in model.state_dict().items()}
@@ -332,20 +330,6 @@ def test_decoder_layers_fall_back_to_no_split_modules() -> None:
     assert decoder_layers(model) == list(model.transformer.h)
     with pytest.raises(ValueError, match="Found no decoder layers in Linear"):
         decoder_layers(torch.nn.Linear(2, 2))
-
-
-def test_decay_groups_exempt_norms_and_count_the_tied_embedding_once() -> None:
-    from transformers import LlamaForCausalLM
-
-    from flashrl.learners.fsdp import decay_param_groups
-
-    model = LlamaForCausalLM(_config())
-    decay, no_decay = decay_param_groups(model, weight_decay=0.1)
-    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
-    assert "model.embed_tokens.weight" in decay["names"] and "lm_head.weight" not in decay["names"]
-    assert no_decay["names"] == [n for n, p in model.named_parameters() if p.ndim == 1]
-    assert all("norm" in n for n in no_decay["names"])
-    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
 def test_shard_model_without_a_process_group_says_how_to_start_one() -> None:
