@@ -62,10 +62,16 @@ def test_fewer_distinct_prompts_than_the_batch_fails_clearly_and_the_queue_stays
 
 @pytest.mark.timeout(600)
 def test_pending_episodes_are_booked_across_a_checkpoint(ray_session, tiny_config, tmp_path):
-    config = tiny_config(num_env_runners=2, tensorboard=False, console_every=0)
+    # Five tasks for batches of four: a repeated prompt (it waits for the next batch) comes within a
+    # few batches whatever the timing (no repeat in 10 batches has probability ~1e-7), and two runners
+    # answering with up to B episodes each overflow a batch as well.
+    config = tiny_config(
+        env="flashrl-test/Parity-v0", env_config={"num_tasks": 5}, num_env_runners=2, tensorboard=False,
+        console_every=0,
+    )
     algo = config.build_algo()
     try:
-        for _ in range(10):  # two runners answer with up to B episodes each: a batch overflows
+        for _ in range(10):
             r = algo.train()
             if algo._pending:
                 break
