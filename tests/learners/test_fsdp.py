@@ -337,8 +337,8 @@ def test_shard_model_without_a_process_group_says_how_to_start_one() -> None:
 
     from flashrl.learners.fsdp import shard_model
 
-    if torch.distributed.is_initialized():
-        pytest.skip("this test process already joined a process group")
+    # Ranks run in their own processes; a group left behind in this one would be a leak (and hide this path).
+    assert not torch.distributed.is_initialized(), "a test left a process group initialised in the test process"
     with pytest.raises(RuntimeError, match="init_process_group"):
         shard_model(LlamaForCausalLM(_config()))
 

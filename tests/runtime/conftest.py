@@ -127,3 +127,26 @@ def tiny_config(tiny_llama_path: str, tmp_path) -> Callable[..., object]:
         return config.update_from_dict(overrides)
 
     return factory
+
+
+def _replacement_versions(group, *, min_versions: int = 8, max_polls: int = 60) -> list[int]:
+    """Policy versions of the episodes a restarted runner delivers (after ``group.kill(i)``).
+
+    Polls until the group has restarted the runner and its replacement delivered ``min_versions``
+    model turns; polls answered before the restart are not counted.
+    """
+    versions: list[int] = []
+    for _ in range(max_polls):
+        restarted = group.num_restarts
+        for report in group.next_reports(5.0):
+            if restarted:  # polls sent to the replacement
+                versions += [v for ep in report.episodes for v in ep.policy_versions]
+        if restarted and len(versions) >= min_versions:
+            break
+    return versions
+
+
+@pytest.fixture
+def replacement_versions() -> Callable[..., list[int]]:
+    """``replacement_versions(group)``: versions sampled by a restarted runner (see the helper)."""
+    return _replacement_versions

@@ -105,7 +105,7 @@ def _slow(value, delay_s: float):
 
 
 @pytest.mark.timeout(300)
-def test_a_restarted_runner_samples_with_the_current_weights(ray_session, tiny_config):
+def test_a_restarted_runner_samples_with_the_current_weights(ray_session, tiny_config, replacement_versions):
     from transformers import AutoModelForCausalLM
 
     config = tiny_config(env="flashrl-test/Parity-v0", num_env_runners=1)
@@ -119,14 +119,7 @@ def test_a_restarted_runner_samples_with_the_current_weights(ray_session, tiny_c
         # must not sample a single episode with its initial weights meanwhile.
         group.broadcast_weights(5, _slow.remote(weights, 5.0))
         group.kill(0)
-        versions: list[int] = []
-        for _ in range(60):
-            restarted = group.num_restarts
-            for report in group.next_reports(5.0):
-                if restarted:  # polls sent to the replacement
-                    versions += [v for ep in report.episodes for v in ep.policy_versions]
-            if restarted and len(versions) >= 8:
-                break
+        versions = replacement_versions(group)
         assert group.num_restarts == 1
         assert len(versions) >= 8 and set(versions) == {5}
     finally:

@@ -57,7 +57,7 @@ def test_coalesced_versions_are_never_fetched(tiny_config) -> None:
 
 @pytest.mark.ray
 @pytest.mark.timeout(300)
-def test_a_restarted_runner_loads_the_streamed_weights_first(ray_session, tiny_config) -> None:
+def test_a_restarted_runner_loads_the_streamed_weights_first(ray_session, tiny_config, replacement_versions) -> None:
     config = tiny_config(env="flashrl-test/Parity-v0", num_env_runners=1)
     stream = put_weight_buckets(_model(config.model, 0.5), bucket_bytes=2**18)  # object refs, one per bucket
     assert stream is not None and len(stream.buckets) >= 4
@@ -68,14 +68,7 @@ def test_a_restarted_runner_loads_the_streamed_weights_first(ray_session, tiny_c
         assert group.next_reports(30.0)
         group.broadcast_weights(5, stream)
         group.kill(0)
-        versions: list[int] = []
-        for _ in range(60):
-            restarted = group.num_restarts
-            for report in group.next_reports(5.0):
-                if restarted:  # polls sent to the replacement
-                    versions += [v for ep in report.episodes for v in ep.policy_versions]
-            if restarted and len(versions) >= 8:
-                break
+        versions = replacement_versions(group)
         assert group.num_restarts == 1
         assert len(versions) >= 8 and set(versions) == {5}
     finally:
