@@ -12,6 +12,8 @@ and write their reports through this module, so they measure the same things the
   examples use), never retyped; `staleness_fields(q)` likewise for the reference's queue depths.
 * `Scale` (`FULL`, `QUICK`) and `arithmetic_config(scale, ...)`: the main job's config at a size.
 * `run_updates(config, ...)`: N updates, a held-out evaluation every k, the metrics of every update.
+* `RunLog`: every finished run appended to `<report>.runs.tmp` as it ends, so a crash or a stop
+  loses at most the run in progress; `--resume` skips the runs already there.
 * reporting: `spread`, `table`, `config_record`, `write_json`, `plot_curves`, `plot_bars`.
 """
 
@@ -525,6 +527,65 @@ def write_json(path: str | os.PathLike[str], report: Mapping[str, Any]) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(_jsonable(report), indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return str(out)
+
+
+class RunLog:
+    """Finished runs, one JSON line each, next to the report (`<report>.runs.tmp`).
+
+    A full benchmark takes hours: each run is written the moment it ends, so a crash, a stop or the
+    end of a sitting loses at most the run in progress. The first line holds the settings the runs
+    were made with. With `resume=True` the runs already in the log are kept and `get` returns them
+    (keyed by `key_fields`, e.g. method and seed), and a log made with other settings is an error;
+    without it the log starts empty.
+    """
+
+    def __init__(
+        self,
+        report_path: str | os.PathLike[str],
+        *,
+        key_fields: Sequence[str],
+        settings: Mapping[str, Any],
+        resume: bool,
+    ) -> None:
+        self.path = Path(f"{os.fspath(report_path)}.runs.tmp")
+        self.key_fields = tuple(key_fields)
+        self._runs: dict[tuple[Any, ...], dict[str, Any]] = {}
+        settings = json.loads(json.dumps(_jsonable({"settings": settings}), allow_nan=False))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume and self.path.exists():
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+            logged = json.loads(lines[0]) if lines else settings
+            if logged != settings:
+                raise ValueError(
+                    f"--resume: {self.path} was made with {logged['settings']}, this run has "
+                    f"{settings['settings']}; run with the same settings, or without --resume to start over"
+                )
+            for number, line in enumerate(lines[1:], 2):
+                try:
+                    run = json.loads(line)
+                except json.JSONDecodeError as error:  # a line cut short by a kill: that run is redone
+                    print(f"{self.path}:{number}: unreadable run ({error}); it runs again", flush=True)
+                    continue
+                self._runs[self._key(run)] = run
+        # rewritten whole, so a line cut short is gone before the next run is appended
+        kept = [json.dumps(settings), *(json.dumps(run) for run in self._runs.values())]
+        self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+    def _key(self, run: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(run[k] for k in self.key_fields)
+
+    def get(self, **key: Any) -> dict[str, Any] | None:
+        """The logged run with these key values, or None."""
+        return self._runs.get(tuple(key[k] for k in self.key_fields))
+
+    def add(self, run: Mapping[str, Any]) -> None:
+        line = json.dumps(_jsonable(run), allow_nan=False)
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
+        self._runs[self._key(run)] = json.loads(line)
+
+    def __len__(self) -> int:
+        return len(self._runs)
 
 
 def _pyplot():

@@ -179,6 +179,9 @@ def parse_args(argv: list[str] | None, arm_names: list[str]) -> argparse.Namespa
     parser.add_argument("--eval-episodes", type=int, default=None, help="held-out prompts per evaluation")
     parser.add_argument("--output", default=None, help="JSON report path")
     parser.add_argument("--figure", default=None, help="PNG path")
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the finished runs in <output>.runs.tmp, run the rest"
+    )
     args = parser.parse_args(argv)
     quick_dir = Path(tempfile.gettempdir()) / "flashrl-bench-quick"
     args.output = args.output or str((quick_dir if args.quick else common.RESULTS) / f"{NAME}.json")
@@ -211,6 +214,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     assert [a.name for a in arms] == ARM_NAMES, [a.name for a in arms]
     if args.arms:
         arms = [a for a in arms if a.name in args.arms]
+    log = common.RunLog(
+        args.output, key_fields=("arm", "seed"), settings={"scale": scale}, resume=args.resume
+    )
     connected = common.connect_ray()
     runs, configs = [], {}
     try:
@@ -222,6 +228,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         scale, model_path=model_path, seed=seed, overrides=arm.overrides
                     )
                     configs.setdefault(arm.name, common.config_record(config, model=scale.model))
+                    done = log.get(arm=arm.name, seed=seed)
+                    if done is not None:
+                        print(f"{arm.name}, seed {seed}: kept from {log.path}", flush=True)
+                        runs.append(done)
+                        continue
                     print(f"{arm.name}, seed {seed}: {describe(arm.overrides)}", flush=True)
                     run = common.run_updates(
                         config,
@@ -230,6 +241,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         label=f"{arm.name}/s{seed}",
                     )
                     runs.append({"arm": arm.name, "seed": seed, **run, "summary": common.run_summary(run)})
+                    log.add(runs[-1])
     finally:
         if connected:
             import ray

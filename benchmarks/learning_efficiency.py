@@ -177,6 +177,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target", type=float, default=0.45, help="held-out accuracy to reach")
     parser.add_argument("--output", default=None, help="JSON report path")
     parser.add_argument("--figure", default=None, help="PNG path")
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the finished runs in <output>.runs.tmp, run the rest"
+    )
     args = parser.parse_args(argv)
     quick_dir = Path(tempfile.gettempdir()) / "flashrl-bench-quick"
     args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
@@ -212,6 +215,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     scale = scale_of(args)
     max_new_tokens = common.task_max_new_tokens(scale)
     overrides = {m: method_overrides(m, max_new_tokens) for m in METHODS}
+    log = common.RunLog(
+        args.output,
+        key_fields=("method", "seed"),
+        settings={"scale": scale},
+        resume=args.resume,
+    )
     connected = common.connect_ray()
     runs, configs = [], {}
     try:
@@ -224,11 +233,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     )
                     check_budget(method, config, scale.batch_size)
                     configs.setdefault(method, common.config_record(config, model=scale.model))
+                    done = log.get(method=method, seed=seed)
+                    if done is not None:
+                        print(f"{method}, seed {seed}: kept from {log.path}", flush=True)
+                        runs.append(done)
+                        continue
                     print(f"{method}, seed {seed}: {config.prompts_per_batch} prompts per update", flush=True)
                     run = common.run_updates(
                         config, updates=scale.updates, eval_every=scale.eval_every, label=f"{method}/s{seed}"
                     )
                     runs.append({"method": method, "seed": seed, **run, "summary": common.run_summary(run)})
+                    log.add(runs[-1])
     finally:
         if connected:
             import ray

@@ -163,3 +163,27 @@ def test_write_json_is_strict(common, tmp_path):
         "b": "inf",
         "c": [1.0, "-inf"],
     }
+
+
+def test_run_log_keeps_finished_runs_for_resume(common, tmp_path):
+    report = tmp_path / "r.json"
+    settings = {"scale": common.QUICK}
+    log = common.RunLog(report, key_fields=("method", "seed"), settings=settings, resume=False)
+    log.add({"method": "grpo", "seed": 0, "drift": math.inf, "curve": [1.0]})
+    log.add({"method": "grpo", "seed": 1, "curve": [2.0]})
+    with open(log.path, "a", encoding="utf-8") as f:  # a run killed while its line was written
+        f.write('{"method": "grpo", "se')
+
+    again = common.RunLog(report, key_fields=("method", "seed"), settings=settings, resume=True)
+    assert len(again) == 2
+    assert again.get(method="grpo", seed=0) == {"method": "grpo", "seed": 0, "drift": "inf", "curve": [1.0]}
+    assert again.get(method="grpo", seed=2) is None
+    again.add({"method": "grpo", "seed": 2, "curve": [3.0]})
+    assert len(common.RunLog(report, key_fields=("method", "seed"), settings=settings, resume=True)) == 3
+
+    other = {"scale": common.FULL}
+    with pytest.raises(ValueError, match="without --resume"):
+        common.RunLog(report, key_fields=("method", "seed"), settings=other, resume=True)
+    fresh = common.RunLog(report, key_fields=("method", "seed"), settings=other, resume=False)
+    assert len(fresh) == 0 and fresh.get(method="grpo", seed=0) is None
+    assert len(common.RunLog(report, key_fields=("method", "seed"), settings=other, resume=True)) == 0
