@@ -658,3 +658,83 @@ def plot_bars(
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return str(path)
+
+
+TRAINING_PANELS = (
+    ("accepted fraction", "accepted_fraction"),
+    ("mean drift (Bernoulli KL)", "drift_mean"),
+    ("mean policy lag (versions)", "policy_lag_mean"),
+    ("batch return (training)", "return_mean"),
+)
+"""What `plot_training` draws per update: (y label, short row name in `ROW_METRICS`)."""
+
+
+def plot_training(
+    series: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]],
+    path: str | os.PathLike[str],
+    *,
+    title: str,
+) -> str:
+    """The learner's side of a run against rollouts: accepted fraction, drift, policy lag, return.
+
+    Args:
+        series: name -> its runs' update rows (one list per seed); drawn as the mean over the runs
+            at each update (None values left out), with a min..max band when there are several.
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), squeeze=False)
+    for ax, (ylabel, key) in zip(axes.flat, TRAINING_PANELS):
+        for name, runs in series.items():
+            points = []
+            for same in zip(*runs):
+                values = [r[key] for r in same if r.get(key) is not None]
+                if values:
+                    points.append((same[0]["rollouts"], sum(values) / len(values), min(values), max(values)))
+            if not points:
+                continue
+            xs = [p[0] for p in points]
+            (line,) = ax.plot(xs, [p[1] for p in points], "-", label=name, linewidth=1.5)
+            if len(runs) > 1:
+                ax.fill_between(
+                    xs, [p[2] for p in points], [p[3] for p in points], color=line.get_color(), alpha=0.15
+                )
+        ax.set_xlabel("rollouts trained on")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)
+
+
+def write_tensorboard(report: Mapping[str, Any], logdir: str | os.PathLike[str]) -> list[str]:
+    """A report's runs as TensorBoard runs, stepped by rollouts trained on (equal across methods).
+
+    One run folder per (method or arm, seed): `<logdir>/<benchmark>/<name>/seed<k>`, with
+    `heldout/accuracy` at every evaluation and `train/<metric>` (the `ROW_METRICS` short names) at
+    every update. Returns the folders written.
+    """
+    from flashrl.metrics import TensorBoardLogger
+
+    folders = []
+    for run in report["runs"]:
+        name = run.get("method") or run.get("arm") or run.get("mode") or "run"
+        folder = Path(logdir) / str(report["benchmark"]) / str(name) / f"seed{run.get('seed', 0)}"
+        logger = TensorBoardLogger(folder)
+        try:
+            for point in run.get("curve", []):
+                logger.log(int(point["rollouts"]), {"heldout/accuracy": point["accuracy"]})
+            for row in run.get("updates", []):
+                scalars = {
+                    f"train/{k}": v
+                    for k, v in row.items()
+                    if k in ROW_METRICS and isinstance(v, (int, float))
+                }
+                logger.log(int(row["rollouts"]), scalars)
+        finally:
+            logger.close()
+        folders.append(str(folder))
+    return folders

@@ -180,12 +180,16 @@ def parse_args(argv: list[str] | None, arm_names: list[str]) -> argparse.Namespa
     parser.add_argument("--output", default=None, help="JSON report path")
     parser.add_argument("--figure", default=None, help="PNG path")
     parser.add_argument(
+        "--tensorboard", default=None, help="TensorBoard log folder (default runs/benchmarks; quick: temp)"
+    )
+    parser.add_argument(
         "--resume", action="store_true", help="keep the finished runs in <output>.runs.tmp, run the rest"
     )
     args = parser.parse_args(argv)
     quick_dir = Path(tempfile.gettempdir()) / "flashrl-bench-quick"
     args.output = args.output or str((quick_dir if args.quick else common.RESULTS) / f"{NAME}.json")
     args.figure = args.figure or str((quick_dir if args.quick else common.FIGURES) / f"{NAME}.png")
+    args.tensorboard = args.tensorboard or str(quick_dir / "tensorboard" if args.quick else "runs/benchmarks")
     return args
 
 
@@ -280,6 +284,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{scale.model}: ablations at {scale.batch_size * scale.updates} rollouts ({len(args.seeds)} seed(s))"
     )
     print(f"wrote {common.plot_bars(panels, args.figure, title=title)}")
+    training = {n: [r["updates"] for r in runs if r["arm"] == n] for n in names}
+    training_figure = Path(args.figure).with_name(f"{Path(args.figure).stem}_training.png")
+    title = f"{scale.model}: the learner per update, every arm ({len(args.seeds)} seed(s))"
+    print(f"wrote {common.plot_training(training, training_figure, title=title)}")
+    common.write_tensorboard(report, args.tensorboard)
+    print(f"TensorBoard: tensorboard --logdir {args.tensorboard}")
     return report
 
 

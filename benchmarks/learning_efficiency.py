@@ -178,6 +178,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output", default=None, help="JSON report path")
     parser.add_argument("--figure", default=None, help="PNG path")
     parser.add_argument(
+        "--tensorboard", default=None, help="TensorBoard log folder (default runs/benchmarks; quick: temp)"
+    )
+    parser.add_argument(
         "--resume", action="store_true", help="keep the finished runs in <output>.runs.tmp, run the rest"
     )
     args = parser.parse_args(argv)
@@ -185,6 +188,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     args.output = args.output or str((quick_dir if args.quick else common.RESULTS) / f"{NAME}.json")
     args.figure = args.figure or str((quick_dir if args.quick else common.FIGURES) / f"{NAME}.png")
+    args.tensorboard = args.tensorboard or str(quick_dir / "tensorboard" if args.quick else "runs/benchmarks")
     return args
 
 
@@ -286,6 +290,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     curves = {m: summary[m]["curve"] for m in METHODS}
     title = f"{scale.model}: held-out accuracy vs rollouts (B={scale.batch_size}, {len(args.seeds)} seeds)"
     print(f"wrote {common.plot_curves(curves, args.figure, title=title, target=args.target)}")
+    training = {m: [r["updates"] for r in runs if r["method"] == m] for m in METHODS}
+    training_figure = Path(args.figure).with_name(f"{Path(args.figure).stem}_training.png")
+    title = f"{scale.model}: the learner per update (B={scale.batch_size}, mean and min..max over seeds)"
+    print(f"wrote {common.plot_training(training, training_figure, title=title)}")
+    common.write_tensorboard(report, args.tensorboard)
+    print(f"TensorBoard: tensorboard --logdir {args.tensorboard}")
     return report
 
 

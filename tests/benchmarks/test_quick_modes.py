@@ -49,9 +49,15 @@ def _figure(path: Path) -> None:
 
 def test_learning_efficiency_quick(ray_cluster, bench, tmp_path):
     out, fig = tmp_path / "le.json", tmp_path / "le.png"
-    bench("learning_efficiency").main(["--quick", "--output", str(out), "--figure", str(fig)])
+    tb = tmp_path / "tb"
+    bench("learning_efficiency").main(
+        ["--quick", "--output", str(out), "--figure", str(fig), "--tensorboard", str(tb)]
+    )
     report = _load(out)
     _figure(fig)
+    _figure(tmp_path / "le_training.png")
+    for method in ("flash_reinforce", "grpo"):  # one TensorBoard run per method and seed
+        assert list((tb / "learning_efficiency" / method / "seed0").glob("events.out.tfevents.*")), method
     assert report["benchmark"] == "learning_efficiency"
     assert report["settings"]["seeds"] == [0] and report["settings"]["rollouts_per_update"] == 4
     assert report["methods"]["grpo"]["overrides"]["rollout_mode"] == "sync_group"
@@ -81,9 +87,13 @@ def test_learning_efficiency_quick(ray_cluster, bench, tmp_path):
 def test_ablations_quick(ray_cluster, bench, tmp_path):
     out, fig = tmp_path / "ab.json", tmp_path / "ab.png"
     module = bench("ablations")
-    module.main(["--quick", "--output", str(out), "--figure", str(fig)])
+    module.main(
+        ["--quick", "--output", str(out), "--figure", str(fig), "--tensorboard", str(tmp_path / "tb")]
+    )
     report = _load(out)
     _figure(fig)
+    _figure(tmp_path / "ab_training.png")
+    assert list((tmp_path / "tb" / "ablations" / "no_trust@Q8" / "seed0").glob("events.out.tfevents.*"))
     assert list(report["summary"]) == module.ARM_NAMES
     assert report["arms"]["no_trust@Q8"]["config"]["delta"] == "inf"
     for name, s in report["summary"].items():
