@@ -27,9 +27,11 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
 from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
+from flashrl.engines.weight_transfer import PUSH_ROUTES
 from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError, EnvRunnerSpec, RunnerReport
 from flashrl.env_runners.batching import BatchAssembler
 from flashrl.episode import Episode
+from flashrl.learners.weight_sync import WeightPusher
 from flashrl.metrics import (
     LAG_BUCKETS,
     TensorBoardLogger,
@@ -94,6 +96,7 @@ class FlashReinforce(Trainable):
         self.env_runner_group = EnvRunnerGroup(EnvRunnerSpec.from_config(cfg), model_path=self.model_path)
         facts = self.env_runner_group.setup()
         self.pad_token_id = int(facts["pad_token_id"])
+        self._pusher = self._weight_pusher(facts.get("weight_sync", "shm"))
         self._pending: deque[Episode] = deque()
         self.last_evaluation: dict[str | None, list[RunnerReport]] = {}
         """The reports of the latest `evaluate()`, per split (what was scored, episode by episode)."""
@@ -127,7 +130,9 @@ class FlashReinforce(Trainable):
         update_s = time.perf_counter() - update_start
         del batch  # one update, then the batch is gone
         sync_s = 0.0
-        if self.learner_group.version != version_before:
+        if self.learner_group.version != version_before and self._pusher is not None:
+            sync_s = self._pusher.push(self.env_runner_group)  # GPU: vLLM's NCCL / IPC transfer engine
+        elif self.learner_group.version != version_before:
             sync_s = self.env_runner_group.broadcast_weights(
                 self.learner_group.version,
                 self.learner_group.weight_buckets_refs(),
@@ -163,12 +168,30 @@ class FlashReinforce(Trainable):
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         self.save_to_path(checkpoint_dir)
 
+    def _weight_pusher(self, route: str) -> WeightPusher | None:
+        """The push route when the runners' engines resolved `weight_sync` to `nccl` / `ipc` (GPU), else None.
+
+        With None, each update streams buckets through the object store (the `shm` route). The push
+        route's group is formed here, so a rendezvous failure surfaces at setup, not mid-run.
+        """
+        if route not in PUSH_ROUTES:
+            return None
+        pusher = WeightPusher(route, self.learner_group)
+        pusher.ensure_group(self.env_runner_group)
+        return pusher
+
     def load_checkpoint(self, checkpoint: str | dict[str, Any]) -> None:
         if isinstance(checkpoint, dict):
             raise TypeError("FlashReinforce checkpoints are folders; got a dict.")
         self.restore_from_path(checkpoint)
 
     def cleanup(self) -> None:
+        if getattr(self, "_pusher", None) is not None:
+            try:
+                self._pusher.stop()
+            except Exception:  # the groups are torn down below either way
+                logger.warning("tearing down the weight-transfer group failed", exc_info=True)
+            self._pusher = None
         if getattr(self, "env_runner_group", None) is not None:
             self.env_runner_group.stop()
             self.env_runner_group = None

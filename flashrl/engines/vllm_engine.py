@@ -262,6 +262,11 @@ class VLLMEngine(Engine):
     def max_model_len(self) -> int:
         return self._max_model_len
 
+    @property
+    def num_transfer_workers(self) -> int:
+        """The engine's workers (tensor x pipeline parallel ranks): its ranks in a pushed transfer's group."""
+        return int(self._llm.vllm_config.parallel_config.world_size)
+
     async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig) -> Completion:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind

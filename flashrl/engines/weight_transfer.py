@@ -7,7 +7,8 @@
 | ``ipc`` | GPU, learner and engine on one device | vLLM's ``IPCWeightTransferEngine``: the workers map the learner's CUDA tensors |
 
 ``nccl`` and ``ipc`` are *push* routes: the learner side drives them
-(``flashrl.learners.weight_sync.start_push_transfer``). An engine started with them still takes the
+(``flashrl.learners.weight_sync.start_push_transfer``; a run keeps its transfer group with
+``WeightPusher``). An engine started with them still takes the
 ``shm`` pull route through ``update_weights``, so a runner restarted outside the NCCL group, or a
 learner that does not push, still gets its weights. The GPU routes have not run yet (no GPU where
 they were written); their argument construction is tested against vLLM's classes.

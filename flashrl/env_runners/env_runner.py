@@ -131,6 +131,10 @@ class EnvRunner:
             "pad_token_id": int(pad if pad is not None else 0),
             "max_model_len": int(self._engine.max_model_len),
             "engine_version": int(self._engine.version),
+            # the route new weights take: "shm" (streamed buckets, pulled) unless a vLLM engine on a
+            # GPU was started with a push route ("nccl" / "ipc", driven by the learner)
+            "weight_sync": str(getattr(self._engine, "weight_sync", "shm")),
+            "num_transfer_workers": int(getattr(self._engine, "num_transfer_workers", 1)),
         }
 
     async def start(

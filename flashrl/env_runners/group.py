@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +73,9 @@ class EnvRunnerGroup:
             max_restarts=0,
         )(EnvRunner)
         self._env_spec = _driver_env_spec(spec.env)
+        self.generation = 0
+        """Runner actors created so far: it changes whenever a runner is replaced (a push route's
+        transfer group is then formed again)."""
         self._slots: dict[int, _RunnerSlot] = {}
         for index in range(self.num_runners):
             self._slots[index] = _RunnerSlot(actor=self._new_actor(index, counters[index]), started=counters[index])
@@ -85,9 +88,13 @@ class EnvRunnerGroup:
         self.num_restarts = 0
         self.num_lost_episodes = 0
         self.facts: dict[str, Any] = {}
+        self.weights_source: Callable[[], tuple[int, Any]] | None = None
+        """Where a replacement runner gets its weights: ``() -> (version, weights)``. None: the last
+        ``broadcast_weights``. A push route (which broadcasts nothing) sets it to the learner's."""
 
     # ------------------------------------------------------------------------------------------
     def _new_actor(self, index: int, start_counter: int) -> Any:
+        self.generation += 1
         return self._actor_cls.options(name=None).remote(
             self.spec,
             runner_index=index,
@@ -113,6 +120,28 @@ class EnvRunnerGroup:
         facts = self._get([slot.actor.setup.remote() for slot in self._slots.values()], "start their engines")
         self.facts = facts[0]
         return self.facts
+
+    @property
+    def transfer_workers(self) -> list[int]:
+        """Per runner, its engine's workers (their ranks in a push route's transfer group)."""
+        return [int(self.facts.get("num_transfer_workers", 1))] * self.num_runners
+
+    def check_alive(self, timeout_s: float = 60.0) -> int:
+        """Ping every runner; restart those that died (their replacements load the current weights).
+
+        A push route calls this before each transfer: a dead member would leave the others waiting
+        inside the collective. Returns how many runners were restarted.
+        """
+        self._check_weight_calls()
+        pings = {index: slot.actor.ping.remote() for index, slot in self._slots.items()}
+        restarted = 0
+        for index, ref in pings.items():
+            try:
+                self._get(ref, "answer a ping", timeout_s=timeout_s)
+            except (RayActorError, RayTaskError) as err:
+                self._restart(index, err)
+                restarted += 1
+        return restarted
 
     @property
     def actors(self) -> list[Any]:
@@ -213,12 +242,13 @@ class EnvRunnerGroup:
         if allowed is not None:
             self.grant(allowed)
 
-    def _start_slot(self, index: int) -> None:
-        """Start runner `index` streaming; the current weights load before its first episode."""
+    def _start_slot(self, index: int, weights: tuple[int, Any] | None = None) -> None:
+        """Start runner `index` streaming; `weights` (default the last broadcast) load before its first episode."""
         slot = self._slots[index]
         if self._budgeted and slot.granted is None:
             slot.granted = slot.started
-        version, weights = self._weights if self._weights is not None else (None, None)
+        weights = weights if weights is not None else self._weights
+        version, weights = weights if weights is not None else (None, None)
         # One call: a separate set_weights could land after the stream started (async actors do not
         # run calls in order, and this one waits for its weights to be fetched first).
         slot.actor.start.remote(version, weights, slot.granted)
@@ -345,10 +375,11 @@ class EnvRunnerGroup:
             granted=slot.started if slot.granted is not None else None,
         )
         self._slots[index] = new
+        weights = self.weights_source() if self.weights_source is not None else self._weights
         if self._streaming:
-            self._start_slot(index)  # loads the current weights before its first episode
-        elif self._weights is not None:
-            new.actor.set_weights.remote(*self._weights)
+            self._start_slot(index, weights)  # loads the current weights before its first episode
+        elif weights is not None:
+            new.actor.set_weights.remote(*weights)
 
     def kill(self, index: int) -> None:
         """Kill runner `index` (fault-injection for tests and drills); the group restarts it."""

@@ -77,6 +77,15 @@ class LearnerActor:
     def weight_buckets(self, bucket_bytes: int) -> WeightBuckets | None:
         return self._learner.weight_buckets(bucket_bytes)
 
+    def start_weight_push(self, route: str, runners: list[Any], workers: list[int], **kwargs: Any) -> None:
+        self._learner.start_weight_push(route, runners, workers, **kwargs)
+
+    def push_weights(self) -> int:
+        return self._learner.push_weights()
+
+    def stop_weight_push(self) -> None:
+        self._learner.stop_weight_push()
+
     def get_state(self) -> dict[str, Any]:
         return self._learner.get_state()
 
@@ -245,6 +254,50 @@ class LearnerGroup:
             return self._local.weight_buckets(bucket_bytes)
         refs = [actor.weight_buckets.remote(bucket_bytes) for actor in self._actors]  # every rank gathers
         return self._call("weight_buckets", refs)[0]
+
+    # -- GPU push routes (vLLM's NCCL / IPC weight-transfer engines; not run yet: no GPU so far) -----
+    def start_weight_push(
+        self,
+        route: str,
+        runners: Sequence[Any],
+        workers_per_runner: Sequence[int],
+        *,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> None:
+        """Form the push route's transfer group with ``runners`` (EnvRunner actors); replaces an earlier one.
+
+        Every rank joins (``Learner.start_weight_push``); ``nccl`` rendezvous at a free port on learner
+        rank 0's node (this node for a local learner).
+        """
+        import ray
+
+        self._check_usable()
+        runners, workers = list(runners), [int(w) for w in workers_per_runner]
+        if self._local is not None:
+            address, port = ray.util.get_node_ip_address(), ddp.find_free_port()
+            self._local.start_weight_push(
+                route, runners, workers, master_address=address, master_port=port, bucket_bytes=bucket_bytes
+            )
+            return
+        address, port = self._call("find a transfer port", [self._actors[0].rendezvous_address.remote()])[0]
+        kwargs = {"master_address": address, "master_port": port, "bucket_bytes": bucket_bytes}
+        refs = [actor.start_weight_push.remote(route, runners, workers, **kwargs) for actor in self._actors]
+        self._call("start_weight_push", refs)
+
+    def push_weights(self) -> int:
+        """Push the current weights to every runner of the group formed by ``start_weight_push``."""
+        self._check_usable()
+        if self._local is not None:
+            return self._local.push_weights()
+        return int(self._call("push_weights", [actor.push_weights.remote() for actor in self._actors])[0])
+
+    def stop_weight_push(self) -> None:
+        """Tear the transfer group down on every rank (idempotent)."""
+        self._check_usable()
+        if self._local is not None:
+            self._local.stop_weight_push()
+            return
+        self._call("stop_weight_push", [actor.stop_weight_push.remote() for actor in self._actors])
 
     def get_state(self) -> dict[str, Any]:
         """``Learner.get_state()``: full tensors gathered to rank 0 (loadable by any number of learners)."""

@@ -34,6 +34,7 @@ import random
 import time
 import warnings
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,8 @@ class Learner:
         self.lr_scheduler = make_lr_scheduler(self.optimizer, spec)
         self.version = 0
         """Number of applied updates (a skipped batch does not count)."""
+        self._push: Any = None
+        """vLLM's trainer weight-transfer engine while a push route is set up (``start_weight_push``)."""
         self.skip_counts: Counter[str] = Counter()
         """Skipped batches by reason."""
 
@@ -283,6 +286,52 @@ class Learner:
         return put_weight_buckets(
             self.policy.model, bucket_bytes=bucket_bytes, dtype=self.spec.torch_dtype, is_sender=self.rank == 0
         )
+
+    # -- GPU push routes (vLLM's NCCL / IPC weight-transfer engines; not run yet: no GPU so far) -----
+    def start_weight_push(
+        self,
+        route: str,
+        runners: Sequence[Any],
+        workers_per_runner: Sequence[int],
+        *,
+        master_address: str | None = None,
+        master_port: int | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> None:
+        """Form the transfer group with the runners' engines (every rank; replaces an earlier group).
+
+        Rank 0 is the sender: it drives the runners through ``EnvRunnerSyncClient`` and, for ``nccl``,
+        opens the NCCL group (learner rank 0 + every worker of every engine) at ``master_address``:
+        ``master_port``. The other ranks only join the FSDP gathers of each ``push_weights``.
+        """
+        from flashrl.learners.weight_sync import EnvRunnerSyncClient, start_push_transfer
+
+        self.stop_weight_push()
+        client = EnvRunnerSyncClient(runners, workers_per_runner, version=lambda: self.version)
+        self._push = start_push_transfer(
+            route,
+            self.policy.model,
+            client,
+            rank=self.rank,
+            bucket_bytes=bucket_bytes,
+            dtype=self.spec.torch_dtype,
+            device=self.device,
+            master_address=master_address,
+            master_port=master_port,
+        )
+
+    def push_weights(self) -> int:
+        """Send the current weights through the push route (every rank); returns the version sent."""
+        if self._push is None:
+            raise RuntimeError("push_weights() before start_weight_push(): no transfer group is formed.")
+        self._push.send_weights()
+        return self.version
+
+    def stop_weight_push(self) -> None:
+        """Tear the transfer group down (idempotent)."""
+        push, self._push = self._push, None
+        if push is not None:
+            push.shutdown()
 
     def get_state(self) -> dict[str, Any]:
         """Everything needed to continue training exactly: weights, optimizer, schedule, RNG, counters.

@@ -9,7 +9,10 @@ is all-gathered: a collective, so every rank consumes the generator to the end) 
 learner holds at most one bucket beyond its model; the env runners fetch the refs one at a time.
 
 The GPU push routes (vLLM's NCCL / IPC weight-transfer engines, fed from the same buckets) are
-``start_push_transfer`` below; they have not run yet (no GPU where they were written).
+``start_push_transfer`` below, and ``WeightPusher`` keeps a run's transfer group (formed again after a
+runner restart); the algorithm uses it when the runners' engines resolved ``weight_sync`` to ``nccl``
+or ``ipc``. They have not run yet (no GPU where they were written): their control flow is tested
+on CPU, their data plane is vLLM's.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from flashrl.engines.weight_stream import DEFAULT_BUCKET_BYTES, TensorMeta, Weig
 
 __all__ = [
     "EnvRunnerSyncClient",
+    "WeightPusher",
     "bucket_weight_source",
     "iter_weight_buckets",
     "put_weight_buckets",
@@ -240,3 +244,64 @@ def push_init_info(
 
         return IPCTrainerInitInfo(packed=True, rank=int(rank))
     raise ValueError(f"push routes are 'nccl' and 'ipc'; got {route!r} (the 'shm' route is put_weight_buckets).")
+
+
+class WeightPusher:
+    """A run's push route: each new version goes from the learners straight into the runners' workers.
+
+    ``push(runners)`` before every transfer pings the runners (``EnvRunnerGroup.check_alive``: a dead
+    member would leave the others waiting inside the collective), forms the transfer group again
+    whenever the runner set changed (a restart, or a new ``EnvRunnerGroup`` after a restore), then has
+    every learner rank send (``LearnerGroup.push_weights``). A replacement runner is outside the group
+    until then, so it loads the learner's current weights through the ``shm`` stream first (the group's
+    ``weights_source``). A runner that dies *during* a transfer fails the learner call (the collective
+    cannot complete); restore from the last checkpoint. Not run on a GPU yet.
+
+    Args:
+        route: ``nccl`` or ``ipc`` (what the runners' engines resolved ``weight_sync`` to).
+        learners: the run's ``LearnerGroup``.
+        bucket_bytes: bucket size of the gathers feeding vLLM's packed producer.
+    """
+
+    def __init__(self, route: str, learners: Any, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        from flashrl.engines.weight_transfer import PUSH_ROUTES
+
+        if route not in PUSH_ROUTES:
+            raise ValueError(f"WeightPusher: route must be one of {PUSH_ROUTES}; got {route!r} (shm is pulled).")
+        self.route = route
+        self.learners = learners
+        self.bucket_bytes = bucket_bytes
+        self.num_formations = 0
+        """How many times the transfer group was formed (1 + the re-formations after restarts)."""
+        self._formed: tuple[Any, int] | None = None
+
+    def ensure_group(self, runners: Any) -> bool:
+        """Form the transfer group over ``runners`` unless it is formed with exactly these actors; True if formed."""
+        runners.weights_source = self._current_weights
+        if self._formed is not None and self._formed[0] is runners and self._formed[1] == runners.generation:
+            return False
+        self.learners.start_weight_push(
+            self.route, runners.actors, runners.transfer_workers, bucket_bytes=self.bucket_bytes
+        )
+        self._formed = (runners, runners.generation)
+        self.num_formations += 1
+        return True
+
+    def push(self, runners: Any) -> float:
+        """Send the learners' current weights to every runner; returns the seconds it took."""
+        import time
+
+        start = time.perf_counter()
+        runners.check_alive()
+        self.ensure_group(runners)
+        self.learners.push_weights()
+        return time.perf_counter() - start
+
+    def stop(self) -> None:
+        """Tear the transfer group down (idempotent)."""
+        if self._formed is not None:
+            self._formed = None
+            self.learners.stop_weight_push()
+
+    def _current_weights(self) -> tuple[int, Any]:
+        return self.learners.version, self.learners.weight_buckets_refs(self.bucket_bytes)

@@ -124,6 +124,12 @@ def test_kv_cache_is_the_budget_from_need(engine, event_loop_runner) -> None:
     assert allocated == [expected.reserved_bytes]
 
 
+def test_weight_route_and_transfer_workers_on_cpu(engine) -> None:
+    """On CPU the engine pulls streamed buckets; it has one worker (a push route's group size is 1 + that)."""
+    assert engine.weight_sync == "shm"
+    assert engine.num_transfer_workers == 1
+
+
 def test_an_impossible_kv_budget_is_a_clear_error_before_vllm_starts(smollm2_path: str) -> None:
     with pytest.raises(ValueError) as err:
         make_engine("vllm", smollm2_path, seed=0, max_model_len=4096, kv_cache_memory_bytes=100 * 1024**2)

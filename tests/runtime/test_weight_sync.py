@@ -73,3 +73,69 @@ def test_a_restarted_runner_loads_the_streamed_weights_first(ray_session, tiny_c
         assert len(versions) >= 8 and set(versions) == {5}
     finally:
         group.stop()
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_check_alive_replaces_a_dead_runner_with_the_learners_weights(ray_session, tiny_config, replacement_versions) -> None:
+    """What a push route relies on: a dead runner is found before a transfer, its replacement gets
+    the learner's current weights from `weights_source` (nothing was broadcast), the generation moves."""
+    config = tiny_config(env="flashrl-test/Parity-v0", num_env_runners=1)
+    group = EnvRunnerGroup(EnvRunnerSpec.from_config(config), model_path=config.model)
+    asked: list[int] = []
+
+    def learner_weights():
+        asked.append(7)
+        return 7, put_weight_buckets(_model(config.model, 0.25), bucket_bytes=2**18)
+
+    try:
+        facts = group.setup()
+        assert facts["weight_sync"] == "shm" and group.transfer_workers == [1]  # the torch engine pulls
+        group.weights_source = learner_weights
+        group.start_streaming()
+        assert group.next_reports(30.0)
+        before = group.generation
+        assert group.check_alive() == 0 and asked == [] and group.generation == before
+        group.kill(0)
+        assert group.check_alive() == 1
+        assert group.generation == before + 1 and group.num_restarts == 1 and asked == [7]
+        versions = replacement_versions(group)
+        assert len(versions) >= 8 and set(versions) == {7}
+    finally:
+        group.stop()
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_the_algorithm_sends_each_update_through_a_push_route(ray_session, tiny_config, monkeypatch) -> None:
+    """With a push route, `step` pushes every new version (no object-store broadcast), and `stop` tears
+    the group down. The torch engine pulls, so the route is set as `_weight_pusher` sets it for a vLLM
+    engine on a GPU, and vLLM's trainer engine is replaced at `start_push_transfer`."""
+    from flashrl.learners import weight_sync as ws
+
+    events: list = []
+
+    class Engine:
+        def __init__(self, client) -> None:
+            self.client = client
+
+        def send_weights(self) -> None:
+            events.append(("send", self.client.version()))
+
+        def shutdown(self) -> None:
+            events.append(("shutdown",))
+
+    monkeypatch.setattr(ws, "start_push_transfer", lambda route, model, client, **kwargs: Engine(client))
+    algo = tiny_config().build_algo()  # a local learner: the replaced engine runs in this process
+    try:
+        assert algo._pusher is None  # the torch engine's route is the shm stream
+        algo._pusher = ws.WeightPusher("nccl", algo.learner_group)
+        algo._pusher.ensure_group(algo.env_runner_group)
+        broadcasts: list = []
+        monkeypatch.setattr(algo.env_runner_group, "broadcast_weights", lambda *a, **k: broadcasts.append(a) or 0.0)
+        results = [algo.train() for _ in range(2)]
+        assert events == [("send", 1), ("send", 2)] and broadcasts == []
+        assert all(r["timers/weight_sync_s"] > 0 for r in results)
+    finally:
+        algo.stop()
+    assert events[-1] == ("shutdown",)

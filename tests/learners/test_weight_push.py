@@ -1,0 +1,163 @@
+"""The GPU push route's control flow on CPU: when the transfer group is formed, re-formed and used.
+
+vLLM's trainer engine (the NCCL broadcast / CUDA-IPC mapping) needs a GPU, so here it is replaced at
+the one seam where flashrl hands over to vLLM (`start_push_transfer`); everything around it is real:
+the `Learner` and its `LearnerGroup`, the `EnvRunnerSyncClient` they build, and `WeightPusher`. What
+these cannot show is that the data plane runs: it has not run yet.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashrl.learners import Learner, LearnerGroup
+from flashrl.learners import weight_sync as ws
+
+
+class FakeTrainerEngine:
+    """What vLLM's `TrainerWeightTransferEngine` offers flashrl: `send_weights()` and `shutdown()`."""
+
+    def __init__(self, log: list, route: str, client: ws.EnvRunnerSyncClient, kwargs: dict) -> None:
+        self.log, self.route, self.client, self.kwargs = log, route, client, kwargs
+        self.sent = 0
+        self.closed = False
+
+    def send_weights(self) -> None:
+        self.sent += 1
+        self.log.append(("send", self.client.version()))
+
+    def shutdown(self) -> None:
+        self.closed = True
+        self.log.append(("shutdown",))
+
+
+@pytest.fixture
+def fake_engines(monkeypatch):
+    """Replace vLLM's trainer engine: every `start_push_transfer` call is recorded, engines kept."""
+    engines: list[FakeTrainerEngine] = []
+    log: list = []
+
+    def fake_start(route, model, client, **kwargs):
+        engine = FakeTrainerEngine(log, route, client, {"model": model, **kwargs})
+        engines.append(engine)
+        log.append(("start", route))
+        return engine
+
+    monkeypatch.setattr(ws, "start_push_transfer", fake_start)
+    return engines, log
+
+
+def test_learner_forms_pushes_and_tears_down(make_spec, batch, fake_engines) -> None:
+    engines, log = fake_engines
+    learner = Learner(make_spec(dtype="bfloat16"))
+    with pytest.raises(RuntimeError, match="before start_weight_push"):
+        learner.push_weights()
+    runners = ["runner-a", "runner-b"]
+    learner.start_weight_push("nccl", runners, [2, 1], master_address="10.0.0.1", master_port=29555, bucket_bytes=2**20)
+    (engine,) = engines
+    assert engine.route == "nccl"
+    assert engine.kwargs["model"] is learner.policy.model
+    assert engine.kwargs["rank"] == 0 and engine.kwargs["device"] == torch.device("cpu")
+    assert engine.kwargs["dtype"] == torch.bfloat16  # what the engine serves, as on the shm route
+    assert (engine.kwargs["master_address"], engine.kwargs["master_port"]) == ("10.0.0.1", 29555)
+    assert engine.kwargs["bucket_bytes"] == 2**20
+    # one group: the learner (rank 0) and the 3 workers of the two engines
+    assert engine.client.runners == runners and engine.client.world_size == 4
+
+    learner.update(batch)
+    assert learner.push_weights() == 1
+    assert log[-1] == ("send", 1)  # the client stamps the runners with the learner's version
+
+    learner.start_weight_push("nccl", runners, [2, 1], master_address="10.0.0.1", master_port=29556)
+    assert engines[0].closed and not engines[1].closed  # forming again tears the old group down first
+    learner.stop_weight_push()
+    learner.stop_weight_push()  # idempotent
+    assert engines[1].closed and log.count(("shutdown",)) == 2
+
+
+def test_local_learner_group_passes_a_rendezvous_address(make_spec, fake_engines) -> None:
+    engines, _ = fake_engines
+    group = LearnerGroup(make_spec(), local=True)
+    try:
+        group.start_weight_push("ipc", ["runner"], [1])
+        (engine,) = engines
+        assert isinstance(engine.kwargs["master_address"], str) and engine.kwargs["master_address"]
+        assert 0 < engine.kwargs["master_port"] < 65536
+        assert group.push_weights() == 0 and engines[0].sent == 1
+        group.stop_weight_push()
+        assert engines[0].closed
+    finally:
+        group.shutdown()
+
+
+class FakeLearners:
+    def __init__(self) -> None:
+        self.version = 0
+        self.calls: list = []
+
+    def start_weight_push(self, route, actors, workers, *, bucket_bytes) -> None:
+        self.calls.append(("start", route, list(actors), list(workers)))
+
+    def push_weights(self) -> int:
+        self.calls.append(("push", self.version))
+        return self.version
+
+    def stop_weight_push(self) -> None:
+        self.calls.append(("stop",))
+
+    def weight_buckets_refs(self, bucket_bytes):
+        return f"buckets of v{self.version} ({bucket_bytes} B)"
+
+
+class FakeRunners:
+    """An EnvRunnerGroup's surface: actors, workers, a generation that changes on restart, check_alive."""
+
+    def __init__(self, actors: list[str]) -> None:
+        self.actors = actors
+        self.transfer_workers = [1] * len(actors)
+        self.generation = len(actors)
+        self.weights_source = None
+        self.die_at_next_check: int | None = None
+
+    def check_alive(self) -> int:
+        if self.die_at_next_check is None:
+            return 0
+        index, self.die_at_next_check = self.die_at_next_check, None
+        self.actors[index] += "'"  # the replacement
+        self.generation += 1
+        return 1
+
+
+def test_pusher_forms_once_and_again_after_a_restart() -> None:
+    learners, runners = FakeLearners(), FakeRunners(["a", "b"])
+    pusher = ws.WeightPusher("nccl", learners, bucket_bytes=64)
+    assert pusher.ensure_group(runners) is True
+    assert pusher.ensure_group(runners) is False
+    assert learners.calls == [("start", "nccl", ["a", "b"], [1, 1])]
+    # a replacement runner loads the learner's current weights (the shm stream) before it joins
+    learners.version = 3
+    assert runners.weights_source() == (3, "buckets of v3 (64 B)")
+
+    pusher.push(runners)
+    assert learners.calls[-1] == ("push", 3) and pusher.num_formations == 1
+
+    runners.die_at_next_check = 1
+    learners.version = 4
+    pusher.push(runners)
+    assert learners.calls[-2:] == [("start", "nccl", ["a", "b'"], [1, 1]), ("push", 4)]
+    assert pusher.num_formations == 2
+
+    other = FakeRunners(["c", "d"])  # a restore builds a new EnvRunnerGroup
+    other.generation = runners.generation  # even with the same generation count
+    pusher.push(other)
+    assert learners.calls[-2:] == [("start", "nccl", ["c", "d"], [1, 1]), ("push", 4)]
+
+    pusher.stop()
+    pusher.stop()
+    assert learners.calls.count(("stop",)) == 1
+
+
+def test_pusher_refuses_a_pull_route() -> None:
+    with pytest.raises(ValueError, match="shm is pulled"):
+        ws.WeightPusher("shm", FakeLearners())
