@@ -118,3 +118,33 @@ def test_the_learner_refuses_to_freeze_the_router_of_a_dense_model(tiny_llama_pa
     spec = LearnerSpec(model=tiny_llama_path, freeze_moe_router=True, loss=FlashReinforceLoss(delta=0.01))
     with pytest.raises(ValueError, match="router"):
         Learner(spec)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_sharded_learners_keep_a_frozen_router_unchanged(ray_cluster, tmp_path, episode_maker):
+    """The same guarantee under FSDP2 (2 gloo ranks): the frozen router is sharded with the rest of its
+    layer but takes no gradient and no decay, while the experts beside it train."""
+    from transformers import AutoModelForCausalLM
+
+    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+    from flashrl.learners import LearnerGroup, LearnerSpec, TrainBatch
+
+    path = tmp_path / "moe"
+    _qwen3_moe(num_layers=2).save_pretrained(path)
+    before = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+    episodes = episode_maker(str(path), num=4, seed=3, rewards=[1.0, 0.0, 1.0, 0.0])
+    spec = LearnerSpec(model=str(path), lr=1e-2, weight_decay=0.1, grad_clip=None, freeze_moe_router=True,
+                       device="cpu", loss=FlashReinforceLoss(delta=float("inf")))  # fmt: skip
+    group = LearnerGroup(spec, num_learners=2, num_cpus_per_learner=0.5, timeout_s=240.0)
+    try:
+        metrics = group.update(TrainBatch.from_episodes(episodes, pad_token_id=0))
+        after = group.get_weights()
+    finally:
+        group.shutdown()
+    assert metrics["applied"] == 1.0
+    routers = [n for n in before if n.endswith("mlp.gate.weight")]
+    assert len(routers) == 2
+    for name in routers:  # bit for bit: no gradient, no weight decay
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=0)
+    assert any(not torch.equal(after[n], before[n]) for n in before if "experts" in n)
