@@ -21,12 +21,44 @@ outside a session fails on CPU (the repacked linear weights have parameters of s
 
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
 from typing import Any
 
 import torch
 
-__all__ = ["FlashRLWorkerExtension", "WeightEntry"]
+__all__ = ["FlashRLWorkerExtension", "WeightEntry", "install_reload_log_filter"]
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+"""The logger of vLLM's layerwise reload (``finalize_layerwise_reload``)."""
+
+
+class _NoWeightsOfTheirOwn(logging.Filter):
+    """Drops vLLM's "<layer>: Failed to load weights" for layers no update carries weights for.
+
+    At the end of every reload session vLLM warns for each layer that received nothing and puts its
+    old tensors back. Two kinds always receive nothing, by design: rotary embeddings (a cos/sin
+    cache computed from the config, in no checkpoint) and a tied output head (the stream leaves
+    ``lm_head.weight`` out; ``_retie_output_embedding`` points it at the new embedding right after).
+    An untied head missing from an update cannot get this far: the engine checks every update's
+    plan against the checkpoint's tensors first. Every other layer's warning still shows.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != "%s: Failed to load weights" or not record.args:
+            return True
+        layer = str(record.args[0] if isinstance(record.args, tuple) else record.args)
+        return not (layer.endswith("RotaryEmbedding") or layer == "ParallelLMHead")
+
+
+def install_reload_log_filter() -> None:
+    """Install the filter on vLLM's reload logger (idempotent); runs when a worker imports this module."""
+    logger = logging.getLogger(RELOAD_LOGGER)
+    if not any(isinstance(f, _NoWeightsOfTheirOwn) for f in logger.filters):
+        logger.addFilter(_NoWeightsOfTheirOwn())
+
+
+install_reload_log_filter()
 
 WeightEntry = tuple[str, str, list[int], int, int]
 """``(name, dtype name, shape, byte offset, byte count)`` of one tensor in a bucket file."""
