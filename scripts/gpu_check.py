@@ -20,11 +20,24 @@ What it does, in order, timing each step:
    one full-replica learner. Reports the second update's seconds and the peak memory
    (``torch.cuda.max_memory_allocated``; on CPU the peak resident set size);
 4. syncs the updated weights into the engine (``Learner.get_weights`` + ``Engine.update_weights``,
-   seconds each) and generates again with the new version.
+   seconds each) and generates again with the new version;
+5. ``--phase push`` (or ``all``): the run's own weight-sync route, end to end through Ray. A
+   FlashREINFORCE run (``FlashReinforceConfig().build_algo()``) on the same model with one learner
+   actor and one EnvRunner actor hosting vLLM, ``engine_options={"weight_sync": --push-route}``:
+   ``ipc`` (the default on one GPU: learner and engine share it, half each) or ``nccl`` (the default
+   with two or more: a GPU each). It takes ``--push-iterations`` synchronous iterations and checks
+   that the algorithm chose the push route, that every update was pushed (learner versions 1, 2,
+   ...) and that every batch after the first was sampled from the version just pushed (policy lag 0
+   in ``sync_group`` mode), and records each push's seconds. ``--small`` runs the same phase on CPU
+   with the ``shm`` route (CPU cannot push): the run, not the transfer.
 
-Prints a table and writes JSON. It is sized to finish in under 8 minutes on one H200 (the engine is
-started first with a fixed share of the GPU, ``--gpu-memory-utilization``, so the learner can use the
-rest). ``--small`` (alias ``--dry-run``) runs every step on CPU with a tiny Llama, two gloo FSDP2
+Prints a table and writes JSON. The default ``--phase update`` (steps 1-4) is sized to finish in under
+8 minutes on one H200 (the engine is started first with a fixed share of the GPU,
+``--gpu-memory-utilization``, so the learner can use the rest); run ``--phase push`` as a second
+command (a few minutes: Ray, the engine in its actor, the learner, the iterations)::
+
+    python scripts/gpu_check.py --phase push --output benchmarks/results/gpu_check_push.json
+ ``--small`` (alias ``--dry-run``) runs every step on CPU with a tiny Llama, two gloo FSDP2
 ranks and the torch engine unless ``--engine vllm`` is given; ``tests/scripts/test_gpu_check.py``
 runs it.
 """
@@ -83,6 +96,9 @@ class Options:
     new_tokens: int
     gpu_memory_utilization: float
     output: Path
+    phase: str = "update"
+    push_route: str = "shm"
+    push_iterations: int = 3
     workdir: str = ""
 
     @property
@@ -127,11 +143,31 @@ def parse_args(argv: list[str] | None = None) -> Options:
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of the GPU")
     p.add_argument("--output", type=Path, default=Path("benchmarks/results/gpu_check.json"))
+    p.add_argument(
+        "--phase",
+        choices=["update", "push", "all"],
+        default="update",
+        help="update: steps 1-4 (default); push: step 5, the run's weight-sync route through Ray; all: both",
+    )
+    p.add_argument(
+        "--push-route",
+        choices=["ipc", "nccl", "shm"],
+        default=None,
+        help="weight_sync of step 5 (default: ipc on one GPU, nccl on several, shm with --small)",
+    )
+    p.add_argument("--push-iterations", type=int, default=3, help="iterations of step 5 (>= 2)")
     a = p.parse_args(argv)
     small = a.small
     gpus = torch.cuda.device_count()
     if not small and gpus == 0:
         p.error("no CUDA GPU is visible; run with --small to check the code path on CPU")
+    route = a.push_route or ("shm" if small else ("ipc" if gpus == 1 else "nccl"))
+    if small and route != "shm":
+        p.error(f"--push-route {route} needs a GPU (vLLM's transfer engines live in its GPU worker); use shm")
+    if route == "nccl" and not small and gpus < 2:
+        p.error("--push-route nccl needs two GPUs (NCCL cannot put two ranks on one device); use ipc")
+    if a.push_iterations < 2:
+        p.error(f"--push-iterations: expected >= 2 (a batch sampled after a push), got {a.push_iterations}")
     return Options(
         small=small,
         engine=a.engine or ("torch" if small else "vllm"),
@@ -144,6 +180,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
         new_tokens=a.new_tokens or (8 if small else 512),
         gpu_memory_utilization=a.gpu_memory_utilization,
         output=a.output,
+        phase=a.phase,
+        push_route=route,
+        push_iterations=a.push_iterations,
     )
 
 
@@ -368,6 +407,103 @@ def rank_main(rank: int, world: int, opts: Options, model: str, port: int, resul
             torch.distributed.destroy_process_group()
 
 
+# ---------------------------------------------------------------------------------------------- push
+PUSH_BATCH = 8
+"""Trajectories per iteration of step 5: 4 prompts x 2 rollouts (``sync_group``, so lag must be 0)."""
+
+
+def push_config(opts: Options, model: str) -> Any:
+    """Step 5's run: one learner actor, one EnvRunner actor, the weights by ``opts.push_route``."""
+    from flashrl.algorithms import FlashReinforceConfig
+
+    gpu = opts.device == "cuda"
+    share = (0.5 if opts.push_route == "ipc" else 1.0) if gpu else 0.0
+    engine_options: dict[str, Any] = {}
+    if opts.engine == "vllm":
+        engine_options = {"weight_sync": opts.push_route, "dtype": opts.dtype, "enforce_eager": True}
+        if gpu:
+            engine_options["gpu_memory_utilization"] = opts.gpu_memory_utilization
+    return (
+        FlashReinforceConfig()
+        .environment("flashrl/Math-v0", env_config={"preset": "easy_sums"})
+        .env_runners(
+            num_env_runners=1,
+            num_cpus_per_env_runner=1.0,
+            num_gpus_per_env_runner=share,
+            engine=opts.engine,
+            engine_options=engine_options,
+            episodes_in_flight_per_env_runner=PUSH_BATCH,
+            max_new_tokens=opts.new_tokens,
+            max_episode_tokens=opts.prompt_tokens + opts.new_tokens + 256,
+            sample_timeout_s=600.0,
+        )
+        .learners(num_learners=1, num_cpus_per_learner=1.0, num_gpus_per_learner=share)
+        .training(
+            model=model,
+            dtype=opts.dtype,
+            rollout_mode="sync_group",
+            group_size=2,
+            train_batch_size=PUSH_BATCH,
+            lr=1e-6,
+            delta=float("inf"),
+        )
+        .reporting(tensorboard=False, console_every=0)
+        .debugging(seed=0)
+    )
+
+
+def push_run(opts: Options, model: str) -> dict[str, Any]:
+    """Step 5: iterations of a real run whose weights take ``opts.push_route``; raises if a check fails."""
+    import warnings
+
+    import ray
+
+    config = push_config(opts, model)
+    started = not ray.is_initialized()
+    if started:
+        ray.init(
+            num_cpus=max(4, os.cpu_count() or 2),
+            num_gpus=torch.cuda.device_count() if opts.device == "cuda" else 0,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    out: dict[str, Any] = {"route_asked": opts.push_route, "iterations": []}
+    try:
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # sync_group's "comparison baseline" notice
+            algo = config.build_algo()
+        out["build_s"] = time.perf_counter() - t0
+        try:
+            out["route"] = algo._pusher.route if algo._pusher is not None else "shm"
+            for _ in range(opts.push_iterations):
+                r = algo.train()
+                out["iterations"].append(
+                    {
+                        "learner_version": int(r["learners/version"]),
+                        "weight_sync_s": float(r["timers/weight_sync_s"]),
+                        "policy_lag_max": float(r["env_runners/policy_lag_max"]),
+                        "iteration_s": float(r["timers/iteration_s"]),
+                    }
+                )
+            out["num_formations"] = algo._pusher.num_formations if algo._pusher is not None else 0
+        finally:
+            algo.stop()
+    finally:
+        if started:
+            ray.shutdown()
+    its = out["iterations"]
+    if out["route"] != opts.push_route:
+        raise RuntimeError(f"the run chose weight_sync {out['route']!r}, expected {opts.push_route!r}")
+    if [it["learner_version"] for it in its] != list(range(1, len(its) + 1)):
+        raise RuntimeError(f"learner versions {[it['learner_version'] for it in its]}: an update was not applied")
+    if any(it["policy_lag_max"] != 0 for it in its):
+        raise RuntimeError(f"policy lag {[it['policy_lag_max'] for it in its]}: a batch used weights not yet pushed")
+    if not all(it["weight_sync_s"] > 0 for it in its):
+        raise RuntimeError("an update reported no weight sync")
+    return out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -379,27 +515,37 @@ def run(opts: Options) -> dict[str, Any]:
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
+    outs: dict[int, dict[str, Any]] = {}
+    procs: list[Any] = []
+    errors: dict[Any, str] = {}
+    push: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         model, shape = build_model(opts, os.path.join(tmp, "model"))
         build_s = time.perf_counter() - t0
-        port = _free_port()
-        procs = [
-            ctx.Process(target=rank_main, args=(r, opts.num_learners, opts, model, port, results))
-            for r in range(opts.num_learners)
-        ]
-        for proc in procs:
-            proc.start()
-        outs: dict[int, dict[str, Any]] = {}
-        while len(outs) < len(procs) and (any(p.is_alive() for p in procs) or not results.empty()):
+        if opts.phase in ("update", "all"):
+            port = _free_port()
+            procs = [
+                ctx.Process(target=rank_main, args=(r, opts.num_learners, opts, model, port, results))
+                for r in range(opts.num_learners)
+            ]
+            for proc in procs:
+                proc.start()
+            while len(outs) < len(procs) and (any(p.is_alive() for p in procs) or not results.empty()):
+                try:
+                    rank, out = results.get(timeout=5)
+                    outs[rank] = out
+                except queue.Empty:  # keep waiting while a rank is alive
+                    continue
+            for proc in procs:
+                proc.join()
+        if opts.phase in ("push", "all"):  # after the ranks: their GPU memory is free again
             try:
-                rank, out = results.get(timeout=5)
-                outs[rank] = out
-            except queue.Empty:  # keep waiting while a rank is alive
-                continue
-        for proc in procs:
-            proc.join()
-    errors = {r: o["error"] for r, o in outs.items() if "error" in o}
+                push = push_run(opts, model)
+            except Exception as exc:  # reported in the table and the JSON, exit status 1
+                push = {"error": f"{type(exc).__name__}: {exc}"}
+                errors["push"] = push["error"]
+    errors.update({r: o["error"] for r, o in outs.items() if "error" in o})
     errors.update({r: f"rank exited with {p.exitcode}" for r, p in enumerate(procs) if r not in outs})
     result = {
         "check": "gpu_check",
@@ -410,7 +556,8 @@ def run(opts: Options) -> dict[str, Any]:
         "model": {**shape, "build_s": build_s},
         "machine": _machine(),
         "ranks": {str(r): outs[r] for r in sorted(outs)},
-        "errors": {str(r): e for r, e in sorted(errors.items())},
+        "push": push,
+        "errors": {str(r): e for r, e in sorted(errors.items(), key=lambda kv: str(kv[0]))},
         "ok": not errors,
     }
     return result
@@ -443,7 +590,7 @@ def table(result: dict[str, Any]) -> str:
     rows = [
         (
             "mode",
-            f"{result['mode']}, {o['num_learners']} learner(s)"
+            f"{result['mode']}, phase {o['phase']}, {o['num_learners']} learner(s)"
             + (" (FSDP2)" if learner.get("sharded") else " (one full replica)")
             + f", engine {o['engine']}",
         ),
@@ -483,6 +630,17 @@ def table(result: dict[str, Any]) -> str:
             + (f", {rank0['weights_bytes'] / gib:.2f} GiB" if "weights_bytes" in rank0 else ""),
         ),
     ]
+    push = result.get("push")
+    if push and "iterations" in push:
+        syncs = ", ".join(f"{it['weight_sync_s']:.2f}" for it in push["iterations"])
+        rows.append(
+            (
+                "push route (step 5)",
+                f"weight_sync {push.get('route')}: {len(push['iterations'])} iterations, versions "
+                f"{[it['learner_version'] for it in push['iterations']]}, policy lag "
+                f"{[it['policy_lag_max'] for it in push['iterations']]}, sync s [{syncs}]",
+            )
+        )
     if result["errors"]:
         rows.append(("errors", json.dumps(result["errors"])))
     rows.append(("verdict", "OK" if result["ok"] else "FAILED"))

@@ -36,6 +36,19 @@ def test_small_mode_defaults_and_the_dry_run_alias() -> None:
     assert gpu_check.parse_args(["--small", "--engine", "vllm"]).engine == "vllm"
 
 
+def test_push_route_defaults_and_refusals() -> None:
+    opts = gpu_check.parse_args(["--small", "--phase", "push"])
+    assert (opts.phase, opts.push_route, opts.push_iterations) == ("push", "shm", 3)
+    for bad in (["--push-route", "ipc"], ["--push-iterations", "1"]):  # CPU cannot push; one batch shows nothing
+        with pytest.raises(SystemExit):
+            gpu_check.parse_args(["--small", *bad])
+    config = gpu_check.push_config(opts, "some/model")
+    assert (config.rollout_mode, config.train_batch_size, config.group_size) == ("sync_group", 8, 2)
+    assert config.engine_options == {} and config.num_gpus_per_learner == 0.0  # the torch engine pulls
+    vllm = gpu_check.push_config(gpu_check.parse_args(["--small", "--engine", "vllm"]), "m")
+    assert vllm.engine_options["weight_sync"] == "shm"
+
+
 def test_batch_has_exact_lengths_and_masks() -> None:
     opts = gpu_check.parse_args(["--small", "--batch-size", "3", "--length", "20"])
     batch = gpu_check.make_batch(opts, vocab=50, seed=0)
@@ -68,3 +81,24 @@ def test_small_run_end_to_end(engine: str, tmp_path: Path) -> None:
     assert rank0["update_weights_s"] > 0 and rank0["weights_bytes"] > 0
     verdict = next(line for line in proc.stdout.splitlines() if line.startswith("verdict"))
     assert verdict.split()[-1] == "OK"
+
+
+@pytest.mark.slow
+def test_small_push_phase_end_to_end(tmp_path: Path) -> None:
+    """Step 5 on CPU: a real run through Ray (learner actor, EnvRunner actor), the shm route."""
+    out = tmp_path / "gpu_check_push.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--small", "--phase", "push", "--output", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["ok"] and result["ranks"] == {}
+    push = result["push"]
+    assert push["route"] == "shm" and push["num_formations"] == 0
+    assert [it["learner_version"] for it in push["iterations"]] == [1, 2, 3]
+    assert [it["policy_lag_max"] for it in push["iterations"]] == [0.0, 0.0, 0.0]
