@@ -588,6 +588,17 @@ class RunLog:
         return len(self._runs)
 
 
+def _save(plt: Any, fig: Any, path: str | os.PathLike[str], title: str | None = None) -> str:
+    """Title (optional), lay out, write the PNG (folders created), free the figure; returns the path."""
+    if title is not None:
+        fig.suptitle(title)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)
+
+
 def _pyplot():
     import matplotlib
 
@@ -624,11 +635,7 @@ def plot_curves(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return str(path)
+    return _save(plt, fig, path)
 
 
 def plot_bars(
@@ -652,12 +659,7 @@ def plot_bars(
         ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
         ax.set_ylabel(ylabel)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return str(path)
+    return _save(plt, fig, path, title)
 
 
 TRAINING_PANELS = (
@@ -702,12 +704,7 @@ def plot_training(
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return str(path)
+    return _save(plt, fig, path, title)
 
 
 def write_tensorboard(report: Mapping[str, Any], logdir: str | os.PathLike[str]) -> list[str]:
@@ -738,3 +735,18 @@ def write_tensorboard(report: Mapping[str, Any], logdir: str | os.PathLike[str])
             logger.close()
         folders.append(str(folder))
     return folders
+
+
+def write_training_outputs(
+    report: Mapping[str, Any],
+    series: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]],
+    *,
+    figure: str | os.PathLike[str],
+    tensorboard: str | os.PathLike[str],
+    title: str,
+) -> None:
+    """Next to a benchmark's main PNG: `<figure stem>_training.png` (`plot_training`) and its TensorBoard runs."""
+    training_figure = Path(figure).with_name(f"{Path(figure).stem}_training.png")
+    print(f"wrote {plot_training(series, training_figure, title=title)}")
+    write_tensorboard(report, tensorboard)
+    print(f"TensorBoard: tensorboard --logdir {tensorboard}")

@@ -284,12 +284,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{scale.model}: ablations at {scale.batch_size * scale.updates} rollouts ({len(args.seeds)} seed(s))"
     )
     print(f"wrote {common.plot_bars(panels, args.figure, title=title)}")
-    training = {n: [r["updates"] for r in runs if r["arm"] == n] for n in names}
-    training_figure = Path(args.figure).with_name(f"{Path(args.figure).stem}_training.png")
-    title = f"{scale.model}: the learner per update, every arm ({len(args.seeds)} seed(s))"
-    print(f"wrote {common.plot_training(training, training_figure, title=title)}")
-    common.write_tensorboard(report, args.tensorboard)
-    print(f"TensorBoard: tensorboard --logdir {args.tensorboard}")
+    common.write_training_outputs(
+        report,
+        {n: [r["updates"] for r in runs if r["arm"] == n] for n in names},
+        figure=args.figure,
+        tensorboard=args.tensorboard,
+        title=f"{scale.model}: the learner per update, every arm ({len(args.seeds)} seed(s))",
+    )
     return report
 
 

@@ -290,12 +290,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     curves = {m: summary[m]["curve"] for m in METHODS}
     title = f"{scale.model}: held-out accuracy vs rollouts (B={scale.batch_size}, {len(args.seeds)} seeds)"
     print(f"wrote {common.plot_curves(curves, args.figure, title=title, target=args.target)}")
-    training = {m: [r["updates"] for r in runs if r["method"] == m] for m in METHODS}
-    training_figure = Path(args.figure).with_name(f"{Path(args.figure).stem}_training.png")
-    title = f"{scale.model}: the learner per update (B={scale.batch_size}, mean and min..max over seeds)"
-    print(f"wrote {common.plot_training(training, training_figure, title=title)}")
-    common.write_tensorboard(report, args.tensorboard)
-    print(f"TensorBoard: tensorboard --logdir {args.tensorboard}")
+    common.write_training_outputs(
+        report,
+        {m: [r["updates"] for r in runs if r["method"] == m] for m in METHODS},
+        figure=args.figure,
+        tensorboard=args.tensorboard,
+        title=f"{scale.model}: the learner per update (B={scale.batch_size}, mean and min..max over seeds)",
+    )
     return report
 
 

@@ -58,12 +58,11 @@ def test_batch_has_exact_lengths_and_masks() -> None:
     assert batch.rewards.tolist() == [0.0, 1.0, 0.0]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
-def test_small_run_end_to_end(engine: str, tmp_path: Path) -> None:
+def _run_small(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """`gpu_check.py --small *args` in a subprocess; it must exit 0. Returns the process and its JSON."""
     out = tmp_path / "gpu_check.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--small", "--engine", engine, "--output", str(out)],
+        [sys.executable, str(SCRIPT), "--small", *args, "--output", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -71,7 +70,13 @@ def test_small_run_end_to_end(engine: str, tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(out.read_text())
+    return proc, json.loads(out.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_small_run_end_to_end(engine: str, tmp_path: Path) -> None:
+    proc, result = _run_small(tmp_path, "--engine", engine)
     assert result["ok"] and result["errors"] == {} and result["mode"] == "small"
     assert set(result["ranks"]) == {"0", "1"}
     rank0 = result["ranks"]["0"]
@@ -86,17 +91,7 @@ def test_small_run_end_to_end(engine: str, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_small_push_phase_end_to_end(tmp_path: Path) -> None:
     """Step 5 on CPU: a real run through Ray (learner actor, EnvRunner actor), the shm route."""
-    out = tmp_path / "gpu_check_push.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--small", "--phase", "push", "--output", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(out.read_text())
+    _, result = _run_small(tmp_path, "--phase", "push")
     assert result["ok"] and result["ranks"] == {}
     push = result["push"]
     assert push["route"] == "shm" and push["num_formations"] == 0
