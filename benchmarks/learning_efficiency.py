@@ -17,12 +17,12 @@ the rollouts each seed needed to first reach `--target`, and flash/grpo ratios. 
 between the methods seed by seed, so slow drifts of a shared machine hit both alike.
 
 Size of the full run (2 cores): B = 16 (the main job's), 30 updates = 480 rollouts per run, 64
-held-out prompts (the main job's split) evaluated every 5 updates (7 evaluations), 3 seeds. At the
-main job's measured ~22 s per update plus engine start and evaluations, a run takes about 13
-minutes; 2 methods x 3 seeds about 80 minutes on a quiet machine. `--target 0.45`: the main job
+held-out prompts (the main job's split) evaluated every 5 updates (7 evaluations), 3 seeds. Measured
+on a quiet machine: 7-10 minutes per run (11-13 s per update), 49 minutes for 2 methods x 3 seeds;
+the results are in `docs/benchmarks.md`. `--target 0.45`: the main job
 (0.31 before training) passed it at about 20 updates (0.47) in its measured run.
 
-    python benchmarks/learning_efficiency.py --seeds 0 1 2     # the full run, about 80 minutes
+    python benchmarks/learning_efficiency.py --seeds 0 1 2     # the full run, about 50 minutes
     python benchmarks/learning_efficiency.py --quick           # smoke: tiny random model, about 1 minute
 
 Writes `benchmarks/results/learning_efficiency.json` (every setting and seed, every evaluation and
