@@ -27,6 +27,8 @@ logger = logging.getLogger("flashrl.env_runners")
 
 POLL_TIMEOUT_S = 1.0
 """How long a runner holds a poll open waiting for its first finished episode (a heartbeat)."""
+ENGINE_START_TIMEOUT_S = 900.0
+"""The least time `setup()` gives the engines to start (a short `sample_timeout_s` does not cut it)."""
 
 
 class EnvRunnerGroupError(RuntimeError):
@@ -116,8 +118,16 @@ class EnvRunnerGroup:
             ) from err
 
     def setup(self) -> dict[str, Any]:
-        """Start every runner's engine; returns the first runner's facts (pad id, context length)."""
-        facts = self._get([slot.actor.setup.remote() for slot in self._slots.values()], "start their engines")
+        """Start every runner's engine; returns the first runner's facts (pad id, context length).
+
+        Waits up to ``max(sample_timeout_s, ENGINE_START_TIMEOUT_S)``: an engine start (vLLM loading
+        and warming up, minutes on a busy CPU host) is not bounded by an episode's sampling deadline.
+        """
+        facts = self._get(
+            [slot.actor.setup.remote() for slot in self._slots.values()],
+            "start their engines",
+            timeout_s=max(self.spec.sample_timeout_s, ENGINE_START_TIMEOUT_S),
+        )
         self.facts = facts[0]
         return self.facts
 
