@@ -108,6 +108,11 @@ class VLLMEngineOptions:
     """Further ``vllm.AsyncEngineArgs`` fields, passed as given (they override the above)."""
 
 
+CPU_MAX_NUM_BATCHED_TOKENS = 4096
+"""Tokens one CPU engine step may schedule (vLLM's CPU default), raised to ``max_model_len`` when it is
+longer: chunked prefill is off on CPU, so one step must hold a whole prompt."""
+
+
 def cpu_thread_defaults() -> dict[str, str]:
     """Environment for vLLM's CPU build: bind OpenMP to all usable cores and reserve none."""
     cores = (
@@ -157,6 +162,15 @@ def vllm_engine_args(
         "worker_extension_cls": "flashrl.engines.vllm_worker.FlashRLWorkerExtension",
         "disable_log_stats": True,
     }
+    if on_cpu:
+        # Whole prefills only. vLLM's worker rewinds the generator of every request whose prompt was
+        # only partly prefilled in a step; a seeded request's CPU generator has no offset, so with
+        # chunked prefill the first seeded prompt split over two steps kills the engine ("CPU
+        # Generator does not use offset"; it took many episodes in flight, or a weight update that
+        # re-prefills every running request, to overflow one step's token budget). A step then
+        # takes as many whole prompts as fit in max_num_batched_tokens.
+        args["enable_chunked_prefill"] = False
+        args["max_num_batched_tokens"] = max(int(args["max_model_len"]), CPU_MAX_NUM_BATCHED_TOKENS)
     args.update(vllm_transfer_args(resolve_weight_sync(o.weight_sync, on_cpu=on_cpu)))
     if not on_cpu or o.gpu_memory_utilization is not None:
         args["gpu_memory_utilization"] = o.gpu_memory_utilization or 0.85

@@ -89,3 +89,21 @@ def test_a_request_in_flight_during_an_update_is_prefilled_again(
     after = measure_agreement(new, [prompt + head.token_ids], [tail])
     print(f"in-flight update at token {switch}: before {before}, after {after}")
     assert before.mean_abs_diff < 1e-3 and after.mean_abs_diff < 1e-3
+
+
+def test_seeded_prompts_beyond_one_steps_token_budget(engine, event_loop_runner) -> None:
+    """24 seeded 400-token prompts at once: 9,600 tokens, more than one step's 4,096. With chunked
+    prefill vLLM's CPU worker died on the first prompt split over two steps ("CPU Generator does not
+    use offset"); whole prefills serve them all, over several steps."""
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(100, 1000, (400,), generator=gen).tolist() for _ in range(24)]
+
+    async def sample():
+        return await asyncio.gather(
+            *[engine.generate(p, SamplingConfig(max_tokens=4, seed=i)) for i, p in enumerate(prompts)]
+        )
+
+    first = event_loop_runner.run_until_complete(sample())
+    assert all(len(c.token_ids) == 4 and len(c.logprobs) == 4 for c in first)
+    again = event_loop_runner.run_until_complete(sample())  # seeded: the same tokens
+    assert [c.token_ids for c in again] == [c.token_ids for c in first]

@@ -56,6 +56,9 @@ def test_engine_args_configure_vllms_transfer_engine(route: str, tiny_llama_path
     cpu = vllm_engine_args(VLLMEngineOptions(), path=tiny_llama_path, seed=0, on_cpu=True,
                            hf_config=AutoConfig.from_pretrained(tiny_llama_path))  # fmt: skip
     assert "weight_transfer_config" not in cpu
+    # CPU: whole prefills only (vLLM cannot rewind a seeded request's CPU generator after a partial one)
+    assert cpu["enable_chunked_prefill"] is False and cpu["max_num_batched_tokens"] >= cpu["max_model_len"]
+    assert "enable_chunked_prefill" not in args  # GPU: vLLM's own defaults
 
 
 def test_trainer_init_info_is_vllms() -> None:
