@@ -22,11 +22,13 @@ difference and ratio to the arm's baseline, the learner's accepted fraction, mea
 max policy lag and the episodes dropped as stale, all from `algo.train()` metrics.
 
 Size of the full run (2 cores): the learning-efficiency budget (B = 16, 30 updates = 480 rollouts
-per arm, 64 held-out prompts), evaluated before and after training, 9 arms x 1 seed. About 12-13
-minutes per arm (the Q = 8 arms sample up to 8 batches ahead, so somewhat more), about 2 hours in
-all on a quiet machine; `--arms` runs a subset, `--seeds 0 1 2` about 6 hours.
+per arm, 64 held-out prompts), evaluated before and after training, 9 arms x 1 seed. Measured: about
+8 minutes for each of the first five arms on a quiet machine; the staleness arms keep 64 and 128
+episodes in flight, and an update of the Q = 4 arm took about 70 s on 2 cores (with other work
+running), so they need about 2 hours more; `--arms` runs a subset, `--seeds 0 1 2` the spread.
+Results: `docs/benchmarks.md`.
 
-    python benchmarks/ablations.py                 # the full run, about 2 hours
+    python benchmarks/ablations.py                 # the full run, about 3 hours on 2 cores
     python benchmarks/ablations.py --quick         # smoke: tiny random model, every arm, about 2 minutes
 
 Writes `benchmarks/results/ablations.json` and `docs/figures/ablations.png` (`--quick`: under the
