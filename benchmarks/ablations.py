@@ -23,12 +23,11 @@ max policy lag and the episodes dropped as stale, all from `algo.train()` metric
 
 Size of the full run (2 cores): the learning-efficiency budget (B = 16, 30 updates = 480 rollouts
 per arm, 64 held-out prompts), evaluated before and after training, 9 arms x 1 seed. Measured: about
-8 minutes for each of the first five arms on a quiet machine; the staleness arms keep 64 and 128
-episodes in flight, and an update of the Q = 4 arm took about 70 s on 2 cores (with other work
-running), so they need about 2 hours more; `--arms` runs a subset, `--seeds 0 1 2` the spread.
+8 minutes for each of the first five arms and 10 for each Q = 4 arm (64 episodes in flight) on a
+quiet machine, about 1.5 hours in all; `--arms` runs a subset, `--seeds 0 1 2` the spread.
 Results: `docs/benchmarks.md`.
 
-    python benchmarks/ablations.py                 # the full run, about 3 hours on 2 cores
+    python benchmarks/ablations.py                 # the full run, about 1.5 hours on 2 cores
     python benchmarks/ablations.py --quick         # smoke: tiny random model, every arm, about 2 minutes
 
 Writes `benchmarks/results/ablations.json` and `docs/figures/ablations.png` (`--quick`: under the
