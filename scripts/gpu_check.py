@@ -409,7 +409,8 @@ def rank_main(rank: int, world: int, opts: Options, model: str, port: int, resul
 
 # ---------------------------------------------------------------------------------------------- push
 PUSH_BATCH = 8
-"""Trajectories per iteration of step 5: 4 prompts x 2 rollouts (``sync_group``, so lag must be 0)."""
+"""Trajectories per iteration of step 5: 4 prompts x 2 rollouts (``sync_group``, so lag must be 0).
+The step's sizes (and lr 1e-6, delta inf) are this check's own: it tests the transfer, not learning."""
 
 
 def push_config(opts: Options, model: str) -> Any:
@@ -542,7 +543,7 @@ def run(opts: Options) -> dict[str, Any]:
         if opts.phase in ("push", "all"):  # after the ranks: their GPU memory is free again
             try:
                 push = push_run(opts, model)
-            except Exception as exc:  # reported in the table and the JSON, exit status 1
+            except Exception as exc:  # noqa: BLE001 - any failure is the check's result: table, JSON, exit 1
                 push = {"error": f"{type(exc).__name__}: {exc}"}
                 errors["push"] = push["error"]
     errors.update({r: o["error"] for r, o in outs.items() if "error" in o})
@@ -636,9 +637,11 @@ def table(result: dict[str, Any]) -> str:
         rows.append(
             (
                 "push route (step 5)",
-                f"weight_sync {push.get('route')}: {len(push['iterations'])} iterations, versions "
-                f"{[it['learner_version'] for it in push['iterations']]}, policy lag "
-                f"{[it['policy_lag_max'] for it in push['iterations']]}, sync s [{syncs}]",
+                (
+                    f"weight_sync {push.get('route')}: {len(push['iterations'])} iterations, versions "
+                    f"{[it['learner_version'] for it in push['iterations']]}, policy lag "
+                    f"{[it['policy_lag_max'] for it in push['iterations']]}, sync s [{syncs}]"
+                ),
             )
         )
     if result["errors"]:

@@ -109,8 +109,10 @@ class VLLMEngineOptions:
 
 
 CPU_MAX_NUM_BATCHED_TOKENS = 4096
-"""Tokens one CPU engine step may schedule (vLLM's CPU default), raised to ``max_model_len`` when it is
-longer: chunked prefill is off on CPU, so one step must hold a whole prompt."""
+"""Tokens one CPU engine step may schedule: vLLM 0.32's CPU default for an offline engine
+(``vllm/engine/arg_utils.py``, ``default_max_num_batched_tokens`` under ``current_platform.is_cpu()``),
+raised to ``max_model_len`` when that is longer: chunked prefill is off on CPU, so one step must hold
+a whole prompt."""
 
 
 def cpu_thread_defaults() -> dict[str, str]:

@@ -28,7 +28,8 @@ logger = logging.getLogger("flashrl.env_runners")
 POLL_TIMEOUT_S = 1.0
 """How long a runner holds a poll open waiting for its first finished episode (a heartbeat)."""
 ENGINE_START_TIMEOUT_S = 900.0
-"""The least time `setup()` gives the engines to start (a short `sample_timeout_s` does not cut it)."""
+"""The least time `setup()` gives the engines to start (a short `sample_timeout_s` does not cut it).
+flashrl's own choice: vLLM's CPU start took 20-60 s here, several minutes on a busy host."""
 
 
 class EnvRunnerGroupError(RuntimeError):
