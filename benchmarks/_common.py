@@ -537,6 +537,11 @@ class RunLog:
     were made with. With `resume=True` the runs already in the log are kept and `get` returns them
     (keyed by `key_fields`, e.g. method and seed), and a log made with other settings is an error;
     without it the log starts empty.
+
+    The log is not committed, so a fresh clone has none: there `resume=True` starts from the runs of
+    the committed report itself (`report_path`), when the report's `settings` hold these settings
+    (same keys, same values), so a later sitting adds seeds or arms to a published report instead of
+    redoing it. A report made with other settings is an error, as a log would be.
     """
 
     def __init__(
@@ -552,7 +557,9 @@ class RunLog:
         self._runs: dict[tuple[Any, ...], dict[str, Any]] = {}
         settings = json.loads(json.dumps(_jsonable({"settings": settings}), allow_nan=False))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume and self.path.exists():
+        if resume and not self.path.exists() and Path(report_path).exists():
+            self._seed_from_report(Path(report_path), settings)
+        elif resume and self.path.exists():
             lines = self.path.read_text(encoding="utf-8").splitlines()
             logged = json.loads(lines[0]) if lines else settings
             if logged != settings:
@@ -570,6 +577,19 @@ class RunLog:
         # rewritten whole, so a line cut short is gone before the next run is appended
         kept = [json.dumps(settings), *(json.dumps(run) for run in self._runs.values())]
         self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+    def _seed_from_report(self, report_path: Path, settings: Mapping[str, Any]) -> None:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+        made_with = report.get("settings", {})
+        mine = {k: made_with.get(k) for k in settings["settings"]}
+        if mine != settings["settings"]:
+            raise ValueError(
+                f"--resume: {report_path} was made with {mine}, this run has {settings['settings']}; "
+                "run with the same settings, or without --resume to start over"
+            )
+        for run in report.get("runs", []):
+            self._runs[self._key(run)] = run
+        print(f"--resume: {len(self._runs)} finished run(s) from {report_path}", flush=True)
 
     def _key(self, run: Mapping[str, Any]) -> tuple[Any, ...]:
         return tuple(run[k] for k in self.key_fields)

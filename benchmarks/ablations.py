@@ -29,6 +29,12 @@ Results: `docs/benchmarks.md`.
 
     python benchmarks/ablations.py                 # the full run, about 1.5 hours on 2 cores
     python benchmarks/ablations.py --quick         # smoke: tiny random model, every arm, about 2 minutes
+    python benchmarks/ablations.py --seeds 0 1 2 --resume   # add seeds to the committed report
+    python benchmarks/ablations.py --seeds 0 1 2 --report-only   # report what has run so far
+
+`--resume` keeps the runs already made (the gitignored run log, or in a fresh clone the committed
+report's runs) and runs the rest, seed by seed; `--report-only` runs nothing and writes the report
+of the finished runs, listing the others under `missing` (each arm's seeds are in its summary).
 
 Writes `benchmarks/results/ablations.json` and `docs/figures/ablations.png` (`--quick`: under the
 system temp folder unless `--output` / `--figure` say otherwise).
@@ -184,9 +190,17 @@ def parse_args(argv: list[str] | None, arm_names: list[str]) -> argparse.Namespa
         "--tensorboard", default=None, help="TensorBoard log folder (default runs/benchmarks; quick: temp)"
     )
     parser.add_argument(
-        "--resume", action="store_true", help="keep the finished runs in <output>.runs.tmp, run the rest"
+        "--resume",
+        action="store_true",
+        help="keep the finished runs (<output>.runs.tmp, else the runs of <output> itself), run the rest",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: report the finished runs (as --resume finds them), list the rest as missing",
     )
     args = parser.parse_args(argv)
+    args.resume = args.resume or args.report_only
     quick_dir = Path(tempfile.gettempdir()) / "flashrl-bench-quick"
     args.output = args.output or str((quick_dir if args.quick else common.RESULTS) / f"{NAME}.json")
     args.figure = args.figure or str((quick_dir if args.quick else common.FIGURES) / f"{NAME}.png")
@@ -222,8 +236,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log = common.RunLog(
         args.output, key_fields=("arm", "seed"), settings={"scale": scale}, resume=args.resume
     )
-    connected = common.connect_ray()
-    runs, configs = [], {}
+    connected = False
+    runs, configs, missing = [], {}, []
     try:
         with tempfile.TemporaryDirectory(prefix="flashrl-bench-") as tmp:
             model_path = common.benchmark_model(scale.model, tmp)
@@ -238,6 +252,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         print(f"{arm.name}, seed {seed}: kept from {log.path}", flush=True)
                         runs.append(done)
                         continue
+                    if args.report_only:
+                        print(f"{arm.name}, seed {seed}: not run yet (missing)", flush=True)
+                        missing.append({"arm": arm.name, "seed": seed})
+                        continue
+                    connected = common.connect_ray() or connected
                     print(f"{arm.name}, seed {seed}: {describe(arm.overrides)}", flush=True)
                     run = common.run_updates(
                         config,
@@ -252,6 +271,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             import ray
 
             ray.shutdown()
+    arms = [a for a in arms if any(r["arm"] == a.name for r in runs)]  # --report-only: what ran
     summary = summarize(arms, runs)
     report = {
         "benchmark": NAME,
@@ -265,6 +285,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "arms": {a.name: {**dataclasses.asdict(a), "config": configs[a.name]} for a in arms},
         "runs": runs,
+        "missing": missing,
         "summary": summary,
         "machine": common.machine(),
     }

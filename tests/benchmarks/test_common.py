@@ -189,6 +189,27 @@ def test_run_log_keeps_finished_runs_for_resume(common, tmp_path):
     assert len(common.RunLog(report, key_fields=("method", "seed"), settings=other, resume=True)) == 0
 
 
+def test_run_log_resumes_from_the_committed_report(common, tmp_path):
+    # a fresh clone has the report but no log: its runs are the finished ones
+    report = tmp_path / "r.json"
+    runs = [{"arm": "no_is", "seed": 0, "curve": [0.5]}, {"arm": "no_is", "seed": 1, "curve": [0.6]}]
+    common.write_json(
+        report, {"settings": {"quick": False, "seeds": [0, 1], "scale": common.FULL}, "runs": runs}
+    )
+    settings = {"scale": common.FULL}
+
+    log = common.RunLog(report, key_fields=("arm", "seed"), settings=settings, resume=True)
+    assert len(log) == 2 and log.get(arm="no_is", seed=1) == runs[1]
+    log.add({"arm": "no_is", "seed": 2, "curve": [0.7]})  # the new run goes to the log, next to them
+    again = common.RunLog(report, key_fields=("arm", "seed"), settings=settings, resume=True)
+    assert [again.get(arm="no_is", seed=s)["curve"] for s in (0, 1, 2)] == [[0.5], [0.6], [0.7]]
+
+    log.path.unlink()
+    with pytest.raises(ValueError, match=r"r\.json was made with .*without --resume"):
+        common.RunLog(report, key_fields=("arm", "seed"), settings={"scale": common.QUICK}, resume=True)
+    assert len(common.RunLog(report, key_fields=("arm", "seed"), settings=settings, resume=False)) == 0
+
+
 def test_tensorboard_export_steps_by_rollouts(bench, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

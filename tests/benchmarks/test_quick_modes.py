@@ -126,3 +126,29 @@ def test_async_vs_sync_quick(ray_cluster, bench, tmp_path):
     assert runs["sync_group"]["policy_lag_max"] == 0  # on-policy
     for key in ("trajectories_per_s", "learner_idle_fraction", "iteration_s"):
         assert _is_number(report["ratios_async_over_sync"][key]), key
+
+
+def test_ablations_add_seeds_to_a_committed_report(ray_cluster, bench, tmp_path):
+    # a fresh clone: the report is there, its run log is not; --resume and --report-only build on it
+    out, fig = tmp_path / "ab.json", tmp_path / "ab.png"
+    module = bench("ablations")
+    common = ["--quick", "--output", str(out), "--figure", str(fig), "--tensorboard", str(tmp_path / "tb")]
+    first = module.main([*common, "--arms", "flash_reinforce"])
+    Path(f"{out}.runs.tmp").unlink()
+
+    report = module.main(
+        [*common, "--arms", "flash_reinforce", "no_is", "--seeds", "0", "1", "--report-only"]
+    )
+    assert report["runs"] == first["runs"]  # kept as committed, nothing trained
+    assert report["missing"] == [
+        {"arm": "no_is", "seed": 0},
+        {"arm": "flash_reinforce", "seed": 1},
+        {"arm": "no_is", "seed": 1},
+    ]
+    assert list(report["summary"]) == ["flash_reinforce"] and report["summary"]["flash_reinforce"][
+        "seeds"
+    ] == [0]
+    assert _load(out)["missing"] == report["missing"]
+
+    with pytest.raises(ValueError, match="without --resume"):  # another scale cannot extend this report
+        module.main([*common, "--updates", "3", "--resume"])
