@@ -21,13 +21,13 @@ One table (and JSON, and a bar PNG): final held-out accuracy (mean and min..max 
 difference and ratio to the arm's baseline, the learner's accepted fraction, mean drift, mean and
 max policy lag and the episodes dropped as stale, all from `algo.train()` metrics.
 
-Size of the full run (2 cores): the learning-efficiency budget (B = 16, 30 updates = 480 rollouts
-per arm, 64 held-out prompts), evaluated before and after training, 9 arms x 1 seed. Measured: about
-8 minutes for each of the first five arms and 10 for each Q = 4 arm (64 episodes in flight) on a
-quiet machine, about 1.5 hours in all; `--arms` runs a subset, `--seeds 0 1 2` the spread.
-Results: `docs/benchmarks.md`.
+Size of a run (2 cores): the learning-efficiency budget (B = 16, 30 updates = 480 rollouts per
+arm, 64 held-out prompts), evaluated before and after training, 9 arms per seed. Measured on a quiet
+machine: about 8 minutes for each of the first five arms, 9 for each Q = 4 arm (64 episodes in
+flight) and 11 for each Q = 8 arm (128), about 1.4 hours per seed; `--arms` runs a subset. The
+committed report has seeds 0 and 1. Results: `docs/benchmarks.md`.
 
-    python benchmarks/ablations.py                 # the full run, about 1.5 hours on 2 cores
+    python benchmarks/ablations.py                 # one seed, about 1.4 hours on 2 cores
     python benchmarks/ablations.py --quick         # smoke: tiny random model, every arm, about 2 minutes
     python benchmarks/ablations.py --seeds 0 1 2 --resume   # add seeds to the committed report
     python benchmarks/ablations.py --seeds 0 1 2 --report-only   # report what has run so far
