@@ -1,6 +1,6 @@
 """The CPU main job: FlashREINFORCE on SmolLM2-135M-Instruct learning easy sums, on a 2-core laptop.
 
-    python tuned_examples/smollm2_arithmetic_cpu.py                 # about 25 minutes on 2 cores
+    python tuned_examples/smollm2_arithmetic_cpu.py                 # about 11 minutes on 2 cores (docs/training.md)
     python tuned_examples/smollm2_arithmetic_cpu.py --dry-run       # the plan, nothing started
     ray job submit --working-dir . -- python tuned_examples/smollm2_arithmetic_cpu.py --stop-iters 2
 
