@@ -272,6 +272,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
             ray.shutdown()
     arms = [a for a in arms if any(r["arm"] == a.name for r in runs)]  # --report-only: what ran
+    if not runs:
+        raise SystemExit(
+            f"--report-only: no finished run for these arms and seeds in {log.path} or {args.output}"
+        )
     summary = summarize(arms, runs)
     report = {
         "benchmark": NAME,

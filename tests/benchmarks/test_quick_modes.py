@@ -152,3 +152,5 @@ def test_ablations_add_seeds_to_a_committed_report(ray_cluster, bench, tmp_path)
 
     with pytest.raises(ValueError, match="without --resume"):  # another scale cannot extend this report
         module.main([*common, "--updates", "3", "--resume"])
+    with pytest.raises(SystemExit, match="no finished run"):
+        module.main([*common[:1], "--output", str(tmp_path / "none.json"), "--report-only"])
