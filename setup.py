@@ -1,15 +1,6 @@
-"""Installs flashrl.
-
-`envs/` and `algorithms/` are top-level folders of the repository but are installed inside the
-`flashrl` namespace, as `flashrl.envs` and `flashrl.algorithms`: nothing named `envs` or
-`algorithms` lands at the top of site-packages.
-"""
+"""Installs flashrl (one package, `flashrl/`; its environments and algorithms are its subpackages)."""
 
 from setuptools import find_packages, setup
-
-
-def _subpackages(folder: str, namespace: str) -> list[str]:
-    return [namespace] + [f"{namespace}.{name}" for name in find_packages(folder)]
 
 
 # torch is pinned to the release that vLLM's CPU build requires. On a CPU machine a bare `torch`
@@ -26,12 +17,7 @@ setup(
     # Only what CI runs (3.11): vLLM 0.32 (the cpu/gpu extras) has no Python 3.10 wheels, and 3.12 is
     # untested. The code keeps to 3.10+ syntax and APIs, so widening this needs only CI runs.
     python_requires=">=3.11,<3.12",
-    packages=(
-        find_packages(include=["flashrl", "flashrl.*"])
-        + _subpackages("envs", "flashrl.envs")
-        + _subpackages("algorithms", "flashrl.algorithms")
-    ),
-    package_dir={"flashrl.envs": "envs", "flashrl.algorithms": "algorithms"},
+    packages=find_packages(include=["flashrl", "flashrl.*"]),
     package_data={"flashrl": ["py.typed"], "flashrl.envs": ["**/*.json", "**/*.txt", "**/*.jsonl"]},
     include_package_data=True,
     install_requires=[

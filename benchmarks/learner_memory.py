@@ -113,7 +113,7 @@ def run_point(
     device: str,
 ) -> dict:
     """One learner, one warm-up update, one measured update; peak bytes above the pre-update size."""
-    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
     from flashrl.learners import Learner, LearnerSpec
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))

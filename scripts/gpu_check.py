@@ -303,7 +303,7 @@ def _peak(device: str) -> int:
 
 def learner_updates(opts: Options, model: str, rank: int, world: int) -> tuple[Any, dict[str, Any]]:
     """Build the learner (FSDP2 when world >= 2), take two updates; the learner and rank's figures."""
-    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
     from flashrl.learners import Learner, LearnerSpec
 
     device = f"cuda:{rank}" if opts.device == "cuda" else "cpu"
@@ -349,12 +349,12 @@ def learner_updates(opts: Options, model: str, rank: int, world: int) -> tuple[A
 # ---------------------------------------------------------------------------------------------- ranks
 def rank_main(rank: int, world: int, opts: Options, model: str, port: int, results: Any) -> None:
     """One learner rank; rank 0 also hosts the engine (started before the learner takes its memory)."""
-    from flashrl.learners import distributed as ddp
+    from flashrl.learners import distributed
 
     if world > 1:
         if opts.device == "cuda":
             torch.cuda.set_device(rank)
-        ddp.init_process_group(
+        distributed.init_process_group(
             master_addr="127.0.0.1",
             master_port=port,
             rank=rank,

@@ -387,8 +387,6 @@ class EnvRunner:
         }
 
     def _make_env(self, stream: int, split: str | None = None) -> gym.Env:
-        import flashrl.envs  # noqa: F401 - registers the flashrl/* ids
-
         if stream == EVAL_STREAM:
             env_config = split_env_config(self.spec, split)
         else:

@@ -416,15 +416,19 @@ class EnvRunnerGroup:
 
 
 def _driver_env_spec(env_id: str) -> Any:
-    """The driver's EnvSpec of `env_id` when its entry point is a Python object, else None.
+    """The driver's Gymnasium EnvSpec of `env_id`: the runners make their envs from it.
 
-    Ids whose entry point is a "module:Class" string are made from the id in the actor (the module
-    registers them there); an id registered with a class object, e.g. one defined in the driver
-    script, travels to the actors as its spec (Ray pickles `__main__` classes by value).
+    The id is registered where the run is built (the algorithm's config registers the flashrl/* ids
+    when it validates; a user's own id is registered by the user's script), so the actors need not
+    import the module that registered it: a "module:Class" entry point is imported when the env is
+    made, and a class object travels by value (Ray pickles `__main__` classes that way).
     """
     import gymnasium as gym
 
-    import flashrl.envs  # noqa: F401 - registers the flashrl/* ids
-
-    spec = gym.spec(env_id)
-    return None if isinstance(spec.entry_point, str) else spec
+    try:
+        return gym.spec(env_id)
+    except gym.error.Error as err:
+        raise ValueError(
+            f"env: expected an id registered with Gymnasium in this process, got {env_id!r} ({err}). Fix: "
+            "import the module that registers it first (e.g. `import flashrl.envs`), or gymnasium.register it."
+        ) from err

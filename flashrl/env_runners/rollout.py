@@ -1,6 +1,6 @@
 """Play one episode: env.reset -> engine.generate -> env.step ... -> a token-exact `Episode`.
 
-The conversation is kept token-exact by `flashrl.envs.conversation.TokenizedConversation`: the model's
+The conversation is kept token-exact by `flashrl.conversation.TokenizedConversation`: the model's
 sampled ids (with the log-probs and the policy version the engine recorded) are appended as sampled,
 environment turns are tokenised as chat-template deltas. Environment calls run in a thread pool, so
 a slow verifier or tool never blocks the other episodes' generation.
@@ -111,7 +111,7 @@ async def play_episode(
             info lacks them (e.g. the benchmark name an evaluation reports by).
     """
     from flashrl.engines import SamplingConfig
-    from flashrl.envs.conversation import TokenizedConversation
+    from flashrl.conversation import TokenizedConversation
 
     messages, info = await _in_thread(executor, env.reset, seed=reset_seed, options=reset_options)
     conversation = TokenizedConversation(

@@ -3,7 +3,7 @@
 The learner is generic (RLlib style): the algorithm supplies its loss as a ``Loss`` object
 (``flashrl.learners.loss``), e.g. FlashREINFORCE's ``FlashReinforceLoss``::
 
-    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
     from flashrl.learners import LearnerGroup, LearnerSpec, TrainBatch
 
     spec = LearnerSpec(model=path, lr=1e-6, max_tokens_per_micro_batch=8192, loss=FlashReinforceLoss(delta=0.01))

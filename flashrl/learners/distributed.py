@@ -1,7 +1,7 @@
 """Data-parallel plumbing for learners: process-group setup and the small collectives an update needs.
 
 Gradients are not reduced here: sharded learners reduce-scatter them inside FSDP2's backward
-(``flashrl.learners.parallel.ShardedPolicy``).
+(``flashrl.learners.policies.ShardedPolicy``).
 
 Every helper is a no-op (or the identity) when ``torch.distributed`` is not initialised, so a single
 learner runs the same code path as rank 0 of many.

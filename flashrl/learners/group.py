@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flashrl.engines.weight_stream import DEFAULT_BUCKET_BYTES, WeightBuckets
-from flashrl.learners import distributed as ddp
+from flashrl.learners import distributed
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.learner import Learner
 from flashrl.learners.spec import LearnerSpec
@@ -50,19 +50,19 @@ class LearnerActor:
         """This node's IP and a free port on it (asked of rank 0)."""
         import ray
 
-        return ray.util.get_node_ip_address(), ddp.find_free_port()
+        return ray.util.get_node_ip_address(), distributed.find_free_port()
 
     def setup(self, master_addr: str, master_port: int, timeout_s: float) -> int:
         if self.world_size > 1:
             device = self.spec.resolve_device()
             if device.type == "cuda":
                 torch.cuda.set_device(device)
-            ddp.init_process_group(
+            distributed.init_process_group(
                 master_addr=master_addr,
                 master_port=master_port,
                 rank=self.rank,
                 world_size=self.world_size,
-                backend=ddp.default_backend(device),
+                backend=distributed.default_backend(device),
                 timeout_s=timeout_s,
             )
         self.learner = Learner(self.spec, rank=self.rank, world_size=self.world_size)
@@ -107,7 +107,7 @@ class LearnerActor:
         return self._learner.version
 
     def shutdown(self) -> None:
-        if ddp.is_distributed():
+        if distributed.is_distributed():
             torch.distributed.destroy_process_group()
 
     @property
@@ -274,7 +274,7 @@ class LearnerGroup:
         self._check_usable()
         runners, workers = list(runners), [int(w) for w in workers_per_runner]
         if self._local is not None:
-            address, port = ray.util.get_node_ip_address(), ddp.find_free_port()
+            address, port = ray.util.get_node_ip_address(), distributed.find_free_port()
             self._local.start_weight_push(
                 route, runners, workers, master_address=address, master_port=port, bucket_bytes=bucket_bytes
             )

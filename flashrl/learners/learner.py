@@ -42,11 +42,11 @@ import numpy as np
 import torch
 
 from flashrl.engines.weight_stream import DEFAULT_BUCKET_BYTES, WeightBuckets
-from flashrl.learners import distributed as ddp
+from flashrl.learners import distributed
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.loss import BatchContext, LossMetrics, MicroBatch
 from flashrl.learners.packing import BatchPlan, gather_rows, pack_rows, plan_micro_batches, unpack_rows
-from flashrl.learners.parallel import LocalPolicy, ShardedPolicy
+from flashrl.learners.policies import LocalPolicy, ShardedPolicy
 from flashrl.learners.schedule import make_lr_scheduler
 from flashrl.learners.spec import LearnerSpec
 
@@ -75,7 +75,7 @@ class Learner:
         if spec.loss is None:
             raise ValueError(
                 "LearnerSpec.loss is None; expected the algorithm's Loss object (e.g. "
-                "flashrl.algorithms.flash_reinforce.learner.FlashReinforceLoss(delta=...)). "
+                "flashrl.algorithms.flash_reinforce.learner_loss.FlashReinforceLoss(delta=...)). "
                 "LearnerSpec.from_config(config, model=...) builds it from the algorithm's config."
             )
         if not Path(spec.model, "config.json").is_file():
@@ -221,7 +221,7 @@ class Learner:
             [0 if local_reason is None else _SKIP_REASONS.index(local_reason) + 1], dtype=torch.int64,
             device=self._collective_device,
         )
-        code = int(ddp.all_reduce_max(code))
+        code = int(distributed.all_reduce_max(code))
         return None if code == 0 else _SKIP_REASONS[code - 1]
 
     @property
@@ -252,8 +252,8 @@ class Learner:
                             dtype=torch.float64, device=device)
         extremes = torch.tensor([m.maxes[k] for k in max_keys] + [-m.mins[k] for k in min_keys],
                                 dtype=torch.float64, device=device)
-        loss, tokens, *sum_values = ddp.all_reduce_sum(sums).tolist()
-        extreme_values = ddp.all_reduce_max(extremes).tolist() if len(extremes) else []
+        loss, tokens, *sum_values = distributed.all_reduce_sum(sums).tolist()
+        extreme_values = distributed.all_reduce_max(extremes).tolist() if len(extremes) else []
         out: dict[str, Any] = {"loss": loss, "tokens_total": tokens, "episodes": float(batch.batch_size)}
         out.update(zip(sum_keys, sum_values))
         out.update(context.metrics)
@@ -262,7 +262,7 @@ class Learner:
             if math.isfinite(value):  # infinite: no micro-batch on any rank had a value
                 out[key] = value
         for key, values in sorted(passes.rows.items()):
-            out[key] = ddp.all_reduce_sum(values.to(device)).tolist()
+            out[key] = distributed.all_reduce_sum(values.to(device)).tolist()
         return out
 
     # ------------------------------------------------------------------------------------------
@@ -451,7 +451,7 @@ def _finite(logprobs: torch.Tensor, entropy: torch.Tensor | None, valid: torch.T
 def _check_group(rank: int, world_size: int) -> None:
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"Expected 0 <= rank < world_size; got rank={rank}, world_size={world_size}.")
-    if world_size > 1 and not ddp.is_distributed():
+    if world_size > 1 and not distributed.is_distributed():
         raise RuntimeError(
             f"Learner rank {rank} of {world_size}: torch.distributed is not initialised. Use "
             "LearnerGroup(num_learners=...), or call flashrl.learners.distributed.init_process_group first."

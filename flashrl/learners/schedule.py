@@ -23,16 +23,22 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from flashrl.learners.spec import LearnerSpec
 
-__all__ = ["LR_SCHEDULES", "constant_factor", "cosine_with_min_lr_factor", "make_lr_scheduler", "warmup_updates"]
+class ScheduleSettings(Protocol):
+    """What a schedule reads (a ``LearnerSpec`` has these fields; this module does not import it)."""
 
-ScheduleFactory = Callable[["LearnerSpec"], Callable[[int], float]]
+    lr_schedule: str
+    lr_warmup_ratio: float
+    min_lr_ratio: float
+    total_updates: int | None
+
+__all__ = ["LR_SCHEDULES", "ScheduleSettings", "constant_factor", "cosine_with_min_lr_factor", "make_lr_scheduler", "warmup_updates"]
+
+ScheduleFactory = Callable[[ScheduleSettings], Callable[[int], float]]
 
 LR_SCHEDULES: dict[str, ScheduleFactory] = {}
 """Schedule name -> factory(spec) -> factor(update index). Add one by inserting a factory."""
@@ -55,11 +61,11 @@ def cosine_with_min_lr_factor(step: int, *, warmup: int, total: int, min_lr_rati
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _constant(spec: LearnerSpec) -> Callable[[int], float]:
+def _constant(spec: ScheduleSettings) -> Callable[[int], float]:
     return constant_factor
 
 
-def _cosine_with_min_lr(spec: LearnerSpec) -> Callable[[int], float]:
+def _cosine_with_min_lr(spec: ScheduleSettings) -> Callable[[int], float]:
     assert spec.total_updates is not None  # LearnerSpec checks it
     return functools.partial(
         cosine_with_min_lr_factor,
@@ -73,6 +79,6 @@ LR_SCHEDULES["constant"] = _constant
 LR_SCHEDULES["cosine_with_min_lr"] = _cosine_with_min_lr
 
 
-def make_lr_scheduler(optimizer: torch.optim.Optimizer, spec: LearnerSpec) -> torch.optim.lr_scheduler.LambdaLR:
+def make_lr_scheduler(optimizer: torch.optim.Optimizer, spec: ScheduleSettings) -> torch.optim.lr_scheduler.LambdaLR:
     """The spec's schedule on ``optimizer``; call ``.step()`` once after every optimizer step."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, LR_SCHEDULES[spec.lr_schedule](spec))

@@ -1,7 +1,7 @@
 """What a learner trains and how: the model, the optimizer, micro-batching, sharding, and the loss hook.
 
 Nothing here is specific to an algorithm: the algorithm's settings live in its ``Loss`` object
-(``LearnerSpec.loss``, e.g. ``flashrl.algorithms.flash_reinforce.learner.FlashReinforceLoss``).
+(``LearnerSpec.loss``, e.g. ``flashrl.algorithms.flash_reinforce.learner_loss.FlashReinforceLoss``).
 """
 
 from __future__ import annotations

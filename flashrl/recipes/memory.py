@@ -5,7 +5,7 @@ were checked against ``benchmarks/learner_memory.py`` (``docs/training.md``, "Le
 P parameters, b the learner's dtype bytes, L layers, H hidden size, q = heads x head_dim,
 kv = kv_heads x head_dim, I the MLP width, V vocabulary, W = num_learners:
 
-Learner, static (``flashrl/learners/parallel.py``)::
+Learner, static (``flashrl/learners/policies.py``)::
 
     one learner (W <= 1, LocalPolicy):
       weights     = P x b

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from flashrl.algorithms import FlashReinforceConfig
-from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 from flashrl.learners import Loss
 
 

@@ -84,7 +84,7 @@ def test_every_learner_setting_comes_from_the_config():
     # every field of the loss hook is a config field of the same name.
     import dataclasses
 
-    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 
     config = _valid().training(rollout_mode="sync_group", group_size=4, adam_eps=1e-7).learners(
         max_tokens_per_micro_batch=4096, pack_sequences=True)

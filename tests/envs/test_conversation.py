@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flashrl.envs import LanguageEnv
-from flashrl.envs.conversation import (
+from flashrl.conversation import (
     ChatTemplateError,
     TokenizedConversation,
     chat_stop_token_ids,

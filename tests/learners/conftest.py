@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 from flashrl.episode import Episode
 from flashrl.learners import LearnerSpec, TrainBatch
 

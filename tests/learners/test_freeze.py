@@ -90,7 +90,7 @@ def test_a_dense_model_has_no_router_to_freeze():
 
 
 def test_the_learner_keeps_a_frozen_router_out_of_the_optimizer_and_unchanged(tmp_path, episode_maker):
-    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
     from flashrl.learners import Learner, LearnerSpec, TrainBatch
 
     path = tmp_path / "moe"
@@ -112,7 +112,7 @@ def test_the_learner_keeps_a_frozen_router_out_of_the_optimizer_and_unchanged(tm
 
 
 def test_the_learner_refuses_to_freeze_the_router_of_a_dense_model(tiny_llama_path):
-    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
     from flashrl.learners import Learner, LearnerSpec
 
     spec = LearnerSpec(model=tiny_llama_path, freeze_moe_router=True, loss=FlashReinforceLoss(delta=0.01))
@@ -127,7 +127,7 @@ def test_sharded_learners_keep_a_frozen_router_unchanged(ray_cluster, tmp_path, 
     layer but takes no gradient and no decay, while the experts beside it train."""
     from transformers import AutoModelForCausalLM
 
-    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
     from flashrl.learners import LearnerGroup, LearnerSpec, TrainBatch
 
     path = tmp_path / "moe"

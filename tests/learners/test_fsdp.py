@@ -91,10 +91,10 @@ def _step(model, optimizer, batch, rows: slice, clip, kernel: bool = False) -> f
 # --------------------------------------------------------------------------------------------------
 # The rank processes
 def _join() -> tuple[int, int]:
-    from flashrl.learners import distributed as ddp
+    from flashrl.learners import distributed
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    ddp.init_process_group(master_addr="127.0.0.1", master_port=int(os.environ["MASTER_PORT"]), rank=rank,
+    distributed.init_process_group(master_addr="127.0.0.1", master_port=int(os.environ["MASTER_PORT"]), rank=rank,
                            world_size=world, backend="gloo", timeout_s=120)
     torch.set_num_threads(1)
     return rank, world

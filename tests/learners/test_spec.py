@@ -48,7 +48,7 @@ def test_rejects_impossible_settings_naming_field_expected_and_actual(overrides,
 
 
 def test_dict_round_trip_and_unknown_keys():
-    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 
     loss = FlashReinforceLoss(negative_token_fraction=0.2, delta=float("inf"), importance_sampling="none",
                               aggregation="constant_length", constant_length_normalizer=6144)
@@ -57,7 +57,7 @@ def test_dict_round_trip_and_unknown_keys():
                        pack_sequences=True, loss=loss)
     assert spec.betas == (0.8, 0.9)
     data = spec.to_dict()
-    assert data["loss"]["type"] == "flashrl.algorithms.flash_reinforce.learner:FlashReinforceLoss"
+    assert data["loss"]["type"] == "flashrl.algorithms.flash_reinforce.learner_loss:FlashReinforceLoss"
     assert LearnerSpec.from_dict(data) == spec
     with pytest.raises(ValueError, match=r"LearnerSpec\.loss: expected a dict with a 'type'"):
         LearnerSpec.from_dict({**data, "loss": {"delta": 0.1}})

@@ -23,19 +23,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import importlib
 import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 try:  # Tune accepts any `_Config` as a `param_space` (it calls `to_dict()`), as it does for RLlib.
     from ray.tune.tune import _Config as _TuneConfig
 except ImportError:  # pragma: no cover - ray is a hard dependency, but keep the config importable.
     _TuneConfig = object  # type: ignore[assignment,misc]
-
-if TYPE_CHECKING:
-    from flashrl.algorithms.flash_reinforce.algorithm import FlashReinforce
 
 
 class _NotProvided:
@@ -358,11 +356,14 @@ class FlashReinforceConfig(_TuneConfig):
         """Resources of the algorithm's own process (its Tune trial)."""
         return self._set(num_cpus_for_main_process=num_cpus_for_main_process)
 
-    def build_algo(self) -> FlashReinforce:
-        """Validate, join (or start) a Ray cluster, check resources, start the actors."""
-        from flashrl.algorithms.flash_reinforce.algorithm import FlashReinforce
+    algo_class: ClassVar[str] = "flashrl.algorithms.flash_reinforce.algorithm:FlashReinforce"
+    """The algorithm this config builds, by import path (as RLlib's ``AlgorithmConfig.algo_class``).
+    Named, not imported: the algorithm module imports this one, and the modules form no cycle."""
 
-        return FlashReinforce(config=self.copy())
+    def build_algo(self) -> Any:
+        """Validate, join (or start) a Ray cluster, check resources, start the actors (a FlashReinforce)."""
+        module, _, name = self.algo_class.partition(":")
+        return getattr(importlib.import_module(module), name)(config=self.copy())
 
     # ------------------------------------------------------------------------------------------------
     # derived values
@@ -376,7 +377,7 @@ class FlashReinforceConfig(_TuneConfig):
 
     def build_learner_loss(self) -> Any:
         """The loss hook the generic learner calls (``LearnerSpec.from_config`` asks the config for it)."""
-        from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+        from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 
         return FlashReinforceLoss.from_config(self)
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from flashrl.algorithms.flash_reinforce.algorithm import FlashReinforce
     from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
-    from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 
 __all__ = ["FlashReinforce", "FlashReinforceConfig", "FlashReinforceLoss"]
 
@@ -22,7 +22,7 @@ def __getattr__(name: str) -> Any:
 
         return FlashReinforceConfig
     if name == "FlashReinforceLoss":
-        from flashrl.algorithms.flash_reinforce.learner import FlashReinforceLoss
+        from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 
         return FlashReinforceLoss
     if name == "FlashReinforce":

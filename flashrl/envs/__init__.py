@@ -51,7 +51,7 @@ _LAZY = {
     "MathEnv": "flashrl.envs.math",
     "PythonToolEnv": "flashrl.envs.python_tool",
     "ALFWorldEnv": "flashrl.envs.alfworld",
-    "TokenizedConversation": "flashrl.envs.conversation",
+    "TokenizedConversation": "flashrl.conversation",
     "verify_answer": "flashrl.envs.math.verifier",
     "VerifyResult": "flashrl.envs.math.verifier",
 }
