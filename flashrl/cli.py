@@ -103,11 +103,10 @@ def evaluation_config(base: dict[str, Any] | None = None, **fields: Any) -> Any:
     Fields of `base` this flashrl does not know (a checkpoint of another version) are ignored, and
     `fields` that are None keep the base's value.
     """
-    from dataclasses import fields as dataclass_fields
 
     from flashrl.algorithms import FlashReinforceConfig
 
-    known = {f.name for f in dataclass_fields(FlashReinforceConfig)}
+    known = set(FlashReinforceConfig.setting_names())
     config = FlashReinforceConfig.from_dict({k: v for k, v in (base or {}).items() if k in known})
     return config.update_from_dict({k: v for k, v in fields.items() if v is not None})
 
@@ -125,7 +124,7 @@ def evaluate_with_runner(config: Any, model_path: str) -> tuple[dict[str, float]
     from flashrl.env_runners.evaluation import evaluation_metrics, evaluation_splits, num_prompts
 
     config.validate()
-    spec = EnvRunnerSpec.from_config(config)
+    spec = config.env_runner_spec()
 
     async def run() -> dict[str | None, list[Any]]:
         runner = EnvRunner(spec, runner_index=0, num_runners=1, model_path=model_path)

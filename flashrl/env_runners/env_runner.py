@@ -48,7 +48,7 @@ class EnvRunner:
     """Hosts one engine and up to K concurrent episodes; see the module docstring.
 
     Args:
-        spec: what the runner needs of the run (`EnvRunnerSpec.from_config(algorithm_config)`).
+        spec: what the runner needs of the run (`algorithm_config.env_runner_spec()`).
         runner_index: stable index of this runner (its seeds and its share of the prompt stream).
         num_runners: how many runners share the training prompt stream.
         model_path: local Hugging Face folder of the initial policy.
@@ -70,7 +70,7 @@ class EnvRunner:
         if not isinstance(spec, EnvRunnerSpec):
             raise TypeError(
                 f"EnvRunner: expected an EnvRunnerSpec, got {type(spec).__name__}. Fix: pass "
-                "EnvRunnerSpec.from_config(config) (or EnvRunnerSpec.from_dict(...) for a plain dict)."
+                "config.env_runner_spec() (or EnvRunnerSpec.from_dict(...) for a plain dict)."
             )
         self.spec = spec
         logging.getLogger("flashrl").setLevel(self.spec.log_level)

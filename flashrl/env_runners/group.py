@@ -52,7 +52,7 @@ class EnvRunnerGroup:
     """Start, poll, update and restart the EnvRunner actors of one run.
 
     Args:
-        spec: what the runners need of the run (`EnvRunnerSpec.from_config(algorithm_config)`).
+        spec: what the runners need of the run (`algorithm_config.env_runner_spec()`).
         model_path: local Hugging Face folder of the initial policy.
         start_counters: per runner index, training episodes already started (resume).
     """
@@ -63,7 +63,7 @@ class EnvRunnerGroup:
         if not isinstance(spec, EnvRunnerSpec):
             raise TypeError(
                 f"EnvRunnerGroup: expected an EnvRunnerSpec, got {type(spec).__name__}. "
-                "Fix: pass EnvRunnerSpec.from_config(config)."
+                "Fix: pass config.env_runner_spec()."
             )
         self.spec = spec
         self.model_path = model_path

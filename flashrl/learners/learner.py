@@ -76,7 +76,7 @@ class Learner:
             raise ValueError(
                 "LearnerSpec.loss is None; expected the algorithm's Loss object (e.g. "
                 "flashrl.algorithms.flash_reinforce.learner_loss.FlashReinforceLoss(delta=...)). "
-                "LearnerSpec.from_config(config, model=...) builds it from the algorithm's config."
+                "config.learner_spec(model=...) builds it from the algorithm's config."
             )
         if not Path(spec.model, "config.json").is_file():
             raise FileNotFoundError(

@@ -1,12 +1,12 @@
 """What a learner trains and how: the model, the optimizer, micro-batching, sharding, and the loss hook.
 
 Nothing here is specific to an algorithm: the algorithm's settings live in its ``Loss`` object
-(``LearnerSpec.loss``, e.g. ``flashrl.algorithms.flash_reinforce.learner_loss.FlashReinforceLoss``).
+(``LearnerSpec.loss``, e.g. ``flashrl.algorithms.flash_reinforce.learner_loss.FlashReinforceLoss``),
+and the learner group's size and resources are fields here, so one spec describes the learner side.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from flashrl.learners.loss import Loss
+from flashrl.learners.schedule import LR_SCHEDULES
+from flashrl.validation import Checks, is_int, is_number, setting
 
 __all__ = ["DTYPES", "OPTIMIZERS", "LearnerSpec", "register_optimizer"]
 
@@ -45,7 +47,7 @@ def _adamw(params: Iterable[torch.nn.Parameter], spec: LearnerSpec) -> torch.opt
     # `requires_grad` parameters in one group; only its Muon path exempts embeddings and the head).
     # foreach=False keeps the update order-independent and identical across data-parallel ranks.
     return torch.optim.AdamW(
-        params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay, foreach=False
+        params, lr=spec.lr, betas=spec.betas, eps=spec.adam_eps, weight_decay=spec.weight_decay, foreach=False
     )
 
 
@@ -56,108 +58,76 @@ def _sgd(params: Iterable[torch.nn.Parameter], spec: LearnerSpec) -> torch.optim
 
 @dataclass
 class LearnerSpec:
-    """Everything a ``Learner`` needs to build its policy, optimizer and loss (picklable)."""
+    """Everything a ``Learner`` (and its group) needs to build the policy, optimizer and loss (picklable).
 
-    model: str
-    """Local Hugging Face folder of the policy (config, weights, tokenizer), e.g. from resolve_model."""
+    Each field is declared and checked only here; an algorithm's config holds these settings by their
+    names and builds the spec with ``config.learner_spec()``. ``section`` metadata names the config
+    builder method that sets a field (``training`` unless said otherwise); ``derived`` fields are not
+    settings of a config but filled in when it builds the spec (``flashrl.validation``).
+    """
+
+    # --- the learner actors ------------------------------------------------------------------------
+    num_learners: int = setting(0, section="learners")
+    """Learner actors; 0 = one learner inside the algorithm's process (like RLlib)."""
+    num_cpus_per_learner: float = setting(1.0, section="learners")
+    """Logical CPUs each Learner actor reserves (with num_learners = 0: the algorithm's process)."""
+    num_gpus_per_learner: float = setting(0.0, section="learners")
+    """GPUs each Learner actor reserves; > 0 trains on CUDA (NCCL between learners)."""
+    max_tokens_per_micro_batch: int | None = setting(None, section="learners")
+    """Tokens per learner forward/backward pass (gradients accumulate; one step per batch); None = one."""
+    pack_sequences: bool | None = setting(None, section="learners")
+    """Pack a micro-batch's episodes into one row without padding; None = only with flash attention (GPU)."""
+    optimizer_offload: bool = setting(False, section="learners")
+    """With num_learners >= 2 (FSDP2): keep parameter shards, gradients and optimizer state in host memory."""
+    freeze_moe_router: bool = setting(False, section="learners")
+    """Freeze the MoE router (gate) weights during RL, as Molt's --actor.freeze_moe_router; MoE models only."""
+
+    # --- the model and the optimizer ----------------------------------------------------------------
+    model: str = "smollm2-135m-instruct"
+    """Policy model: a local Hugging Face folder, a hub id, or a flashrl model name (the learner loads a
+    local folder: an algorithm resolves the name first, ``flashrl.models.resolve_model``)."""
     dtype: str = "float32"
-    """Compute dtype: "float32", or "bfloat16" (float32 master weights, optimizer and gradient reduction)."""
+    """Learner compute dtype: 'float32' or 'bfloat16' (float32 master weights, optimizer, gradient sums)."""
     lr: float = 1e-6
-    """Peak optimizer learning rate (one step per batch); the schedule multiplies it per update."""
+    """Peak learning rate of the single optimizer step per batch (lr_schedule scales it per update)."""
     lr_schedule: str = "constant"
-    """Name in LR_SCHEDULES: "constant" or "cosine_with_min_lr" (linear warmup, half cosine to a floor)."""
+    """'constant' or 'cosine_with_min_lr' (linear warmup, half cosine down to min_lr_ratio * lr)."""
     lr_warmup_ratio: float = 0.0
-    """cosine_with_min_lr: warmup updates = ceil(total_updates * ratio), lr rising linearly from 0."""
+    """cosine_with_min_lr: ceil(total_updates * ratio) warmup updates from lr 0 (the reference: 0.03)."""
     min_lr_ratio: float = 0.0
-    """cosine_with_min_lr: the final lr as a fraction of lr (held after total_updates)."""
+    """cosine_with_min_lr: the final lr as a fraction of lr (the reference: 0.1)."""
     total_updates: int | None = None
-    """Optimizer steps the run will take (the schedule's horizon); cosine_with_min_lr needs it."""
-    optimizer: str = "adamw"
-    """Name in the OPTIMIZERS registry: "adamw" or "sgd" (or one you registered)."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW's moment decay rates (ignored by SGD); Molt, the method's runtime, uses (0.9, 0.95)."""
-    eps: float = 1e-8
-    """AdamW's denominator epsilon (ignored by SGD)."""
-    weight_decay: float = 0.0
-    """Decoupled weight decay (AdamW) or L2 penalty (SGD) on every parameter; 0 keeps the gradient pure."""
+    """Updates (optimizer steps) of the whole run, the schedule's horizon; cosine_with_min_lr needs it."""
     grad_clip: float | None = 1.0
-    """Max global L2 norm of the gradient before the step; None turns clipping off."""
-    temperature: float = 1.0
-    """The sampling temperature; current log-probs are recomputed under the same temperature."""
+    """Global gradient-norm clip; None = no clipping."""
+    optimizer: str = "adamw"
+    """Optimizer name in the learners' registry (OPTIMIZERS): 'adamw' or 'sgd'."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas (ignored by sgd); the reference's runtime uses (0.9, 0.95)."""
+    adam_eps: float = 1e-8
+    """Adam's denominator epsilon (ignored by sgd)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay on every parameter (norms and biases too, as Molt); 0 = a pure policy-gradient step."""
     logprob_chunk_size: int = 1024
-    """Rows per chunk of the vocabulary projection when recomputing log-probs (memory vs speed)."""
-    seed: int = 0
-    """Seed of the learner's random number generators."""
+    """Tokens per chunk when the learner recomputes log-probs (bounds the [N, V] memory)."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, about 30% more compute)."""
-    device: str = "auto"
+    """Recompute activations in the backward pass (less memory, about 30% slower)."""
+
+    # --- filled in by whoever builds the spec ---------------------------------------------------------
+    temperature: float = setting(1.0, derived="the env runners' sampling temperature")
+    """The sampling temperature; current log-probs are recomputed under the same temperature."""
+    seed: int = setting(0, derived="the run's seed (the env runners' seed)")
+    """Seed of the learner's random number generators."""
+    device: str = setting("auto", derived="'auto'; the learner group places each rank")
     """Where the policy lives: "auto" (the visible GPU if any, else CPU), "cpu", "cuda" or "cuda:N"."""
-    max_tokens_per_micro_batch: int | None = None
-    """Token budget of one forward/backward pass (gradients accumulate; one step per batch); None = one pass."""
-    pack_sequences: bool | None = None
-    """Pack a micro-batch's rows into one row without padding; None = only with flash attention (GPU)."""
-    optimizer_offload: bool = False
-    """Sharded learners: keep parameter shards, gradients and optimizer state in host memory (FSDP2)."""
-    freeze_moe_router: bool = False
-    """MoE models: keep the router (gate) weights fixed during RL, as Molt's ``freeze_moe_router``."""
-    loss: Loss | None = None
-    """The algorithm's loss hook (a flashrl.learners.Loss, e.g. FlashReinforceLoss); from_config builds it."""
+    loss: Loss | None = setting(None, derived="the algorithm's loss object")
+    """The algorithm's loss hook (a flashrl.learners.Loss, e.g. FlashReinforceLoss)."""
 
     def __post_init__(self) -> None:
+        check = Checks("LearnerSpec")
+        _check_values(self, check)
+        check.done()
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
-        _check(isinstance(self.model, str) and self.model != "", "model", "a local model folder", self.model)
-        _check(self.dtype in DTYPES, "dtype", f"one of {sorted(DTYPES)}", self.dtype)
-        _check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {sorted(OPTIMIZERS)}", self.optimizer)
-        _check(math.isfinite(self.lr) and self.lr > 0, "lr", "a finite number > 0", self.lr)
-        _check(
-            len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas),
-            "betas", "two numbers in [0, 1)", self.betas,
-        )
-        _check(self.eps > 0, "eps", "a number > 0", self.eps)
-        _check(self.weight_decay >= 0, "weight_decay", "a number >= 0", self.weight_decay)
-        _check(
-            self.grad_clip is None or (math.isfinite(self.grad_clip) and self.grad_clip > 0),
-            "grad_clip", "None (off) or a finite number > 0", self.grad_clip,
-        )
-        self._check_schedule()
-        _check(
-            math.isfinite(self.temperature) and self.temperature > 0,
-            "temperature", "the sampling temperature, > 0 (greedy sampling has no log-probs to correct)",
-            self.temperature,
-        )
-        _check(self.logprob_chunk_size >= 1, "logprob_chunk_size", "an integer >= 1", self.logprob_chunk_size)
-        _check(
-            self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
-            "device", '"auto", "cpu", "cuda" or "cuda:N"', self.device,
-        )
-        _check(
-            self.max_tokens_per_micro_batch is None or (
-                isinstance(self.max_tokens_per_micro_batch, int) and self.max_tokens_per_micro_batch >= 1),
-            "max_tokens_per_micro_batch", "None (one pass per learner) or an integer >= 1",
-            self.max_tokens_per_micro_batch,
-        )
-        _check(self.loss is None or isinstance(self.loss, Loss), "loss",
-               "a flashrl.learners.Loss object (e.g. FlashReinforceLoss) or None", self.loss)
-
-    def _check_schedule(self) -> None:
-        from flashrl.learners.schedule import LR_SCHEDULES
-
-        _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"one of {sorted(LR_SCHEDULES)}", self.lr_schedule)
-        _check(
-            self.total_updates is None or (isinstance(self.total_updates, int) and self.total_updates >= 1),
-            "total_updates", "None or an integer >= 1", self.total_updates,
-        )
-        for name in ("lr_warmup_ratio", "min_lr_ratio"):
-            value = getattr(self, name)
-            _check(0.0 <= value <= 1.0, name, "a number in [0, 1]", value)
-        if self.lr_schedule == "cosine_with_min_lr":
-            _check(self.total_updates is not None, "total_updates",
-                   'the number of updates of the run with lr_schedule="cosine_with_min_lr"', self.total_updates)
-        else:
-            for name in ("lr_warmup_ratio", "min_lr_ratio"):
-                _check(getattr(self, name) == 0.0, name,
-                       f'0.0 with lr_schedule={self.lr_schedule!r} (only cosine_with_min_lr uses it)',
-                       getattr(self, name))
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -179,21 +149,6 @@ class LearnerSpec:
             cls = type(self.loss)
             out["loss"] = {"type": f"{cls.__module__}:{cls.__qualname__}", **asdict(self.loss)}
         return out
-
-    @classmethod
-    def from_config(cls, config: Any, *, model: str, **overrides: Any) -> LearnerSpec:
-        """The spec of an algorithm config: every field both have, by name, and the rest derived.
-
-        The learner's settings are config fields of the same name (``lr``, ``betas``, the schedule,
-        ``max_tokens_per_micro_batch``, ...). Derived: ``model`` (the resolved local folder), ``eps``
-        (the config's ``adam_eps``) and ``loss`` (the config's ``build_learner_loss()``: the algorithm
-        builds its own loss, so this module never imports one). ``overrides`` win.
-        """
-        shared = {f.name for f in fields(cls)} & {f.name for f in fields(config)}
-        settings = {name: getattr(config, name) for name in shared}
-        settings.update(model=model, betas=tuple(config.betas), eps=config.adam_eps,
-                        loss=config.build_learner_loss(), **overrides)
-        return cls(**settings)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LearnerSpec:
@@ -219,6 +174,61 @@ def _build_loss(data: Mapping[str, Any]) -> Loss:
     return getattr(importlib.import_module(module), name)(**settings)
 
 
-def _check(ok: bool, name: str, expected: str, actual: Any) -> None:
-    if not ok:
-        raise ValueError(f"LearnerSpec.{name}: expected {expected}; got {actual!r}.")
+def _check_values(spec: LearnerSpec, check: Checks) -> None:
+    check.integers(spec, ("num_learners", "seed"), 0)
+    check.numbers(spec, ("num_cpus_per_learner", "weight_decay"), positive=False)
+    check.gpus(spec, "num_gpus_per_learner")
+    check.numbers(spec, ("lr", "adam_eps", "temperature"), positive=True)
+    micro = spec.max_tokens_per_micro_batch
+    check.expect(micro is None or (is_int(micro) and micro >= 1), "max_tokens_per_micro_batch",
+                 "None (one pass per learner) or an integer >= 1", micro,
+                 "use e.g. 8192, at least the longest episode (max_episode_tokens) to keep passes full")
+    check.expect(spec.pack_sequences in (None, True, False), "pack_sequences", "None (auto), True or False",
+                 spec.pack_sequences, "use None")
+    check.expect(spec.optimizer_offload in (True, False) and not (
+        spec.optimizer_offload and not (is_int(spec.num_learners) and spec.num_learners >= 2)),
+        "optimizer_offload", "False, or True with num_learners >= 2 (sharded learners)", spec.optimizer_offload,
+        "set optimizer_offload=False, or num_learners >= 2")
+    check.expect(spec.freeze_moe_router in (True, False), "freeze_moe_router", "True or False",
+                 spec.freeze_moe_router, "use True only for a mixture-of-experts model")
+    check.expect(isinstance(spec.model, str) and spec.model != "", "model",
+                 "a local Hugging Face folder, a hub id or a flashrl model name", spec.model,
+                 "e.g. .training(model='smollm2-135m-instruct')")
+    check.expect(spec.dtype in DTYPES, "dtype", f"one of {tuple(DTYPES)}", spec.dtype,
+                 "use 'float32' on CPU, 'bfloat16' on GPU")
+    check.expect(spec.optimizer in OPTIMIZERS, "optimizer", f"one of {sorted(OPTIMIZERS)}", spec.optimizer,
+                 "use 'adamw', or register yours with flashrl.learners.register_optimizer")
+    check.expect(spec.grad_clip is None or (is_number(spec.grad_clip) and spec.grad_clip > 0), "grad_clip",
+                 "None or a number > 0", spec.grad_clip, "use None to disable clipping")
+    check.expect(isinstance(spec.betas, (tuple, list)) and len(spec.betas) == 2
+                 and all(is_number(b) and 0 <= b < 1 for b in spec.betas),
+                 "betas", "two numbers in [0, 1)", spec.betas, "use (0.9, 0.999)")
+    check.expect(is_int(spec.logprob_chunk_size) and spec.logprob_chunk_size >= 1, "logprob_chunk_size",
+                 "an integer >= 1", spec.logprob_chunk_size, "set logprob_chunk_size to a positive integer")
+    check.expect(isinstance(spec.device, str) and (spec.device in ("auto", "cpu") or spec.device.startswith("cuda")),
+                 "device", '"auto", "cpu", "cuda" or "cuda:N"', spec.device, 'use "auto"')
+    check.expect(spec.loss is None or isinstance(spec.loss, Loss), "loss",
+                 "a flashrl.learners.Loss object (e.g. FlashReinforceLoss) or None", spec.loss,
+                 "pass the algorithm's loss object")
+    _check_schedule(spec, check)
+
+
+def _check_schedule(spec: LearnerSpec, check: Checks) -> None:
+    total = spec.total_updates
+    check.expect(total is None or (is_int(total) and total >= 1), "total_updates", "None or an integer >= 1", total,
+                 "the run's number of updates, e.g. 500")
+    for name in ("lr_warmup_ratio", "min_lr_ratio"):
+        value = getattr(spec, name)
+        check.expect(is_number(value) and 0 <= value <= 1, name, "a number in [0, 1]", value, f"e.g. {name}=0.0")
+    if spec.lr_schedule not in LR_SCHEDULES:
+        check.expect(False, "lr_schedule", f"one of {tuple(LR_SCHEDULES)}", spec.lr_schedule,
+                     "use 'constant' or 'cosine_with_min_lr'")
+    elif spec.lr_schedule == "cosine_with_min_lr" and total is None:
+        check.expect(False, "total_updates", "the run's number of updates with lr_schedule='cosine_with_min_lr' (the "
+                     "schedule's horizon)", total, "set total_updates, e.g. .training(total_updates=500)")
+    elif spec.lr_schedule == "constant":
+        for name in ("lr_warmup_ratio", "min_lr_ratio"):
+            value = getattr(spec, name)
+            check.expect(not is_number(value) or value == 0, name, "0.0 with lr_schedule='constant' (only "
+                         "cosine_with_min_lr uses it; Molt's constant schedule ignores it too)", value,
+                         f"set {name}=0.0 or lr_schedule='cosine_with_min_lr'")

@@ -18,7 +18,6 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from flashrl.recipes.plan import EXIT_INVALID_CONFIG
@@ -140,7 +139,7 @@ def setting_config(resolved: ResolvedSetting, args: argparse.Namespace) -> Any:
     values["evaluation_env_config"] = eval_env
     if splits is not None:
         values["evaluation_splits"] = splits
-    known = {f.name for f in dataclass_fields(FlashReinforceConfig)}
+    known = set(FlashReinforceConfig.setting_names())
     missing = sorted(set(values) - known)
     if missing:
         raise SettingError(

@@ -27,7 +27,7 @@ from flashrl.learners import Loss
     ],
 )
 def test_rejects_impossible_settings_naming_field_expected_and_actual(overrides, field):
-    with pytest.raises(ValueError, match=rf"FlashReinforceLoss\.{field}: expected .+; got "):
+    with pytest.raises(ValueError, match=rf"Invalid FlashReinforceLoss:(\n  - .*)*\n  - {field}: expected .+, got "):
         FlashReinforceLoss(**overrides)
 
 
@@ -35,7 +35,7 @@ def test_the_config_builds_the_loss_with_the_resolved_baseline():
     config = (FlashReinforceConfig().environment("flashrl/Math-v0")
               .training(train_batch_size=8, delta=math.inf, negative_token_fraction=0.2, trust_region="tv",
                         rollout_mode="sync_group", group_size=4))
-    loss = config.build_learner_loss()
+    loss = config.build_loss()
     assert isinstance(loss, Loss) and loss.needs_entropy
     assert loss == FlashReinforceLoss(delta=math.inf, negative_token_fraction=0.2, trust_region="tv",
                                       baseline="group_mean")

@@ -25,13 +25,13 @@ def test_the_reference_options_validate_and_reach_the_learner_spec():
         min_lr_ratio=0.1, total_updates=200, betas=(0.9, 0.95), adam_eps=1e-6, weight_decay=0.1,
     )
     config.validate()
-    spec = LearnerSpec.from_config(config, model="m")  # what FlashReinforce.setup() builds
+    spec = config.learner_spec(model="m")  # what FlashReinforce.setup() builds
     loss = spec.loss  # the algorithm's settings travel in its loss hook
     assert (loss.delta, loss.negative_token_fraction, loss.importance_sampling) == (math.inf, 0.2, "none")
     assert (loss.aggregation, loss.constant_length_normalizer, loss.trust_region) == ("constant_length", 6144, "tv")
     assert (spec.lr_schedule, spec.lr_warmup_ratio, spec.min_lr_ratio, spec.total_updates) == (
         "cosine_with_min_lr", 0.03, 0.1, 200)
-    assert (spec.betas, spec.eps, spec.weight_decay) == ((0.9, 0.95), 1e-6, 0.1)
+    assert (spec.betas, spec.adam_eps, spec.weight_decay) == ((0.9, 0.95), 1e-6, 0.1)
     assert FlashReinforceConfig.from_dict(config.to_dict()) == config
 
 
@@ -80,7 +80,7 @@ def test_validate_says_expected_actual_and_fix(change, needle):
 
 
 def test_every_learner_setting_comes_from_the_config():
-    # LearnerSpec fields the config lacks are derived (model, eps from adam_eps, the loss) or the learner's own;
+    # LearnerSpec fields the config lacks are derived (the device, the loss) or the learner's own;
     # every field of the loss hook is a config field of the same name.
     import dataclasses
 
@@ -88,11 +88,11 @@ def test_every_learner_setting_comes_from_the_config():
 
     config = _valid().training(rollout_mode="sync_group", group_size=4, adam_eps=1e-7).learners(
         max_tokens_per_micro_batch=4096, pack_sequences=True)
-    spec = LearnerSpec.from_config(config, model="m")
-    names = {f.name for f in dataclasses.fields(FlashReinforceConfig)}
-    assert {f.name for f in dataclasses.fields(LearnerSpec)} - names == {"eps", "device", "loss"}
+    spec = config.learner_spec(model="m")
+    names = set(FlashReinforceConfig.setting_names())
+    assert {f.name for f in dataclasses.fields(LearnerSpec)} - names == {"device", "loss"}
     assert {f.name for f in dataclasses.fields(FlashReinforceLoss)} <= names
-    assert (spec.model, spec.loss.baseline, spec.eps, spec.device) == ("m", "group_mean", 1e-7, "auto")
+    assert (spec.model, spec.loss.baseline, spec.adam_eps, spec.device) == ("m", "group_mean", 1e-7, "auto")
     assert (spec.max_tokens_per_micro_batch, spec.pack_sequences, spec.optimizer_offload) == (4096, True, False)
 
 

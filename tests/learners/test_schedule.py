@@ -68,8 +68,8 @@ def test_cosine_agrees_with_transformers_within_the_horizon():
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        ({"lr_schedule": "cosine_with_min_lr"}, "total_updates: expected the number of updates"),
-        ({"lr_schedule": "linear"}, "lr_schedule: expected one of ['constant', 'cosine_with_min_lr']"),
+        ({"lr_schedule": "cosine_with_min_lr"}, "total_updates: expected the run's number of updates with lr_schedule='cosine_with_min_lr'"),
+        ({"lr_schedule": "linear"}, "lr_schedule: expected one of ('constant', 'cosine_with_min_lr')"),
         ({"lr_warmup_ratio": 0.03}, "lr_warmup_ratio: expected 0.0 with lr_schedule='constant'"),
         ({"min_lr_ratio": 0.1}, "min_lr_ratio: expected 0.0 with lr_schedule='constant'"),
         ({"lr_schedule": "cosine_with_min_lr", "total_updates": 10, "min_lr_ratio": 1.5}, "min_lr_ratio"),
@@ -90,7 +90,7 @@ def test_adamw_settings_and_one_group_that_decays_norms_and_biases():
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(1.0)
-    spec = LearnerSpec(model="m", lr=0.5, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
+    spec = LearnerSpec(model="m", lr=0.5, betas=(0.9, 0.95), adam_eps=1e-6, weight_decay=0.1)
     optimizer = OPTIMIZERS["adamw"](model.parameters(), spec)
     assert len(optimizer.param_groups) == 1
     group = optimizer.param_groups[0]

@@ -43,7 +43,7 @@ def test_every_field_has_a_one_line_docstring():
     ],
 )
 def test_rejects_impossible_settings_naming_field_expected_and_actual(overrides, field):
-    with pytest.raises(ValueError, match=rf"LearnerSpec\.{field}: expected .+; got "):
+    with pytest.raises(ValueError, match=rf"Invalid LearnerSpec:(\n  - .*)*\n  - {field}: expected .+, got "):
         LearnerSpec(model="some/model", **overrides)
 
 

@@ -230,7 +230,7 @@ def test_alfworld_evaluates_every_seen_and_unseen_game_once() -> None:
                                                "valid_unseen": {"split": "valid_unseen"}}
     assert "140 seen + 134 unseen games" in out.sources["evaluation_num_episodes"]
     args = argparse.Namespace(alfworld_data=None, num_generated_games=8)
-    spec = EnvRunnerSpec.from_config(setting_config(resolved("alfworld"), args))
+    spec = setting_config(resolved("alfworld"), args).env_runner_spec()
     assert {split: env["split"] for split, env in spec.evaluation_splits.items()} == {
         "valid_seen": "valid_seen", "valid_unseen": "valid_unseen"}
     # a finite game list caps the prompts at its size: each game played once, 274 in all

@@ -110,7 +110,7 @@ def test_a_restarted_runner_samples_with_the_current_weights(ray_session, tiny_c
 
     config = tiny_config(env="flashrl-test/Parity-v0", num_env_runners=1)
     weights = AutoModelForCausalLM.from_pretrained(config.model).state_dict()
-    group = EnvRunnerGroup(EnvRunnerSpec.from_config(config), model_path=config.model)
+    group = EnvRunnerGroup(config.env_runner_spec(), model_path=config.model)
     try:
         group.setup()
         group.start_streaming()

@@ -15,7 +15,7 @@ from flashrl.episode import Episode
 
 
 def _runner(config, **kwargs) -> EnvRunner:
-    spec = EnvRunnerSpec.from_config(config)
+    spec = config.env_runner_spec()
     return EnvRunner(spec, runner_index=0, num_runners=1, model_path=config.model, **kwargs)
 
 
@@ -144,7 +144,7 @@ def test_an_episode_is_a_function_of_its_index(tiny_config):
     config = tiny_config(env="flashrl-test/Parity-v0", max_new_tokens=12)
 
     async def play(runner_index: int):
-        spec = EnvRunnerSpec.from_config(config)
+        spec = config.env_runner_spec()
         runner = EnvRunner(spec, runner_index=runner_index, num_runners=2, model_path=config.model)
         report = await runner.sample([5, 6], group_size=2)
         await runner.stop()

@@ -92,7 +92,7 @@ def test_splits_k_samples_and_the_evaluation_sampling_in_process(tiny_config):
                             for r in reports for ep in r.episodes) for split, reports in results.items()}
     assert scored["b"] == [(0, 0, "b-0"), (0, 1, "b-0"), (1, 0, "b-1"), (1, 1, "b-1")]
 
-    runner = EnvRunner(EnvRunnerSpec.from_config(config), runner_index=0, num_runners=1, model_path=config.model)
+    runner = EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1, model_path=config.model)
 
     async def sampling():
         await runner.setup()

@@ -24,7 +24,7 @@ def _model(path: str, shift: float):
 def test_coalesced_versions_are_never_fetched(tiny_config) -> None:
     """v1 loads slowly; v2 and v3 arrive meanwhile: v3 loads next and v2's buckets are never asked for."""
     config = tiny_config(env="flashrl-test/Parity-v0")
-    runner = EnvRunner(EnvRunnerSpec.from_config(config), runner_index=0, num_runners=1, model_path=config.model)
+    runner = EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1, model_path=config.model)
     fetched: dict[int, int] = {1: 0, 2: 0, 3: 0}
 
     def stream(version: int, delay_s: float) -> WeightBuckets:
@@ -61,7 +61,7 @@ def test_a_restarted_runner_loads_the_streamed_weights_first(ray_session, tiny_c
     config = tiny_config(env="flashrl-test/Parity-v0", num_env_runners=1)
     stream = put_weight_buckets(_model(config.model, 0.5), bucket_bytes=2**18)  # object refs, one per bucket
     assert stream is not None and len(stream.buckets) >= 4
-    group = EnvRunnerGroup(EnvRunnerSpec.from_config(config), model_path=config.model)
+    group = EnvRunnerGroup(config.env_runner_spec(), model_path=config.model)
     try:
         group.setup()
         group.start_streaming()
@@ -81,7 +81,7 @@ def test_check_alive_replaces_a_dead_runner_with_the_learners_weights(ray_sessio
     """What a push route relies on: a dead runner is found before a transfer, its replacement gets
     the learner's current weights from `weights_source` (nothing was broadcast), the generation moves."""
     config = tiny_config(env="flashrl-test/Parity-v0", num_env_runners=1)
-    group = EnvRunnerGroup(EnvRunnerSpec.from_config(config), model_path=config.model)
+    group = EnvRunnerGroup(config.env_runner_spec(), model_path=config.model)
     asked: list[int] = []
 
     def learner_weights():

@@ -28,7 +28,7 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
 from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
 from flashrl.engines.weight_transfer import PUSH_ROUTES
-from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError, EnvRunnerSpec, RunnerReport
+from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError, RunnerReport
 from flashrl.env_runners.batching import BatchAssembler
 from flashrl.episode import Episode
 from flashrl.learners.weight_sync import WeightPusher
@@ -72,7 +72,7 @@ class FlashReinforce(Trainable):
         return PlacementGroupFactory(algo_config.resource_bundles(), strategy="PACK")
 
     def setup(self, config: dict[str, Any]) -> None:
-        from flashrl.learners import LearnerGroup, LearnerSpec
+        from flashrl.learners import LearnerGroup
         from flashrl.models import resolve_model
         from flashrl.ray_utils import check_resources, init_or_join
 
@@ -84,7 +84,7 @@ class FlashReinforce(Trainable):
         cfg = self.algo_config
         self.model_path = resolve_model(cfg.model)
         # Every LearnerSpec field the config also has, by name; the loss is the config's FlashReinforceLoss.
-        spec = LearnerSpec.from_config(cfg, model=self.model_path)
+        spec = cfg.learner_spec(model=self.model_path)
         self.env_runner_group: EnvRunnerGroup | None = None
         self.learner_group = LearnerGroup(
             spec,
@@ -93,7 +93,7 @@ class FlashReinforce(Trainable):
             num_gpus_per_learner=cfg.num_gpus_per_learner,
             local=cfg.num_learners == 0,
         )
-        self.env_runner_group = EnvRunnerGroup(EnvRunnerSpec.from_config(cfg), model_path=self.model_path)
+        self.env_runner_group = EnvRunnerGroup(cfg.env_runner_spec(), model_path=self.model_path)
         facts = self.env_runner_group.setup()
         self.pad_token_id = int(facts["pad_token_id"])
         self._pusher = self._weight_pusher(facts.get("weight_sync", "shm"))

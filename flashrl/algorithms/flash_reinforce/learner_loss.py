@@ -23,7 +23,7 @@ diagnostic of the policy lag), ``entropy_mean``, ``tokens_valid``, ``tokens_kept
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from flashrl.algorithms.flash_reinforce.components import (
 from flashrl.algorithms.flash_reinforce.loss import flash_reinforce_loss
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.loss import BatchContext, Loss, LossMetrics, MicroBatch
+from flashrl.validation import Checks, is_int, is_number
 
 __all__ = ["FlashReinforceContext", "FlashReinforceLoss"]
 
@@ -57,53 +58,51 @@ class FlashReinforceContext(BatchContext):
 
 @dataclass
 class FlashReinforceLoss(Loss):
-    """The FlashREINFORCE loss settings (the config fields of the same names) and the learner hook."""
+    """The FlashREINFORCE loss settings (each declared and checked only here) and the learner hook."""
 
     delta: float = 0.01
-    """Sequence Trust Region threshold: a trajectory is used iff its mean token drift <= delta (inf: all)."""
-    baseline: str = "batch_mean"
-    """Name in BASELINES: batch_mean (One-Batch REINFORCE), none, leave_one_out, group_mean, group_norm."""
+    """Sequence trust region: a trajectory whose mean token drift exceeds it is dropped; inf = no trust region."""
+    baseline: str | None = None
+    """Advantage baseline: batch_mean, none, leave_one_out, group_mean, group_norm (GRPO); None = batch_mean,
+    or group_mean with rollout_mode='sync_group' (the config resolves it)."""
     importance_sampling: str = "token"
-    """Name in IMPORTANCE_SAMPLINGS: token (rho = q / p) or none (rho = 1, the reference's no_is)."""
+    """'token' (rho = q / p, the behavior correction) or 'none' (rho = 1: the reference's no_is)."""
     trust_region: str = "bernoulli_kl"
-    """Name in TRUST_REGIONS: bernoulli_kl (clamped, as published), bernoulli_kl_exact, tv or none."""
+    """'bernoulli_kl' (p, q clamped to [1e-6, 1 - 1e-6], as published), 'bernoulli_kl_exact', 'tv' or 'none'."""
     aggregation: str = "sample_mean"
-    """Name in AGGREGATIONS: sample_mean (each trajectory weighs 1/B), token_mean or constant_length."""
+    """'sample_mean' (every trajectory weighs 1/B), 'token_mean' or 'constant_length' (sum / (B x L))."""
     constant_length_normalizer: int | None = None
-    """The L of aggregation="constant_length" (token sum / (B x L)), e.g. 6144."""
+    """The L of aggregation='constant_length' (the reference: 6144)."""
     negative_token_fraction: float = 1.0
-    """q: a failed episode trains on its ceil(q * T_i) highest-entropy tokens; 1 = off (needs success labels)."""
+    """q: a failed episode (env info['success'] False) trains on its ceil(q * T_i) highest-entropy tokens; 1 = off."""
 
     needs_entropy = True  # the entropy filter and the entropy_mean metric
 
     def __post_init__(self) -> None:
-        _check(self.delta >= 0 and not math.isnan(self.delta), "delta", "a number >= 0 (inf = no trust region)",
-               self.delta)
-        _check(0.0 <= self.negative_token_fraction <= 1.0, "negative_token_fraction",
-               "a number in [0, 1] (1 = no filter)", self.negative_token_fraction)
-        _check(
-            self.constant_length_normalizer is None or (
-                isinstance(self.constant_length_normalizer, int) and self.constant_length_normalizer >= 1),
-            "constant_length_normalizer", "None or an integer >= 1", self.constant_length_normalizer,
-        )
-        _check(
-            self.aggregation != "constant_length" or self.constant_length_normalizer is not None,
-            "constant_length_normalizer", 'an integer >= 1 with aggregation="constant_length" (e.g. 6144)',
-            self.constant_length_normalizer,
-        )
+        check = Checks("FlashReinforceLoss")
+        delta = self.delta
+        check.expect(isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta >= 0, "delta",
+                     "a number >= 0 (math.inf = no trust region)", delta, "e.g. 3e-3, or math.inf")  # NaN fails
+        q = self.negative_token_fraction
+        check.expect(is_number(q) and 0 <= q <= 1, "negative_token_fraction", "a number in [0, 1]", q,
+                     "e.g. 0.9, or 1.0 for no filter")
+        length = self.constant_length_normalizer
+        if length is not None and not (is_int(length) and length >= 1):
+            check.expect(False, "constant_length_normalizer", "None or an integer >= 1", length,
+                         "e.g. 6144 (the reference's L)")
+        elif self.aggregation == "constant_length" and length is None:
+            check.expect(False, "constant_length_normalizer", "an integer >= 1 with aggregation='constant_length'",
+                         length, "set constant_length_normalizer, e.g. 6144 as the reference does")
         for name, registry in (
             ("baseline", BASELINES), ("importance_sampling", IMPORTANCE_SAMPLINGS),
             ("trust_region", TRUST_REGIONS), ("aggregation", AGGREGATIONS),
         ):
             value = getattr(self, name)
-            _check(value in registry, name, f"one of {registry.names()}", value)
-
-    @classmethod
-    def from_config(cls, config: Any) -> FlashReinforceLoss:
-        """The loss of a ``FlashReinforceConfig``: its fields of the same names, the baseline resolved."""
-        settings = {f.name: getattr(config, f.name) for f in fields(cls)}
-        settings["baseline"] = config.effective_baseline
-        return cls(**settings)
+            if name == "baseline" and value is None:
+                continue
+            check.expect(isinstance(value, str) and value in registry, name, f"one of {registry.names()}", value,
+                         "use a registered name, or register yours in flashrl.algorithms.flash_reinforce.components")
+        check.done()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,7 +114,8 @@ class FlashReinforceLoss(Loss):
     # ------------------------------------------------------------------------------------------
     def prepare(self, batch: TrainBatch) -> FlashReinforceContext:
         rewards = batch.rewards.to(torch.float32)  # [B]
-        advantages = BASELINES.build(self.baseline)(rewards, group_ids=batch.group_ids).detach()  # [B]
+        baseline = BASELINES.build(self.baseline or "batch_mean")
+        advantages = baseline(rewards, group_ids=batch.group_ids).detach()  # [B]
         return FlashReinforceContext(
             batch=batch,
             metrics={
@@ -181,8 +181,3 @@ class FlashReinforceLoss(Loss):
                 mins={"ratio_min": float(ratio.min()) if has else math.inf},
                 rows={"drift_values": drift},
             )
-
-
-def _check(ok: bool, name: str, expected: str, actual: Any) -> None:
-    if not ok:
-        raise ValueError(f"FlashReinforceLoss.{name}: expected {expected}; got {actual!r}.")
