@@ -24,6 +24,9 @@ class RunLog:
     the committed report itself (`report_path`), when the report's `settings` hold these settings
     (same keys, same values), so a later sitting adds seeds or arms to a published report instead of
     redoing it. A report made with other settings is an error, as a log would be.
+
+    `settings` are the benchmark's own run parameters (its scale, its flags: the report's `settings`
+    key), not the reference's experiment settings.
     """
 
     def __init__(
