@@ -2,7 +2,7 @@
 
 Every arm is the CPU main job (`tuned_examples/smollm2_arithmetic_cpu.py`: SmolLM2-135M-Instruct,
 easy sums, held-out greedy accuracy, vLLM's CPU build) with the config fields of one variant of the
-reference (`yifanzhang-pro/FlashREINFORCE`; derived by `benchmarks/_common.py` through
+reference (`yifanzhang-pro/FlashREINFORCE`; derived by `benchmarks/_configs.py` through
 `flashrl.recipes.translate`, never retyped), and the same rollout budget (B rollouts x updates):
 
 * `flash_reinforce`: the main job itself (sample-mean, token IS, trust region at its delta 0.05);
@@ -52,7 +52,24 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as common
+from _configs import (
+    FULL,
+    QUICK,
+    STALENESS_SETTINGS,
+    arithmetic_config,
+    benchmark_model,
+    reference_fields,
+    reference_source,
+    staleness_fields,
+    task_max_new_tokens,
+)
+from _figures import plot_bars, write_training_outputs
+from _ray_setup import connect_ray
+from _repo import FIGURES, MAIN_JOB, RESULTS
+from _reports import config_record, fmt, fmt_spread, machine, table, write_json
+from _run_log import RunLog
+from _stats import ratio, run_summary, spread
+from _training import run_updates
 
 NAME = "ablations"
 QUEUE_SIZES = (4, 8)
@@ -72,15 +89,15 @@ def make_arms(batch_size: int, max_new_tokens: int) -> list[Arm]:
     from flashrl.recipes.settings import REFERENCE, SETTINGS
 
     def ref(variant: str) -> dict[str, Any]:
-        return common.reference_fields(variant, max_new_tokens=max_new_tokens)
+        return reference_fields(variant, max_new_tokens=max_new_tokens)
 
-    arms = [Arm("flash_reinforce", {}, f"the main job ({common.MAIN_JOB.as_posix()})", None)]
+    arms = [Arm("flash_reinforce", {}, f"the main job ({MAIN_JOB.as_posix()})", None)]
     for variant in ("token_mean", "constant_length", "no_is", "negative_q09"):
-        arms.append(Arm(variant, ref(variant), common.reference_source(variant), "flash_reinforce"))
+        arms.append(Arm(variant, ref(variant), reference_source(variant), "flash_reinforce"))
     for q in QUEUE_SIZES:
-        stale = common.staleness_fields(q, train_batch_size=batch_size)
+        stale = staleness_fields(q, train_batch_size=batch_size)
         source = (
-            f"{REFERENCE}: {SETTINGS[common.STALENESS_SETTINGS[q]].source} (train.async_queue_size, "
+            f"{REFERENCE}: {SETTINGS[STALENESS_SETTINGS[q]].source} (train.async_queue_size, "
             f"actor.flash_gate_delta); {q} x B episodes in flight"
         )
         arms.append(Arm(f"flash_reinforce@Q{q}", stale, source, None))
@@ -88,7 +105,7 @@ def make_arms(batch_size: int, max_new_tokens: int) -> list[Arm]:
             Arm(
                 f"no_trust@Q{q}",
                 stale | ref("no_trust"),
-                f"{source}; {common.reference_source('no_trust')}",
+                f"{source}; {reference_source('no_trust')}",
                 f"flash_reinforce@Q{q}",
             )
         )
@@ -112,7 +129,7 @@ def summarize(arms: list[Arm], runs: list[dict[str, Any]]) -> dict[str, Any]:
         mine = [r for r in runs if r["arm"] == arm.name]
 
         def over_seeds(key: str, mine: list[dict[str, Any]] = mine) -> dict[str, Any]:
-            return common.spread(r["summary"][key] for r in mine)
+            return spread(r["summary"][key] for r in mine)
 
         out[arm.name] = {
             "baseline": arm.baseline,
@@ -124,7 +141,7 @@ def summarize(arms: list[Arm], runs: list[dict[str, Any]]) -> dict[str, Any]:
             "drift_max": over_seeds("drift_max"),
             "policy_lag_mean": over_seeds("policy_lag_mean"),
             "policy_lag_max": over_seeds("policy_lag_max"),
-            "stale_dropped": common.spread(r["updates"][-1]["skipped_stale_lifetime"] for r in mine),
+            "stale_dropped": spread(r["updates"][-1]["skipped_stale_lifetime"] for r in mine),
             "iteration_s": over_seeds("iteration_s_mean"),
         }
     for arm in arms:
@@ -132,7 +149,7 @@ def summarize(arms: list[Arm], runs: list[dict[str, Any]]) -> dict[str, Any]:
         base = out.get(arm.baseline) if arm.baseline else None
         mean, base_mean = s["final_accuracy"]["mean"], base["final_accuracy"]["mean"] if base else None
         s["final_accuracy_minus_baseline"] = None if mean is None or base_mean is None else mean - base_mean
-        s["final_accuracy_over_baseline"] = common.ratio(mean, base_mean)
+        s["final_accuracy_over_baseline"] = ratio(mean, base_mean)
     return out
 
 
@@ -158,17 +175,17 @@ def render(arms: list[Arm], summary: dict[str, Any]) -> str:
                 arm.name,
                 arm.baseline or "-",
                 describe(arm.overrides),
-                common.fmt_spread(s["final_accuracy"]),
-                common.fmt(s["final_accuracy_minus_baseline"], "+.3f"),
-                common.fmt(s["final_accuracy_over_baseline"], ".2f"),
-                common.fmt_spread(s["accepted_fraction"]),
-                common.fmt_spread(s["drift_mean"], ".1e"),
-                common.fmt_spread(s["policy_lag_mean"], ".2f"),
-                common.fmt_spread(s["policy_lag_max"], ".0f"),
-                common.fmt_spread(s["stale_dropped"], ".0f"),
+                fmt_spread(s["final_accuracy"]),
+                fmt(s["final_accuracy_minus_baseline"], "+.3f"),
+                fmt(s["final_accuracy_over_baseline"], ".2f"),
+                fmt_spread(s["accepted_fraction"]),
+                fmt_spread(s["drift_mean"], ".1e"),
+                fmt_spread(s["policy_lag_mean"], ".2f"),
+                fmt_spread(s["policy_lag_max"], ".0f"),
+                fmt_spread(s["stale_dropped"], ".0f"),
             ]
         )
-    return common.table(headers, rows)
+    return table(headers, rows)
 
 
 def parse_args(argv: list[str] | None, arm_names: list[str]) -> argparse.Namespace:
@@ -202,8 +219,8 @@ def parse_args(argv: list[str] | None, arm_names: list[str]) -> argparse.Namespa
     args = parser.parse_args(argv)
     args.resume = args.resume or args.report_only
     quick_dir = Path(tempfile.gettempdir()) / "flashrl-bench-quick"
-    args.output = args.output or str((quick_dir if args.quick else common.RESULTS) / f"{NAME}.json")
-    args.figure = args.figure or str((quick_dir if args.quick else common.FIGURES) / f"{NAME}.png")
+    args.output = args.output or str((quick_dir if args.quick else RESULTS) / f"{NAME}.json")
+    args.figure = args.figure or str((quick_dir if args.quick else FIGURES) / f"{NAME}.png")
     args.tensorboard = args.tensorboard or str(quick_dir / "tensorboard" if args.quick else "runs/benchmarks")
     return args
 
@@ -220,7 +237,7 @@ ARM_NAMES = [
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv, ARM_NAMES)
-    scale = common.QUICK if args.quick else common.FULL
+    scale = QUICK if args.quick else FULL
     given = {
         "model": args.model,
         "batch_size": args.batch_size,
@@ -229,24 +246,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     scale = dataclasses.replace(scale, **{k: v for k, v in given.items() if v is not None})
     scale = dataclasses.replace(scale, eval_every=scale.updates)  # before and after training
-    arms = make_arms(scale.batch_size, common.task_max_new_tokens(scale))
+    arms = make_arms(scale.batch_size, task_max_new_tokens(scale))
     assert [a.name for a in arms] == ARM_NAMES, [a.name for a in arms]
     if args.arms:
         arms = [a for a in arms if a.name in args.arms]
-    log = common.RunLog(
+    log = RunLog(
         args.output, key_fields=("arm", "seed"), settings={"scale": scale}, resume=args.resume
     )
     connected = False
     runs, configs, missing = [], {}, []
     try:
         with tempfile.TemporaryDirectory(prefix="flashrl-bench-") as tmp:
-            model_path = common.benchmark_model(scale.model, tmp)
+            model_path = benchmark_model(scale.model, tmp)
             for seed in args.seeds:
                 for arm in arms:
-                    config = common.arithmetic_config(
+                    config = arithmetic_config(
                         scale, model_path=model_path, seed=seed, overrides=arm.overrides
                     )
-                    configs.setdefault(arm.name, common.config_record(config, model=scale.model))
+                    configs.setdefault(arm.name, config_record(config, model=scale.model))
                     done = log.get(arm=arm.name, seed=seed)
                     if done is not None:
                         print(f"{arm.name}, seed {seed}: kept from {log.path}", flush=True)
@@ -256,15 +273,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         print(f"{arm.name}, seed {seed}: not run yet (missing)", flush=True)
                         missing.append({"arm": arm.name, "seed": seed})
                         continue
-                    connected = common.connect_ray() or connected
+                    connected = connect_ray() or connected
                     print(f"{arm.name}, seed {seed}: {describe(arm.overrides)}", flush=True)
-                    run = common.run_updates(
+                    run = run_updates(
                         config,
                         updates=scale.updates,
                         eval_every=scale.eval_every,
                         label=f"{arm.name}/s{seed}",
                     )
-                    runs.append({"arm": arm.name, "seed": seed, **run, "summary": common.run_summary(run)})
+                    runs.append({"arm": arm.name, "seed": seed, **run, "summary": run_summary(run)})
                     log.add(runs[-1])
     finally:
         if connected:
@@ -285,17 +302,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "seeds": args.seeds,
             "scale": scale,
             "rollout_budget_per_run": scale.batch_size * scale.updates,
-            "main_job": common.MAIN_JOB.as_posix(),
+            "main_job": MAIN_JOB.as_posix(),
         },
         "arms": {a.name: {**dataclasses.asdict(a), "config": configs[a.name]} for a in arms},
         "runs": runs,
         "missing": missing,
         "summary": summary,
-        "machine": common.machine(),
+        "machine": machine(),
     }
     print()
     print(render(arms, summary))
-    print(f"wrote {common.write_json(args.output, report)}")
+    print(f"wrote {write_json(args.output, report)}")
     names = [a.name for a in arms]
     panels = [
         (label, names, [summary[n][key] for n in names])
@@ -309,8 +326,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     title = (
         f"{scale.model}: ablations at {scale.batch_size * scale.updates} rollouts ({len(args.seeds)} seed(s))"
     )
-    print(f"wrote {common.plot_bars(panels, args.figure, title=title)}")
-    common.write_training_outputs(
+    print(f"wrote {plot_bars(panels, args.figure, title=title)}")
+    write_training_outputs(
         report,
         {n: [r["updates"] for r in runs if r["arm"] == n] for n in names},
         figure=args.figure,

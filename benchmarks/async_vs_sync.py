@@ -40,7 +40,12 @@ import gymnasium as gym
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as common
+from _configs import benchmark_model
+from _ray_setup import connect_ray
+from _repo import RESULTS
+from _reports import config_record, fmt, machine, table, write_json
+from _stats import lag_distribution, mean_of, ratio, rollouts_sampled
+from _training import run_updates
 
 NAME = "async_vs_sync"
 LATENCY_ENV = "flashrl-bench/LatencyMath-v0"
@@ -122,16 +127,16 @@ def mode_summary(mode: str, run: dict[str, Any]) -> dict[str, Any]:
         "mode": mode,
         "iterations": len(rows),
         "episodes_into_learner": episodes,
-        "episodes_sampled": common.rollouts_sampled(run),
+        "episodes_sampled": rollouts_sampled(run),
         "wall_s": wall,
         "trajectories_per_s": episodes / wall,
         "learner_idle_fraction": sum(r["sample_wait_s"] for r in rows) / wall,
-        "learner_update_s_mean": common.mean_of(rows, "learner_update_s"),
-        "iteration_s_mean": common.mean_of(rows, "iteration_s"),
-        "policy_lag_mean": common.mean_of(rows, "policy_lag_mean"),
+        "learner_update_s_mean": mean_of(rows, "learner_update_s"),
+        "iteration_s_mean": mean_of(rows, "iteration_s"),
+        "policy_lag_mean": mean_of(rows, "policy_lag_mean"),
         "policy_lag_max": max(r["policy_lag_max"] for r in rows),
-        "policy_lag_distribution": common.lag_distribution(rows),
-        "generated_tokens_per_s": common.mean_of(rows, "generated_tokens_per_s"),
+        "policy_lag_distribution": lag_distribution(rows),
+        "generated_tokens_per_s": mean_of(rows, "generated_tokens_per_s"),
         "lost_episodes": rows[-1]["lost_lifetime"],
     }
 
@@ -152,13 +157,13 @@ def render(runs: dict[str, dict[str, Any]], ratios: dict[str, float | None]) -> 
     rows = [
         [
             name,
-            common.fmt(a[key], spec),
-            common.fmt(s[key], spec),
+            fmt(a[key], spec),
+            fmt(s[key], spec),
             f"{ratios[r]:.2f}x" if r and ratios.get(r) is not None else "-",
         ]
         for name, key, r, spec in specs
     ]
-    lines = [common.table(["metric", "async", "sync_group", "async/sync"], rows)]
+    lines = [table(["metric", "async", "sync_group", "async/sync"], rows)]
     for mode in MODES:
         hist = " ".join(f"{k}:{v:.2f}" for k, v in runs[mode]["policy_lag_distribution"].items())
         lines.append(f"{mode} policy lag (fraction of trained episodes by versions behind): {hist}")
@@ -196,7 +201,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     quick_dir = Path(tempfile.gettempdir()) / "flashrl-bench-quick"
-    args.output = args.output or str((quick_dir if args.quick else common.RESULTS) / f"{NAME}.json")
+    args.output = args.output or str((quick_dir if args.quick else RESULTS) / f"{NAME}.json")
     return args
 
 
@@ -205,16 +210,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     check_fair(args)
     if LATENCY_ENV not in gym.registry:
         gym.register(LATENCY_ENV, entry_point=LatencyMath)
-    connected = common.connect_ray()
+    connected = connect_ray()
     runs, configs = {}, {}
     try:
         with tempfile.TemporaryDirectory(prefix="flashrl-bench-") as tmp:
-            model = common.benchmark_model(args.model, tmp)
+            model = benchmark_model(args.model, tmp)
             for mode in MODES:
                 print(f"running {mode} ...", flush=True)
                 config = make_config(args, model, mode)
-                configs[mode] = common.config_record(config, model=args.model)
-                run = common.run_updates(
+                configs[mode] = config_record(config, model=args.model)
+                run = run_updates(
                     config, updates=args.iterations, eval_every=None, label=mode, warmup=args.warmup
                 )
                 runs[mode] = {
@@ -229,11 +234,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ray.shutdown()
     a, s = runs["async"], runs["sync_group"]
     ratios = {
-        key: common.ratio(a[key], s[key])
+        key: ratio(a[key], s[key])
         for key in ("trajectories_per_s", "learner_idle_fraction", "generated_tokens_per_s")
     }
-    ratios["iteration_s"] = common.ratio(a["iteration_s_mean"], s["iteration_s_mean"])
-    ratios["learner_update_s"] = common.ratio(a["learner_update_s_mean"], s["learner_update_s_mean"])
+    ratios["iteration_s"] = ratio(a["iteration_s_mean"], s["iteration_s_mean"])
+    ratios["learner_update_s"] = ratio(a["learner_update_s_mean"], s["learner_update_s_mean"])
     report = {
         "benchmark": NAME,
         "command": ["python", "benchmarks/async_vs_sync.py", *(argv if argv is not None else sys.argv[1:])],
@@ -250,12 +255,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             and ratios["trajectories_per_s"] >= 3.0,
             "async_learner_idle_lt_10pct": a["learner_idle_fraction"] < 0.10,
         },
-        "machine": common.machine(),
+        "machine": machine(),
     }
     print()
     print(render(runs, ratios))
     print(f"goals: {report['goals']}")
-    print(f"wrote {common.write_json(args.output, report)}")
+    print(f"wrote {write_json(args.output, report)}")
     return report
 
 

@@ -7,7 +7,7 @@ update, so at every update they have consumed the same rollout budget:
 
 * `flash_reinforce`: the main job as it is (B distinct prompts, one rollout each, batch-mean baseline,
   token importance ratio, Sequence Trust Region, sample-mean, asynchronous collection);
-* `grpo`: the reference's `grpo` variant (`qwen7b_tool`; fields derived by `benchmarks/_common.py`
+* `grpo`: the reference's `grpo` variant (`qwen7b_tool`; fields derived by `benchmarks/_configs.py`
   through `flashrl.recipes.translate`): B/G prompts x G = 4 rollouts, `baseline="group_norm"`,
   token-mean, no importance sampling, no trust region, `rollout_mode="sync_group"`.
 
@@ -42,7 +42,23 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as common
+from _configs import (
+    FULL,
+    QUICK,
+    Scale,
+    arithmetic_config,
+    benchmark_model,
+    reference_fields,
+    reference_source,
+    task_max_new_tokens,
+)
+from _figures import plot_curves, write_training_outputs
+from _ray_setup import connect_ray
+from _repo import FIGURES, MAIN_JOB, RESULTS
+from _reports import config_record, fmt, fmt_spread, machine, table, write_json
+from _run_log import RunLog
+from _stats import ratio, run_summary, spread
+from _training import run_updates
 
 NAME = "learning_efficiency"
 METHODS = ("flash_reinforce", "grpo")
@@ -52,7 +68,7 @@ BASELINE = "grpo"
 def method_overrides(method: str, max_new_tokens: int) -> dict[str, Any]:
     """Config fields a method changes on the main job (FlashREINFORCE is the main job itself)."""
     return (
-        {} if method == "flash_reinforce" else common.reference_fields(method, max_new_tokens=max_new_tokens)
+        {} if method == "flash_reinforce" else reference_fields(method, max_new_tokens=max_new_tokens)
     )
 
 
@@ -75,7 +91,7 @@ def mean_curve(curves: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Seeds' curves point by point (same evaluation schedule): mean, std, min, max of the accuracy."""
     points = []
     for same in zip(*curves):
-        stats = common.spread(p["accuracy"] for p in same)
+        stats = spread(p["accuracy"] for p in same)
         points.append(
             {"update": same[0]["update"], "rollouts": sum(p["rollouts"] for p in same) / len(same), **stats}
         )
@@ -89,15 +105,15 @@ def summarize(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
         to_target = [rollouts_to_target(r["curve"], target) for r in mine]
         out[method] = {
             "seeds": [r["seed"] for r in mine],
-            "initial_accuracy": common.spread(r["summary"]["initial_accuracy"] for r in mine),
-            "final_accuracy": common.spread(r["summary"]["final_accuracy"] for r in mine),
-            "curve_mean_accuracy": common.spread(curve_area(r["curve"]) for r in mine),
-            "rollouts_to_target": common.spread(to_target),
+            "initial_accuracy": spread(r["summary"]["initial_accuracy"] for r in mine),
+            "final_accuracy": spread(r["summary"]["final_accuracy"] for r in mine),
+            "curve_mean_accuracy": spread(curve_area(r["curve"]) for r in mine),
+            "rollouts_to_target": spread(to_target),
             "rollouts_to_target_per_seed": to_target,
             "seeds_reaching_target": sum(t is not None for t in to_target),
-            "accepted_fraction": common.spread(r["summary"]["accepted_fraction_mean"] for r in mine),
-            "policy_lag_mean": common.spread(r["summary"]["policy_lag_mean"] for r in mine),
-            "iteration_s": common.spread(r["summary"]["iteration_s_mean"] for r in mine),
+            "accepted_fraction": spread(r["summary"]["accepted_fraction_mean"] for r in mine),
+            "policy_lag_mean": spread(r["summary"]["policy_lag_mean"] for r in mine),
+            "iteration_s": spread(r["summary"]["iteration_s_mean"] for r in mine),
             "curve": mean_curve([r["curve"] for r in mine]),
         }
     return out
@@ -106,19 +122,19 @@ def summarize(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
 def ratios(summary: dict[str, Any]) -> dict[str, float | None]:
     flash, grpo = summary["flash_reinforce"], summary[BASELINE]
     return {
-        "final_accuracy_flash_over_grpo": common.ratio(
+        "final_accuracy_flash_over_grpo": ratio(
             flash["final_accuracy"]["mean"], grpo["final_accuracy"]["mean"]
         ),
-        "curve_mean_accuracy_flash_over_grpo": common.ratio(
+        "curve_mean_accuracy_flash_over_grpo": ratio(
             flash["curve_mean_accuracy"]["mean"], grpo["curve_mean_accuracy"]["mean"]
         ),
-        "rollouts_to_target_grpo_over_flash": common.ratio(
+        "rollouts_to_target_grpo_over_flash": ratio(
             grpo["rollouts_to_target"]["mean"], flash["rollouts_to_target"]["mean"]
         ),
     }
 
 
-def render(summary: dict[str, Any], ratio: dict[str, float | None], target: float) -> str:
+def render(summary: dict[str, Any], method_ratios: dict[str, float | None], target: float) -> str:
     headers = [
         "method",
         "initial acc",
@@ -134,12 +150,12 @@ def render(summary: dict[str, Any], ratio: dict[str, float | None], target: floa
         rows.append(
             [
                 method,
-                common.fmt_spread(s["initial_accuracy"]),
-                common.fmt_spread(s["final_accuracy"]),
-                common.fmt_spread(s["curve_mean_accuracy"]),
-                common.fmt_spread(s["rollouts_to_target"], ".0f"),
+                fmt_spread(s["initial_accuracy"]),
+                fmt_spread(s["final_accuracy"]),
+                fmt_spread(s["curve_mean_accuracy"]),
+                fmt_spread(s["rollouts_to_target"], ".0f"),
                 f"{s['seeds_reaching_target']}/{len(s['seeds'])}",
-                common.fmt_spread(s["iteration_s"], ".1f"),
+                fmt_spread(s["iteration_s"], ".1f"),
             ]
         )
     curve_rows = [
@@ -154,12 +170,12 @@ def render(summary: dict[str, Any], ratio: dict[str, float | None], target: floa
         for i, p in enumerate(summary["flash_reinforce"]["curve"])
     ]
     lines = [
-        common.table(headers, rows),
+        table(headers, rows),
         "",
-        common.table(["update", "rollouts", *(f"{m} acc (mean +- std)" for m in METHODS)], curve_rows),
+        table(["update", "rollouts", *(f"{m} acc (mean +- std)" for m in METHODS)], curve_rows),
         "",
     ]
-    lines += [f"{k}: {common.fmt(v, '.2f')}" for k, v in ratio.items()]
+    lines += [f"{k}: {fmt(v, '.2f')}" for k, v in method_ratios.items()]
     return "\n".join(lines)
 
 
@@ -186,14 +202,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     quick_dir = Path(tempfile.gettempdir()) / "flashrl-bench-quick"
     args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    args.output = args.output or str((quick_dir if args.quick else common.RESULTS) / f"{NAME}.json")
-    args.figure = args.figure or str((quick_dir if args.quick else common.FIGURES) / f"{NAME}.png")
+    args.output = args.output or str((quick_dir if args.quick else RESULTS) / f"{NAME}.json")
+    args.figure = args.figure or str((quick_dir if args.quick else FIGURES) / f"{NAME}.png")
     args.tensorboard = args.tensorboard or str(quick_dir / "tensorboard" if args.quick else "runs/benchmarks")
     return args
 
 
-def scale_of(args: argparse.Namespace) -> common.Scale:
-    scale = common.QUICK if args.quick else common.FULL
+def scale_of(args: argparse.Namespace) -> Scale:
+    scale = QUICK if args.quick else FULL
     given = {
         "model": args.model,
         "batch_size": args.batch_size,
@@ -217,36 +233,36 @@ def check_budget(method: str, config: Any, batch_size: int) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     scale = scale_of(args)
-    max_new_tokens = common.task_max_new_tokens(scale)
+    max_new_tokens = task_max_new_tokens(scale)
     overrides = {m: method_overrides(m, max_new_tokens) for m in METHODS}
-    log = common.RunLog(
+    log = RunLog(
         args.output,
         key_fields=("method", "seed"),
         settings={"scale": scale},
         resume=args.resume,
     )
-    connected = common.connect_ray()
+    connected = connect_ray()
     runs, configs = [], {}
     try:
         with tempfile.TemporaryDirectory(prefix="flashrl-bench-") as tmp:
-            model_path = common.benchmark_model(scale.model, tmp)
+            model_path = benchmark_model(scale.model, tmp)
             for seed in args.seeds:
                 for method in METHODS:
-                    config = common.arithmetic_config(
+                    config = arithmetic_config(
                         scale, model_path=model_path, seed=seed, overrides=overrides[method]
                     )
                     check_budget(method, config, scale.batch_size)
-                    configs.setdefault(method, common.config_record(config, model=scale.model))
+                    configs.setdefault(method, config_record(config, model=scale.model))
                     done = log.get(method=method, seed=seed)
                     if done is not None:
                         print(f"{method}, seed {seed}: kept from {log.path}", flush=True)
                         runs.append(done)
                         continue
                     print(f"{method}, seed {seed}: {config.prompts_per_batch} prompts per update", flush=True)
-                    run = common.run_updates(
+                    run = run_updates(
                         config, updates=scale.updates, eval_every=scale.eval_every, label=f"{method}/s{seed}"
                     )
-                    runs.append({"method": method, "seed": seed, **run, "summary": common.run_summary(run)})
+                    runs.append({"method": method, "seed": seed, **run, "summary": run_summary(run)})
                     log.add(runs[-1])
     finally:
         if connected:
@@ -254,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
             ray.shutdown()
     summary = summarize(runs, args.target)
-    ratio = ratios(summary)
+    method_ratios = ratios(summary)
     report = {
         "benchmark": NAME,
         "command": [
@@ -269,28 +285,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "scale": scale,
             "rollouts_per_update": scale.batch_size,
             "rollout_budget_per_run": scale.batch_size * scale.updates,
-            "main_job": common.MAIN_JOB.as_posix(),
+            "main_job": MAIN_JOB.as_posix(),
         },
         "methods": {
             m: {
                 "overrides": overrides[m],
-                "source": "the main job" if m == "flash_reinforce" else common.reference_source(m),
+                "source": "the main job" if m == "flash_reinforce" else reference_source(m),
                 "config": configs[m],
             }
             for m in METHODS
         },
         "runs": runs,
         "summary": summary,
-        "ratios": ratio,
-        "machine": common.machine(),
+        "ratios": method_ratios,
+        "machine": machine(),
     }
     print()
-    print(render(summary, ratio, args.target))
-    print(f"wrote {common.write_json(args.output, report)}")
+    print(render(summary, method_ratios, args.target))
+    print(f"wrote {write_json(args.output, report)}")
     curves = {m: summary[m]["curve"] for m in METHODS}
     title = f"{scale.model}: held-out accuracy vs rollouts (B={scale.batch_size}, {len(args.seeds)} seeds)"
-    print(f"wrote {common.plot_curves(curves, args.figure, title=title, target=args.target)}")
-    common.write_training_outputs(
+    print(f"wrote {plot_curves(curves, args.figure, title=title, target=args.target)}")
+    write_training_outputs(
         report,
         {m: [r["updates"] for r in runs if r["method"] == m] for m in METHODS},
         figure=args.figure,

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as common
+from _tensorboard import write_tensorboard
 
 DEFAULT_LOGDIR = Path("runs") / "benchmarks"
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> list[str]:
         report = json.loads(Path(path).read_text(encoding="utf-8"))
         if not isinstance(report.get("runs"), list) or "benchmark" not in report:
             raise SystemExit(f"{path}: expected a training benchmark report (keys 'benchmark' and 'runs')")
-        folders += common.write_tensorboard(report, args.logdir)
+        folders += write_tensorboard(report, args.logdir)
     print(f"wrote {len(folders)} TensorBoard runs; view them with: tensorboard --logdir {args.logdir}")
     return folders
 

@@ -28,7 +28,7 @@ from flashrl.recipes import (
     NodePlan,
     Preset,
     build_config,
-    make_plan,
+    dry_run_report,
     node_plan_from_args,
     validate_or_exit,
 )
@@ -120,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             return code
     if args.dry_run:
         data = {label: getattr(args, dest, None) for label, dest in preset.data_args.items()}
-        plan = make_plan(preset, config, node_plan_from_args(args), grid=grid, data_paths=data)
-        print(plan.render(strict=args.strict))
-        return plan.exit_code(strict=args.strict)
+        report = dry_run_report(preset, config, node_plan_from_args(args), grid=grid, data_paths=data)
+        print(report.render(strict=args.strict))
+        return report.exit_code(strict=args.strict)
     return sweep(config, grid, args)
 
 

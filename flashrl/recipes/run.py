@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flashrl.recipes.args import apply_overrides, node_plan_from_args, recipe_parser
-from flashrl.recipes.plan import EXIT_INVALID_CONFIG, make_plan
+from flashrl.recipes.plan import EXIT_INVALID_CONFIG, dry_run_report
 from flashrl.recipes.preset import Preset
 
 __all__ = ["TrainSummary", "build_config", "run_built", "run_preset", "train"]
@@ -88,9 +88,9 @@ def run_built(preset: Preset, config: Any, args: argparse.Namespace) -> int:
         return code
     if args.dry_run:
         data_paths = {label: getattr(args, dest, None) for label, dest in preset.data_args.items()}
-        plan = make_plan(preset, config, node_plan_from_args(args), data_paths=data_paths)
-        print(plan.render(strict=args.strict), flush=True)
-        return plan.exit_code(strict=args.strict)
+        report = dry_run_report(preset, config, node_plan_from_args(args), data_paths=data_paths)
+        print(report.render(strict=args.strict), flush=True)
+        return report.exit_code(strict=args.strict)
     summary = train(
         config, preset, stop_iters=args.stop_iters, stop_reward=args.stop_reward, output=args.output
     )

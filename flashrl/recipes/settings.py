@@ -595,17 +595,6 @@ def _check_contract(resolved: ResolvedSetting) -> None:
         )
 
 
-def setting_for_script(script: str) -> str:
-    """The setting a tuned example runs, from its file name (without '.py')."""
-    for name, choices in FLASHRL_CHOICES.items():
-        if choices.script == script:
-            return name
-    raise SettingError(
-        f"no setting is run by tuned example {script!r}: expected one of "
-        f"{sorted(c.script for c in FLASHRL_CHOICES.values())}."
-    )
-
-
 def dumps(resolved: ResolvedSetting, extra: Mapping[str, Any] | None = None) -> str:
     """The resolved setting as indented JSON (infinite floats as strings)."""
     return json.dumps({**resolved.to_json(), **(extra or {})}, indent=2, default=_jsonable)

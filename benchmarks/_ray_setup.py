@@ -1,0 +1,26 @@
+"""The Ray cluster a benchmark runs on: the one connected, the one at `RAY_ADDRESS`, or a local one."""
+
+from __future__ import annotations
+
+import os
+
+
+def connect_ray() -> bool:
+    """Use a connected Ray, else join `RAY_ADDRESS`, else start a local cluster; True = we connected."""
+    import ray
+
+    from flashrl.ray_utils import init_or_join
+
+    if ray.is_initialized():
+        return False
+    runtime_env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+    if os.environ.get("RAY_ADDRESS"):
+        init_or_join(runtime_env=runtime_env, log_to_driver=False)
+    else:  # logical CPUs above the 2 cores: the actors ask for fractions deliberately
+        ray.init(
+            num_cpus=max(4, os.cpu_count() or 2),
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env=runtime_env,
+        )
+    return True

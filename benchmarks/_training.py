@@ -1,0 +1,117 @@
+"""A benchmark's training run: N updates, a held-out evaluation every k, the metrics of every update."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+ACCURACY = "evaluation/episode_return_mean"
+"""Held-out greedy accuracy: the main job's reward is 1 for a correct sum, 0 otherwise."""
+
+ROW_METRICS = {
+    "num_episodes": "num_episodes",
+    "return_mean": "env_runners/batch_episode_return_mean",
+    "accepted_fraction": "learners/accepted_fraction",
+    "drift_mean": "learners/drift_mean",
+    "drift_max": "learners/drift_max",
+    "policy_lag_mean": "env_runners/policy_lag_mean",
+    "policy_lag_max": "env_runners/policy_lag_max",
+    "idle_fraction": "learners/idle_fraction",
+    "trajectories_per_s": "learners/trajectories_per_s",
+    "iteration_s": "timers/iteration_s",
+    "sample_wait_s": "timers/sample_wait_s",
+    "learner_update_s": "timers/learner_update_s",
+    "weight_sync_s": "timers/weight_sync_s",
+    "generated_tokens_per_s": "env_runners/generated_tokens_per_s",
+    "started_lifetime": "env_runners/num_started_lifetime",
+    "lost_lifetime": "env_runners/num_lost_episodes_lifetime",
+    "skipped_stale_lifetime": "env_runners/num_skipped_stale_lifetime",
+}
+"""Short name in the report -> the `algo.train()` metric (docs/runtime.md, Metrics)."""
+LAG_HIST = "env_runners/policy_lag_hist/"
+SKIPPED = "env_runners/num_skipped_"
+
+
+def _row(result: Mapping[str, Any], update: int, rollouts: int, missing: set[str]) -> dict[str, Any]:
+    row: dict[str, Any] = {"update": update, "rollouts": rollouts}
+    for short, key in ROW_METRICS.items():
+        value = result.get(key)
+        if value is None:
+            missing.add(key)
+        row[short] = None if value is None else float(value)
+    row["skipped_lifetime"] = float(sum(v for k, v in result.items() if k.startswith(SKIPPED)))
+    row["policy_lag_hist"] = {
+        k[len(LAG_HIST) :]: float(v) for k, v in result.items() if k.startswith(LAG_HIST)
+    }
+    return row
+
+
+def _evaluate(algo: Any, update: int, rollouts: int) -> dict[str, Any]:
+    metrics = algo.evaluate()
+    return {
+        "update": update,
+        "rollouts": rollouts,
+        "accuracy": float(metrics[ACCURACY]),
+        "num_episodes": int(metrics.get("evaluation/num_episodes", 0)),
+        "seconds": float(metrics.get("timers/evaluation_s", math.nan)),
+    }
+
+
+def run_updates(
+    config: Any, *, updates: int, eval_every: int | None, label: str, warmup: int = 0
+) -> dict[str, Any]:
+    """Build the algorithm, run `warmup + updates` iterations, evaluate, stop it.
+
+    With `eval_every`, the held-out set is scored before the first update, after every `eval_every`
+    updates and after the last. `rollouts` counts the trajectories trained on (the learner's
+    budget); `started_lifetime` also counts those sampled but not (yet) trained on.
+
+    Returns:
+        {"curve": [evaluations], "updates": [one row per measured update], "missing_metrics": [...],
+         "wall_s": seconds from build to stop}
+    """
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the sync_group "comparison baseline" notice
+        algo = config.build_algo()
+    curve: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    missing: set[str] = set()
+    rollouts = 0
+    at_warmup_end = {"started_lifetime": 0.0, "skipped_lifetime": 0.0}
+    try:
+        if eval_every:
+            curve.append(_evaluate(algo, 0, 0))
+        for i in range(1, warmup + updates + 1):
+            result = algo.train()
+            update = i - warmup
+            if update <= 0:
+                warm = _row(result, update, 0, set())
+                at_warmup_end = {k: warm[k] or 0.0 for k in at_warmup_end}
+                continue
+            rollouts += int(result["num_episodes"])
+            rows.append(_row(result, update, rollouts, missing))
+            if eval_every and (update % eval_every == 0 or update == updates):
+                curve.append(_evaluate(algo, update, rollouts))
+            accuracy = (
+                f", held-out {curve[-1]['accuracy']:.3f}" if curve and curve[-1]["update"] == update else ""
+            )
+            print(
+                f"  {label} update {update}/{updates}: {result['timers/iteration_s']:.1f} s, "
+                f"return {result.get('env_runners/batch_episode_return_mean', math.nan):.2f}{accuracy}",
+                flush=True,
+            )
+    finally:
+        algo.stop()
+    return {
+        "rollout_mode": config.rollout_mode,
+        "curve": curve,
+        "updates": rows,
+        "warmup": warmup,
+        "at_warmup_end": at_warmup_end,
+        "missing_metrics": sorted(missing),
+        "wall_s": time.perf_counter() - start,
+    }
