@@ -16,7 +16,7 @@ from flashrl.algorithms.flash_reinforce.config import ConfigError
 def _valid() -> FlashReinforceConfig:
     return (
         FlashReinforceConfig()
-        .environment("flashrl/Math-v0", env_config={"seed": 3})
+        .environment("flashrl/Math-v0", env_config={"difficulty": 3})
         .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.25, engine="torch")
         .training(train_batch_size=8, delta=0.05, lr=1e-5)
     )
@@ -24,7 +24,7 @@ def _valid() -> FlashReinforceConfig:
 
 def test_builder_chains_and_sets_fields():
     config = _valid().learners(num_learners=2, num_cpus_per_learner=0.5).debugging(seed=7)
-    assert (config.env, config.env_config) == ("flashrl/Math-v0", {"seed": 3})
+    assert (config.env, config.env_config) == ("flashrl/Math-v0", {"difficulty": 3})
     assert (config.num_env_runners, config.num_cpus_per_env_runner, config.engine) == (2, 0.25, "torch")
     assert (config.train_batch_size, config.delta, config.lr) == (8, 0.05, 1e-5)
     assert (config.num_learners, config.num_cpus_per_learner, config.seed) == (2, 0.5, 7)
@@ -67,7 +67,7 @@ def test_dict_round_trip_is_exact():
     assert again.betas == (0.8, 0.95)
     # A deep copy: mutating the dict does not touch the config.
     data["env_config"]["seed"] = 99
-    assert config.env_config == {"seed": 3}
+    assert config.env_config == {"difficulty": 3}
 
 
 @settings(max_examples=40, deadline=None)

@@ -79,10 +79,13 @@ class FlashReinforce(Trainable):
         self.algo_config = _as_config(config)
         self.algo_config.validate()
         logging.getLogger("flashrl").setLevel(self.algo_config.log_level)
+        cfg = self.algo_config
+        # Deterministic errors fail here, in seconds, before Ray or any engine starts: the model name,
+        # and one env built and reset with every env config the run will use.
+        self.model_path = resolve_model(cfg.model)
+        _check_envs(cfg)
         init_or_join()
         check_resources(self.algo_config)
-        cfg = self.algo_config
-        self.model_path = resolve_model(cfg.model)
         # Every LearnerSpec field the config also has, by name; the loss is the config's FlashReinforceLoss.
         spec = cfg.learner_spec(model=self.model_path)
         self.env_runner_group: EnvRunnerGroup | None = None
@@ -512,6 +515,19 @@ class FlashReinforce(Trainable):
     def stop(self) -> None:
         """Release the actors and the engines (Tune calls this at the end of a trial)."""
         super().stop()
+
+
+def _check_envs(config: FlashReinforceConfig) -> None:
+    """Build and reset one env of each config the run uses (training; evaluation if it evaluates)."""
+    from flashrl.env_runners.env_check import build_env_once
+    from flashrl.env_runners.evaluation import evaluation_splits
+
+    spec = config.env_runner_spec()
+    build_env_once(spec.env, spec.env_config, seed=spec.seed)
+    if config.evaluation_interval or config.evaluation_at_start:
+        for split, env_config in evaluation_splits(spec).items():
+            what = "evaluation_env_config" if split is None else f"evaluation_splits[{split!r}]"
+            build_env_once(spec.env, env_config, what=what, seed=spec.seed)
 
 
 def _as_config(config: dict[str, Any] | FlashReinforceConfig) -> FlashReinforceConfig:

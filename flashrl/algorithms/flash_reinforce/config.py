@@ -44,9 +44,10 @@ from typing import Any, ClassVar
 from ray.tune.tune import _Config as _TuneConfig  # Tune takes any `_Config` as a `param_space`, as RLlib's
 
 from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+from flashrl.env_runners.env_check import env_config_problems
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.learners.spec import LearnerSpec
-from flashrl.validation import DERIVED, SECTION, Checks, SpecError, is_int, setting
+from flashrl.validation import DERIVED, SECTION, Checks, SpecError, is_int, is_number, setting
 
 ROLLOUT_MODES = ("async", "sync_group")
 GROUP_BASELINES = ("group_mean", "group_norm")
@@ -328,15 +329,18 @@ class FlashReinforceConfig(_TuneConfig):
         # Each part checks its own settings; the learners' part without the loss, whose own problems the
         # loss reports (so a bad delta does not hide a bad lr).
         learners = {**self._values["learners"], "temperature": self.temperature, "seed": self.seed}
+        built = {}
         for build in (self.env_runner_spec, lambda: LearnerSpec(**learners), self.build_loss, self.algorithm_settings):
             try:
-                build()
+                built[build] = build()
             except SpecError as err:
                 problems += err.problems
         if isinstance(self.env, str) and self.env:
             problem = _env_problem(self.env)
             if problem:
                 problems.append(problem)
+            elif self.env_runner_spec in built:
+                problems += _env_config_problems(built[self.env_runner_spec])
         problems += self._batch_problems()
         if problems:
             bullet = "\n  - "
@@ -379,6 +383,13 @@ class FlashReinforceConfig(_TuneConfig):
                 f"top_p={self.top_p}, top_k={self.top_k}: truncated sampling can put tokens the learner's "
                 "policy prefers outside the behavior support, which breaks the importance correction. "
                 "Prefer top_p=1.0, top_k=0 (temperature is fine).",
+                stacklevel=3,
+            )
+        if is_number(self.delta) and self.delta == 0 and self.trust_region != "none":
+            warnings.warn(
+                "delta=0 accepts only trajectories whose drift is exactly 0: with a real inference engine (never "
+                "bit-identical to the learner) the trust region rejects every trajectory and nothing trains. "
+                "Use e.g. delta=1e-3 (the reference's gate), or math.inf for no trust region.",
                 stacklevel=3,
             )
         if self.rollout_mode == "sync_group":
@@ -494,6 +505,15 @@ def _bundle(cpus: float, gpus: float) -> dict[str, float]:
     if gpus:
         bundle["GPU"] = float(gpus)
     return bundle
+
+
+def _env_config_problems(spec: EnvRunnerSpec) -> list[str]:
+    """Keys of the env configs (training, evaluation overrides, each split's) the env's constructor does not take."""
+    problems = env_config_problems(spec.env, spec.env_config)
+    problems += env_config_problems(spec.env, spec.evaluation_env_config, name="evaluation_env_config")
+    for split, overrides in spec.evaluation_splits.items():
+        problems += env_config_problems(spec.env, overrides, name=f"evaluation_splits[{split!r}]")
+    return problems
 
 
 def _env_problem(env_id: str) -> str | None:
