@@ -212,6 +212,10 @@ def parse_args(argv: list[str] | None, arm_names: list[str]) -> argparse.Namespa
         help="keep the finished runs (<output>.runs.tmp, else the runs of <output> itself), run the rest",
     )
     parser.add_argument(
+        "--discard-log", action="store_true",
+        help="without --resume: delete the finished runs of <output>.runs.tmp and start over (else refused)",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="run nothing: report the finished runs (as --resume finds them), list the rest as missing",
@@ -251,7 +255,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.arms:
         arms = [a for a in arms if a.name in args.arms]
     log = RunLog(
-        args.output, key_fields=("arm", "seed"), settings={"scale": scale}, resume=args.resume
+        args.output, key_fields=("arm", "seed"), settings={"scale": scale}, resume=args.resume,
+        discard=args.discard_log or args.quick,  # a --quick run is a throwaway smoke test
     )
     connected = False
     runs, configs, missing = [], {}, []

@@ -199,6 +199,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--resume", action="store_true", help="keep the finished runs in <output>.runs.tmp, run the rest"
     )
+    parser.add_argument(
+        "--discard-log", action="store_true",
+        help="without --resume: delete the finished runs of <output>.runs.tmp and start over (else refused)",
+    )
     args = parser.parse_args(argv)
     quick_dir = Path(tempfile.gettempdir()) / "flashrl-bench-quick"
     args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
@@ -240,6 +244,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         key_fields=("method", "seed"),
         settings={"scale": scale},
         resume=args.resume,
+        discard=args.discard_log or args.quick,  # a --quick run is a throwaway smoke test
     )
     connected = connect_ray()
     runs, configs = [], {}
