@@ -1,7 +1,7 @@
 """The GPU weight-sync routes without a GPU: route selection, and flashrl's arguments checked
 against vLLM 0.32's real weight-transfer classes (signatures, dataclass fields, its own checks).
 
-What these cannot show: that the NCCL broadcast and the CUDA-IPC mapping run. They have not run yet.
+What these cannot show: that the NCCL broadcast and the CUDA-IPC mapping run (that needs a GPU).
 """
 
 from __future__ import annotations
