@@ -43,29 +43,29 @@ def update_seconds(
     engine: Any, model: torch.nn.Module, bucket_bytes: int | None, loop, version: int
 ) -> tuple[float, int, int]:
     """One update; (seconds, buckets, largest bucket file bytes)."""
-    from flashrl.engines.shm_transfer import bucket_file_bytes
-    from flashrl.engines.weight_stream import WeightBuckets, as_buckets
-    from flashrl.learners.weight_sync import iter_weight_buckets, weight_plan
+    from flashrl.weight_sync.buckets import WeightBuckets, as_buckets
+    from flashrl.weight_sync.gather import iter_weight_buckets, weight_manifest
+    from flashrl.weight_sync.shm import bucket_file_bytes
 
     if bucket_bytes is None:  # the whole state dict in one bucket: the single-file path
         engine.options = dataclasses.replace(engine.options, weight_bucket_bytes=2**62)
         state = model.state_dict()
         # a tied head is one tensor: sent once (the engine would leave out a second copy too)
-        weights: Any = {m.name: state[m.name] for b in weight_plan(model, bucket_bytes=2**62) for m in b}
-        plan = as_buckets(weights, 2**62).plan
+        weights: Any = {m.name: state[m.name] for b in weight_manifest(model, bucket_bytes=2**62) for m in b}
+        manifest = as_buckets(weights, 2**62).manifest
     else:
-        plan = weight_plan(model, bucket_bytes=bucket_bytes)
-        weights = WeightBuckets(plan, iter_weight_buckets(model, plan))
+        manifest = weight_manifest(model, bucket_bytes=bucket_bytes)
+        weights = WeightBuckets(manifest, iter_weight_buckets(model, manifest))
     start = time.perf_counter()
     loop.run_until_complete(engine.update_weights(weights, version=version))
-    return time.perf_counter() - start, len(plan), max(bucket_file_bytes(b) for b in plan)
+    return time.perf_counter() - start, len(manifest), max(bucket_file_bytes(b) for b in manifest)
 
 
 def measure(name: str, path: str, bucket_sizes: list[int], repeats: int) -> list[dict[str, Any]]:
     from transformers import AutoModelForCausalLM
 
     from flashrl.engines import make_engine
-    from flashrl.learners.weight_sync import weight_plan
+    from flashrl.weight_sync.gather import weight_manifest
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     state = {n: t for n, t in model.state_dict().items()}
@@ -73,7 +73,7 @@ def measure(name: str, path: str, bucket_sizes: list[int], repeats: int) -> list
     loop = asyncio.new_event_loop()
     engine = make_engine("vllm", path, seed=0, max_model_len=256, max_num_seqs=4)
     rows = []
-    unique = {m.name: state[m.name] for b in weight_plan(model, bucket_bytes=2**62) for m in b}
+    unique = {m.name: state[m.name] for b in weight_manifest(model, bucket_bytes=2**62) for m in b}
     buffers = [t.clone() for t in unique.values()]  # allocated and touched once, outside the timing
     copies: list[float] = []
     try:

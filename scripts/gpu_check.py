@@ -476,7 +476,7 @@ def push_run(opts: Options, model: str) -> dict[str, Any]:
             algo = config.build_algo()
         out["build_s"] = time.perf_counter() - t0
         try:
-            out["route"] = algo._pusher.route if algo._pusher is not None else "shm"
+            out["route"] = algo._weight_sync.name
             for _ in range(opts.push_iterations):
                 r = algo.train()
                 out["iterations"].append(
@@ -487,7 +487,7 @@ def push_run(opts: Options, model: str) -> dict[str, Any]:
                         "iteration_s": float(r["timers/iteration_s"]),
                     }
                 )
-            out["num_formations"] = algo._pusher.num_formations if algo._pusher is not None else 0
+            out["num_formations"] = algo._weight_sync.num_formations
         finally:
             algo.stop()
     finally:

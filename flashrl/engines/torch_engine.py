@@ -19,7 +19,7 @@ import torch
 
 from flashrl.engines.sampling import processed_logprobs, sample_tokens
 from flashrl.engines.types import Completion, Engine, SamplingConfig, check_full_state_dict
-from flashrl.engines.weight_stream import Weights, aiter_buckets, as_buckets
+from flashrl.weight_sync.buckets import Weights, aiter_buckets, as_buckets
 
 __all__ = ["TorchEngine", "TorchEngineOptions"]
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import torch
 
-from flashrl.engines.weight_stream import Weights
+from flashrl.weight_sync.buckets import Weights
 
 __all__ = ["Completion", "Engine", "FinishReason", "RequestError", "SamplingConfig"]
 

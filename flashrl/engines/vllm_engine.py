@@ -47,14 +47,8 @@ from flashrl.engines.memory import (
     kv_bytes_per_token_from_hf,
     kv_cache_budget,
 )
-from flashrl.engines.shm_transfer import (
-    bucket_file_bytes,
-    check_transfer_space,
-    default_transfer_dir,
-    write_bucket_file,
-)
 from flashrl.engines.types import Completion, Engine, SamplingConfig, check_full_state_dict
-from flashrl.engines.weight_stream import (
+from flashrl.weight_sync.buckets import (
     DEFAULT_BUCKET_BYTES,
     TensorMeta,
     WeightBuckets,
@@ -62,7 +56,13 @@ from flashrl.engines.weight_stream import (
     aiter_buckets,
     as_buckets,
 )
-from flashrl.engines.weight_transfer import PUSH_ROUTES, resolve_weight_sync, vllm_transfer_args
+from flashrl.weight_sync.resolve import PUSH_ROUTES, resolve_weight_sync, vllm_transfer_args
+from flashrl.weight_sync.shm import (
+    bucket_file_bytes,
+    check_transfer_space,
+    default_transfer_dir,
+    write_bucket_file,
+)
 
 __all__ = ["VLLMEngine", "VLLMEngineOptions", "cpu_thread_defaults", "vllm_engine_args"]
 
@@ -97,13 +97,13 @@ class VLLMEngineOptions:
     present. Its free space is checked against the largest bucket before an update starts."""
     weight_bucket_bytes: int | None = None
     """Bucket size when ``update_weights`` gets a full state dict (default 512 MiB); a
-    ``WeightBuckets`` stream brings its own plan."""
+    ``WeightBuckets`` stream brings its own manifest."""
     weight_sync: str = "auto"
     """How new weights reach the workers: ``shm`` (buckets through shared-memory files; CPU and the
     generic fallback), ``nccl`` (vLLM's NCCL weight-transfer engine: learner rank 0 broadcasts to
     every worker, across nodes and tensor-parallel ranks), ``ipc`` (vLLM's CUDA-IPC engine: learner
     and engine on one GPU), ``auto`` (``shm`` on CPU, ``nccl`` on GPU). See
-    ``flashrl.engines.weight_transfer``; the GPU routes have not run yet."""
+    ``flashrl.weight_sync.resolve``."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Further ``vllm.AsyncEngineArgs`` fields, passed as given (they override the above)."""
 
@@ -240,7 +240,7 @@ class VLLMEngine(Engine):
 
         on_cpu = current_platform.is_cpu()
         self.weight_sync = resolve_weight_sync(self.options.weight_sync, on_cpu=on_cpu)
-        """The route new weights take (``flashrl.engines.weight_transfer``)."""
+        """The route new weights take (``flashrl.weight_sync.resolve``)."""
         if on_cpu:
             for key, value in cpu_thread_defaults().items():
                 if key == "VLLM_CPU_OMP_THREADS_BIND" and self.options.cpu_threads:
@@ -321,7 +321,7 @@ class VLLMEngine(Engine):
         """Load new weights in place, bucket by bucket, and stamp them ``version``.
 
         ``weights`` is a full ``state_dict()`` (cut here into buckets of ``weight_bucket_bytes``) or a
-        ``WeightBuckets`` stream (buckets resolved one at a time). The plan is checked against the
+        ``WeightBuckets`` stream (buckets resolved one at a time). The manifest is checked against the
         checkpoint's names and shapes, and the transfer folder's free space against the largest
         bucket, before generation pauses. A stream that fails midway leaves the engine serving a
         mixture of two versions: it is marked broken and every later call raises (its env runner is
@@ -330,7 +330,7 @@ class VLLMEngine(Engine):
         self._check_usable()
         stream = self._checked_stream(weights)
         folder = default_transfer_dir(self.options.weight_transfer_dir)
-        check_transfer_space(folder, max(bucket_file_bytes(b) for b in stream.plan))
+        check_transfer_space(folder, max(bucket_file_bytes(b) for b in stream.manifest))
         if self._update_lock is None:
             self._update_lock = asyncio.Lock()
         async with self._update_lock:
@@ -341,9 +341,9 @@ class VLLMEngine(Engine):
             try:
                 await llm.collective_rpc("flashrl_start_weight_update")
                 try:
-                    async for planned, bucket in aiter_buckets(stream):
-                        planned, bucket = self._untie(planned, bucket)
-                        path, total, entries = await asyncio.to_thread(write_bucket_file, folder, bucket, planned)
+                    async for declared, bucket in aiter_buckets(stream):
+                        declared, bucket = self._untie(declared, bucket)
+                        path, total, entries = await asyncio.to_thread(write_bucket_file, folder, bucket, declared)
                         del bucket  # the file holds it now; the caller's stream may free its copy
                         try:
                             loads += 1
@@ -364,7 +364,7 @@ class VLLMEngine(Engine):
             finally:
                 await llm.resume_generation()
 
-    # -- GPU push routes (vLLM's weight-transfer engines; not run yet) ------------------------------
+    # -- GPU push routes (vLLM's weight-transfer engines) -------------------------------------------
 
     async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         """Join the learner's transfer (``weight_sync`` ``nccl``: the NCCL rendezvous; ``ipc``: none)."""
@@ -423,23 +423,23 @@ class VLLMEngine(Engine):
             )
 
     def _checked_stream(self, weights: Weights) -> WeightBuckets:
-        """The update as buckets, its plan checked against the checkpoint (tied head may be absent)."""
+        """The update as buckets, its manifest checked against the checkpoint (tied head may be absent)."""
         bucket_bytes = self.options.weight_bucket_bytes or DEFAULT_BUCKET_BYTES
         stream = as_buckets(weights, bucket_bytes)
-        planned = {m.name: torch.Size(m.shape) for m in stream.metas if not self._is_dropped_head(m.name)}
-        check_full_state_dict(planned, dict(self._shapes))
+        declared = {m.name: torch.Size(m.shape) for m in stream.metas if not self._is_dropped_head(m.name)}
+        check_full_state_dict(declared, dict(self._shapes))
         return stream
 
     def _is_dropped_head(self, name: str) -> bool:
         return self._tied and name == "lm_head.weight" and name not in self._shapes
 
     def _untie(
-        self, planned: tuple[TensorMeta, ...], bucket: dict[str, torch.Tensor]
+        self, declared: tuple[TensorMeta, ...], bucket: dict[str, torch.Tensor]
     ) -> tuple[tuple[TensorMeta, ...], dict[str, torch.Tensor]]:
         """Leave out a tied ``lm_head.weight`` the checkpoint does not have (the loader skips it)."""
-        if not any(self._is_dropped_head(m.name) for m in planned):
-            return planned, bucket
-        keep = tuple(m for m in planned if not self._is_dropped_head(m.name))
+        if not any(self._is_dropped_head(m.name) for m in declared):
+            return declared, bucket
+        keep = tuple(m for m in declared if not self._is_dropped_head(m.name))
         return keep, {m.name: bucket[m.name] for m in keep}
 
     def _check_usable(self) -> None:

@@ -41,7 +41,7 @@ class _NoWeightsOfTheirOwn(logging.Filter):
     cache computed from the config, in no checkpoint) and a tied output head (the stream leaves
     ``lm_head.weight`` out; ``_retie_output_embedding`` points it at the new embedding right after).
     An untied head missing from an update cannot get this far: the engine checks every update's
-    plan against the checkpoint's tensors first. Every other layer's warning still shows.
+    manifest against the checkpoint's tensors first. Every other layer's warning still shows.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:

@@ -28,7 +28,6 @@ from typing import Any
 
 import gymnasium as gym
 
-from flashrl.engines.weight_stream import Weights
 from flashrl.env_runners.evaluation import split_env_config
 from flashrl.env_runners.rollout import (
     EnvError,
@@ -40,6 +39,7 @@ from flashrl.env_runners.rollout import (
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import EVAL_STREAM, TRAIN_STREAM, RunnerReport, stream_seed
 from flashrl.episode import Episode
+from flashrl.weight_sync.buckets import Weights
 
 logger = logging.getLogger("flashrl.env_runners")
 
@@ -204,7 +204,7 @@ class EnvRunner:
         """Load new weights while sampling goes on; returns the version now served.
 
         ``weights`` is a full ``{name: tensor}`` dict or a ``WeightBuckets`` stream (the learner's
-        ``put_weight_buckets``: its plan, then one object ref per bucket). The engine resolves the
+        ``put_weight_buckets``: its manifest, then one object ref per bucket). The engine resolves the
         refs one at a time while it loads, so this runner holds one bucket beyond its model, and a
         version that is superseded before it loads is never fetched at all.
 
@@ -222,7 +222,7 @@ class EnvRunner:
         return int(self._engine.version)
 
     # The GPU push routes (vLLM's NCCL / IPC weight-transfer engines): learner rank 0 drives these
-    # through `flashrl.learners.weight_sync.EnvRunnerSyncClient`. Not run yet (no GPU).
+    # through `flashrl.weight_sync.vllm_push.EnvRunnerSyncClient`.
     async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         await self.setup()
         await self._engine.init_weight_transfer(init_info)

@@ -91,9 +91,8 @@ class EnvRunnerGroup:
         self.num_restarts = 0
         self.num_lost_episodes = 0
         self.facts: dict[str, Any] = {}
-        self.weights_source: Callable[[], tuple[int, Any]] | None = None
-        """Where a replacement runner gets its weights: ``() -> (version, weights)``. None: the last
-        ``broadcast_weights``. A push route (which broadcasts nothing) sets it to the learner's."""
+        self._weights_source: Callable[[], tuple[int, Any]] | None = None
+        """Where a replacement runner gets its weights (``set_weights_source``); None: the last broadcast."""
 
     # ------------------------------------------------------------------------------------------
     def _new_actor(self, index: int, start_counter: int) -> Any:
@@ -136,6 +135,20 @@ class EnvRunnerGroup:
     def transfer_workers(self) -> list[int]:
         """Per runner, its engine's workers (their ranks in a push route's transfer group)."""
         return [int(self.facts.get("num_transfer_workers", 1))] * self.num_runners
+
+    def set_weights_source(self, source: Callable[[], tuple[int, Any]] | None) -> None:
+        """Where a replacement runner gets its weights: ``source()``, called at each restart.
+
+        ``source`` returns ``(version, weights)``; None (the default) reloads the last
+        ``broadcast_weights``. A push route, which broadcasts nothing, points it at the learners'
+        current weights.
+        """
+        if source is not None and not callable(source):
+            raise TypeError(
+                f"set_weights_source: expected a callable () -> (version, weights) or None; got "
+                f"{type(source).__name__}. Fix: pass a function, e.g. lambda: (version, buckets)."
+            )
+        self._weights_source = source
 
     def check_alive(self, timeout_s: float = 60.0) -> int:
         """Ping every runner; restart those that died (their replacements load the current weights).
@@ -386,7 +399,7 @@ class EnvRunnerGroup:
             granted=slot.started if slot.granted is not None else None,
         )
         self._slots[index] = new
-        weights = self.weights_source() if self.weights_source is not None else self._weights
+        weights = self._weights_source() if self._weights_source is not None else self._weights
         if self._streaming:
             self._start_slot(index, weights)  # loads the current weights before its first episode
         elif weights is not None:

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flashrl.engines.weight_stream import DEFAULT_BUCKET_BYTES, WeightBuckets
 from flashrl.learners import distributed
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.learner import Learner
 from flashrl.learners.spec import LearnerSpec
+from flashrl.weight_sync.buckets import DEFAULT_BUCKET_BYTES, WeightBuckets
 
 if TYPE_CHECKING:
     from typing import Self
@@ -240,7 +240,7 @@ class LearnerGroup:
         return self._call("get_weights", [actor.get_weights.remote() for actor in self._actors])[0]
 
     def weight_buckets_refs(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightBuckets:
-        """The weights as ``WeightBuckets`` of object refs (one per bucket) for ``broadcast_weights``.
+        """The weights as ``WeightBuckets`` of object refs (one per bucket) for the ``shm`` route.
 
         The refs are owned by learner rank 0 (or this process when local), which must stay alive while
         the runners fetch them.
@@ -255,7 +255,7 @@ class LearnerGroup:
         refs = [actor.weight_buckets.remote(bucket_bytes) for actor in self._actors]  # every rank gathers
         return self._call("weight_buckets", refs)[0]
 
-    # -- GPU push routes (vLLM's NCCL / IPC weight-transfer engines; not run yet: no GPU so far) -----
+    # -- GPU push routes (vLLM's NCCL / IPC weight-transfer engines) ---------------------------------
     def start_weight_push(
         self,
         route: str,

@@ -41,7 +41,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from flashrl.engines.weight_stream import DEFAULT_BUCKET_BYTES, WeightBuckets
 from flashrl.learners import distributed
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.loss import BatchContext, LossMetrics, MicroBatch
@@ -49,6 +48,7 @@ from flashrl.learners.packing import BatchPlan, gather_rows, pack_rows, plan_mic
 from flashrl.learners.policies import LocalPolicy, ShardedPolicy
 from flashrl.learners.schedule import make_lr_scheduler
 from flashrl.learners.spec import LearnerSpec
+from flashrl.weight_sync.buckets import DEFAULT_BUCKET_BYTES, WeightBuckets
 
 __all__ = ["STATE_FORMAT", "Learner"]
 
@@ -281,13 +281,13 @@ class Learner:
         At most one bucket is held beyond the model; sharded, every rank calls this (the gathers are
         collectives). EnvRunners fetch the buckets one at a time (``docs/engines.md``, Weight sync).
         """
-        from flashrl.learners.weight_sync import put_weight_buckets
+        from flashrl.weight_sync.gather import put_weight_buckets
 
         return put_weight_buckets(
             self.policy.model, bucket_bytes=bucket_bytes, dtype=self.spec.torch_dtype, is_sender=self.rank == 0
         )
 
-    # -- GPU push routes (vLLM's NCCL / IPC weight-transfer engines; not run yet: no GPU so far) -----
+    # -- GPU push routes (vLLM's NCCL / IPC weight-transfer engines) ---------------------------------
     def start_weight_push(
         self,
         route: str,
@@ -304,7 +304,7 @@ class Learner:
         opens the NCCL group (learner rank 0 + every worker of every engine) at ``master_address``:
         ``master_port``. The other ranks only join the FSDP gathers of each ``push_weights``.
         """
-        from flashrl.learners.weight_sync import EnvRunnerSyncClient, start_push_transfer
+        from flashrl.weight_sync.vllm_push import EnvRunnerSyncClient, start_push_transfer
 
         self.stop_weight_push()
         client = EnvRunnerSyncClient(runners, workers_per_runner, version=lambda: self.version)

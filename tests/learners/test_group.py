@@ -78,7 +78,7 @@ def test_state_weight_stream_and_policy_through_actors(two_learners, make_spec, 
     buckets = two_learners.weight_buckets_refs(bucket_bytes=64 * 1024)
     assert len(buckets.buckets) > 1
     streamed: dict[str, torch.Tensor] = {}
-    for ref, metas in zip(buckets.buckets, buckets.plan):
+    for ref, metas in zip(buckets.buckets, buckets.manifest):
         bucket = ray_cluster.get(ref, timeout=60)
         assert list(bucket) == [m.name for m in metas]
         streamed.update(bucket)

@@ -4,7 +4,7 @@ One `train()` call is one iteration of the method (docs/design.md §1, §3)::
 
     episodes = next B finished episodes, B distinct prompts, as they arrive   # never wait for stragglers
     metrics  = learner_group.update(TrainBatch.from_episodes(episodes))     # exactly one optimizer step
-    env_runner_group.broadcast_weights(version, one object-store ref)       # runners keep sampling
+    weight_sync.push(learner_group, env_runner_group)                       # runners keep sampling
 
 The EnvRunners play episodes the whole time; the learner only waits when fewer than B finished
 episodes are buffered (`learners/idle_fraction`). `rollout_mode="sync_group"` is the GRPO-style
@@ -27,11 +27,9 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
 from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
-from flashrl.engines.weight_transfer import PUSH_ROUTES
 from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError, RunnerReport
 from flashrl.env_runners.batching import BatchAssembler
 from flashrl.episode import Episode
-from flashrl.learners.weight_sync import WeightPusher
 from flashrl.metrics import (
     LAG_BUCKETS,
     TensorBoardLogger,
@@ -41,6 +39,7 @@ from flashrl.metrics import (
     policy_lags,
     progress_line,
 )
+from flashrl.weight_sync.route import route_for
 
 logger = logging.getLogger("flashrl")
 
@@ -99,7 +98,10 @@ class FlashReinforce(Trainable):
         self.env_runner_group = EnvRunnerGroup(cfg.env_runner_spec(), model_path=self.model_path)
         facts = self.env_runner_group.setup()
         self.pad_token_id = int(facts["pad_token_id"])
-        self._pusher = self._weight_pusher(facts.get("weight_sync", "shm"))
+        # The route the runners' engines resolved (shm, or a GPU push route formed here, so that a
+        # rendezvous failure surfaces at setup); sync_group waits for every runner to load.
+        self._weight_sync = route_for(facts, wait_for_load=cfg.rollout_mode == "sync_group")
+        self._weight_sync.setup(self.learner_group, self.env_runner_group)
         self._pending: deque[Episode] = deque()
         self.last_evaluation: dict[str | None, list[RunnerReport]] = {}
         """The reports of the latest `evaluate()`, per split (what was scored, episode by episode)."""
@@ -133,14 +135,8 @@ class FlashReinforce(Trainable):
         update_s = time.perf_counter() - update_start
         del batch  # one update, then the batch is gone
         sync_s = 0.0
-        if self.learner_group.version != version_before and self._pusher is not None:
-            sync_s = self._pusher.push(self.env_runner_group)  # GPU: vLLM's NCCL / IPC transfer engine
-        elif self.learner_group.version != version_before:
-            sync_s = self.env_runner_group.broadcast_weights(
-                self.learner_group.version,
-                self.learner_group.weight_buckets_refs(),
-                wait=cfg.rollout_mode == "sync_group",
-            )
+        if self.learner_group.version != version_before:  # a skipped batch leaves nothing new to send
+            sync_s = self._weight_sync.push(self.learner_group, self.env_runner_group)
         iteration_s = time.perf_counter() - start
         metrics = self._metrics(episodes, reports, lags, learner_metrics, wait_s, update_s, sync_s, iteration_s)
         metrics.update(at_start)
@@ -171,30 +167,18 @@ class FlashReinforce(Trainable):
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         self.save_to_path(checkpoint_dir)
 
-    def _weight_pusher(self, route: str) -> WeightPusher | None:
-        """The push route when the runners' engines resolved `weight_sync` to `nccl` / `ipc` (GPU), else None.
-
-        With None, each update streams buckets through the object store (the `shm` route). The push
-        route's group is formed here, so a rendezvous failure surfaces at setup, not mid-run.
-        """
-        if route not in PUSH_ROUTES:
-            return None
-        pusher = WeightPusher(route, self.learner_group)
-        pusher.ensure_group(self.env_runner_group)
-        return pusher
-
     def load_checkpoint(self, checkpoint: str | dict[str, Any]) -> None:
         if isinstance(checkpoint, dict):
             raise TypeError("FlashReinforce checkpoints are folders; got a dict.")
         self.restore_from_path(checkpoint)
 
     def cleanup(self) -> None:
-        if getattr(self, "_pusher", None) is not None:
+        if getattr(self, "_weight_sync", None) is not None:
             try:
-                self._pusher.stop()
+                self._weight_sync.stop()
             except Exception:  # the groups are torn down below either way
                 logger.warning("tearing down the weight-transfer group failed", exc_info=True)
-            self._pusher = None
+            self._weight_sync = None
         if getattr(self, "env_runner_group", None) is not None:
             self.env_runner_group.stop()
             self.env_runner_group = None
@@ -494,8 +478,7 @@ class FlashReinforce(Trainable):
         group.set_counters(state["runner_cursors"])
         group.num_lost_episodes = int(state.get("num_lost_episodes", 0))
         group.num_restarts = int(state.get("num_restarts", 0))
-        if self.learner_group.version > 0:
-            group.broadcast_weights(self.learner_group.version, self.learner_group.weight_buckets_refs(), wait=True)
+        self._weight_sync.after_restore(self.learner_group, group)  # every runner loads them; waits
         self._pending.clear()
         self._cursor = int(state["sync_cursor"])
         self._totals = Counter(state.get("totals", {}))

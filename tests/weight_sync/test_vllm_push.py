@@ -1,7 +1,7 @@
 """The GPU weight-sync routes without a GPU: route selection, and flashrl's arguments checked
 against vLLM 0.32's real weight-transfer classes (signatures, dataclass fields, its own checks).
 
-What these cannot show: that the NCCL broadcast and the CUDA-IPC mapping run. They have not run yet.
+What these cannot show: that the NCCL broadcast and the CUDA-IPC mapping run (that needs a GPU).
 """
 
 from __future__ import annotations
@@ -12,13 +12,9 @@ import inspect
 import pytest
 import torch
 
-from flashrl.engines.weight_transfer import resolve_weight_sync, vllm_transfer_args
-from flashrl.learners.weight_sync import (
-    EnvRunnerSyncClient,
-    bucket_weight_source,
-    push_init_info,
-    weight_plan,
-)
+from flashrl.weight_sync.gather import weight_manifest
+from flashrl.weight_sync.resolve import resolve_weight_sync, vllm_transfer_args
+from flashrl.weight_sync.vllm_push import EnvRunnerSyncClient, bucket_weight_source, push_init_info
 
 pytestmark = pytest.mark.vllm  # imports vLLM (starts no engine)
 
@@ -109,11 +105,11 @@ def test_the_bucket_source_passes_vllms_own_checks(tiny_llama_path: str) -> None
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32)
-    plan = weight_plan(model, bucket_bytes=2**18, dtype=torch.bfloat16)
-    source = bucket_weight_source(model, plan, dtype=torch.bfloat16, device="cpu")
+    manifest = weight_manifest(model, bucket_bytes=2**18, dtype=torch.bfloat16)
+    source = bucket_weight_source(model, manifest, dtype=torch.bfloat16, device="cpu")
     assert isinstance(source, WeightSource)
     meta = source.metadata()
-    assert [m.name for m in meta] == [m.name for b in plan for m in b]
+    assert [m.name for m in meta] == [m.name for b in manifest for m in b]
     # the sender's check that iteration matches metadata (names, dtypes, shapes, count)
     sent = list(NCCLTrainerWeightTransferEngine._checked_iter(source, meta))
     assert len(sent) == len(meta) and all(t.dtype == torch.bfloat16 for _, t in sent if t.is_floating_point())

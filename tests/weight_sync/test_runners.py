@@ -7,9 +7,9 @@ import asyncio
 import pytest
 import torch
 
-from flashrl.engines.weight_stream import WeightBuckets
 from flashrl.env_runners import EnvRunner, EnvRunnerGroup, EnvRunnerSpec
-from flashrl.learners.weight_sync import iter_weight_buckets, put_weight_buckets, weight_plan
+from flashrl.weight_sync.buckets import WeightBuckets
+from flashrl.weight_sync.gather import iter_weight_buckets, put_weight_buckets, weight_manifest
 
 
 def _model(path: str, shift: float):
@@ -29,15 +29,15 @@ def test_coalesced_versions_are_never_fetched(tiny_config) -> None:
 
     def stream(version: int, delay_s: float) -> WeightBuckets:
         model = _model(config.model, float(version))
-        plan = weight_plan(model, bucket_bytes=2**18)
+        manifest = weight_manifest(model, bucket_bytes=2**18)
 
         async def buckets():
-            for bucket in iter_weight_buckets(model, plan):
+            for bucket in iter_weight_buckets(model, manifest):
                 fetched[version] += 1
                 await asyncio.sleep(delay_s)
                 yield bucket
 
-        return WeightBuckets(plan, buckets())
+        return WeightBuckets(manifest, buckets())
 
     async def scenario():
         await runner.setup()
@@ -50,8 +50,8 @@ def test_coalesced_versions_are_never_fetched(tiny_config) -> None:
 
     results, norm = asyncio.run(scenario())
     assert results[-1] == 3
-    plan_size = len(weight_plan(_model(config.model, 0.0), bucket_bytes=2**18))
-    assert fetched == {1: plan_size, 2: 0, 3: plan_size}
+    num_buckets = len(weight_manifest(_model(config.model, 0.0), bucket_bytes=2**18))
+    assert fetched == {1: num_buckets, 2: 0, 3: num_buckets}
     assert torch.allclose(norm, _model(config.model, 3.0).model.norm.weight)
 
 
@@ -79,7 +79,7 @@ def test_a_restarted_runner_loads_the_streamed_weights_first(ray_session, tiny_c
 @pytest.mark.timeout(300)
 def test_check_alive_replaces_a_dead_runner_with_the_learners_weights(ray_session, tiny_config, replacement_versions) -> None:
     """What a push route relies on: a dead runner is found before a transfer, its replacement gets
-    the learner's current weights from `weights_source` (nothing was broadcast), the generation moves."""
+    the learner's current weights from its weights source (nothing was broadcast), the generation moves."""
     config = tiny_config(env="flashrl-test/Parity-v0", num_env_runners=1)
     group = EnvRunnerGroup(config.env_runner_spec(), model_path=config.model)
     asked: list[int] = []
@@ -91,7 +91,9 @@ def test_check_alive_replaces_a_dead_runner_with_the_learners_weights(ray_sessio
     try:
         facts = group.setup()
         assert facts["weight_sync"] == "shm" and group.transfer_workers == [1]  # the torch engine pulls
-        group.weights_source = learner_weights
+        with pytest.raises(TypeError, match="expected a callable"):
+            group.set_weights_source((7, None))  # type: ignore[arg-type]
+        group.set_weights_source(learner_weights)
         group.start_streaming()
         assert group.next_reports(30.0)
         before = group.generation
@@ -109,9 +111,10 @@ def test_check_alive_replaces_a_dead_runner_with_the_learners_weights(ray_sessio
 @pytest.mark.timeout(300)
 def test_the_algorithm_sends_each_update_through_a_push_route(ray_session, tiny_config, monkeypatch) -> None:
     """With a push route, `step` pushes every new version (no object-store broadcast), and `stop` tears
-    the group down. The torch engine pulls, so the route is set as `_weight_pusher` sets it for a vLLM
+    the group down. The torch engine pulls, so the route is set up as `route_for` does for a vLLM
     engine on a GPU, and vLLM's trainer engine is replaced at `start_push_transfer`."""
-    from flashrl.learners import weight_sync as ws
+    from flashrl.weight_sync import vllm_push
+    from flashrl.weight_sync.route import PushRoute, ShmRoute
 
     events: list = []
 
@@ -125,12 +128,13 @@ def test_the_algorithm_sends_each_update_through_a_push_route(ray_session, tiny_
         def shutdown(self) -> None:
             events.append(("shutdown",))
 
-    monkeypatch.setattr(ws, "start_push_transfer", lambda route, model, client, **kwargs: Engine(client))
+    monkeypatch.setattr(vllm_push, "start_push_transfer", lambda route, model, client, **kwargs: Engine(client))
     algo = tiny_config().build_algo()  # a local learner: the replaced engine runs in this process
     try:
-        assert algo._pusher is None  # the torch engine's route is the shm stream
-        algo._pusher = ws.WeightPusher("nccl", algo.learner_group)
-        algo._pusher.ensure_group(algo.env_runner_group)
+        assert isinstance(algo._weight_sync, ShmRoute)  # the torch engine's route is the shm stream
+        assert algo._weight_sync.wait_for_load is False  # async: the runners load while they sample
+        algo._weight_sync = PushRoute("nccl")
+        algo._weight_sync.setup(algo.learner_group, algo.env_runner_group)
         broadcasts: list = []
         monkeypatch.setattr(algo.env_runner_group, "broadcast_weights", lambda *a, **k: broadcasts.append(a) or 0.0)
         results = [algo.train() for _ in range(2)]

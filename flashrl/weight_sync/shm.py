@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from flashrl.engines.vllm_worker import WeightEntry
-from flashrl.engines.weight_stream import TensorMeta
+from flashrl.weight_sync.buckets import TensorMeta
 
 __all__ = [
     "ALIGN",
@@ -44,9 +44,9 @@ def default_transfer_dir(option: str | None) -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-def bucket_file_bytes(planned: Sequence[TensorMeta]) -> int:
+def bucket_file_bytes(declared: Sequence[TensorMeta]) -> int:
     """Size of the file that carries one bucket (every tensor starts on an ``ALIGN`` boundary)."""
-    return max(sum(-(-m.nbytes // ALIGN) * ALIGN for m in planned), 1)
+    return max(sum(-(-m.nbytes // ALIGN) * ALIGN for m in declared), 1)
 
 
 def check_transfer_space(
@@ -76,12 +76,12 @@ def check_transfer_space(
 
 
 def write_bucket_file(
-    folder: str, bucket: Mapping[str, torch.Tensor], planned: Sequence[TensorMeta]
+    folder: str, bucket: Mapping[str, torch.Tensor], declared: Sequence[TensorMeta]
 ) -> tuple[str, int, list[WeightEntry]]:
     """Copy a bucket's tensors into one new flat file in ``folder``; return its path, size, layout."""
     entries: list[WeightEntry] = []
     offset = 0
-    for meta in planned:
+    for meta in declared:
         entries.append((meta.name, meta.dtype, list(meta.shape), offset, meta.nbytes))
         offset += -(-meta.nbytes // ALIGN) * ALIGN
     total = max(offset, 1)

@@ -2,8 +2,8 @@
 
 vLLM's trainer engine (the NCCL broadcast / CUDA-IPC mapping) needs a GPU, so here it is replaced at
 the one seam where flashrl hands over to vLLM (`start_push_transfer`); everything around it is real:
-the `Learner` and its `LearnerGroup`, the `EnvRunnerSyncClient` they build, and `WeightPusher`. What
-these cannot show is that the data plane runs: it has not run yet.
+the `Learner` and its `LearnerGroup`, the `EnvRunnerSyncClient` they build, and `PushRoute`. What
+these cannot show is that the data plane runs on a GPU.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import pytest
 import torch
 
 from flashrl.learners import Learner, LearnerGroup
-from flashrl.learners import weight_sync as ws
+from flashrl.weight_sync import vllm_push
+from flashrl.weight_sync.route import PushRoute
 
 
 class FakeTrainerEngine:
     """What vLLM's `TrainerWeightTransferEngine` offers flashrl: `send_weights()` and `shutdown()`."""
 
-    def __init__(self, log: list, route: str, client: ws.EnvRunnerSyncClient, kwargs: dict) -> None:
+    def __init__(self, log: list, route: str, client: vllm_push.EnvRunnerSyncClient, kwargs: dict) -> None:
         self.log, self.route, self.client, self.kwargs = log, route, client, kwargs
         self.sent = 0
         self.closed = False
@@ -44,7 +45,7 @@ def fake_engines(monkeypatch):
         log.append(("start", route))
         return engine
 
-    monkeypatch.setattr(ws, "start_push_transfer", fake_start)
+    monkeypatch.setattr(vllm_push, "start_push_transfer", fake_start)
     return engines, log
 
 
@@ -111,7 +112,8 @@ class FakeLearners:
 
 
 class FakeRunners:
-    """An EnvRunnerGroup's surface: actors, workers, a generation that changes on restart, check_alive."""
+    """An EnvRunnerGroup's surface: actors, workers, a generation that changes on restart, check_alive,
+    the weights source of a replacement runner."""
 
     def __init__(self, actors: list[str]) -> None:
         self.actors = actors
@@ -119,6 +121,9 @@ class FakeRunners:
         self.generation = len(actors)
         self.weights_source = None
         self.die_at_next_check: int | None = None
+
+    def set_weights_source(self, source) -> None:
+        self.weights_source = source
 
     def check_alive(self) -> int:
         if self.die_at_next_check is None:
@@ -129,35 +134,37 @@ class FakeRunners:
         return 1
 
 
-def test_pusher_forms_once_and_again_after_a_restart() -> None:
+def test_push_route_forms_once_and_again_after_a_restart() -> None:
     learners, runners = FakeLearners(), FakeRunners(["a", "b"])
-    pusher = ws.WeightPusher("nccl", learners, bucket_bytes=64)
-    assert pusher.ensure_group(runners) is True
-    assert pusher.ensure_group(runners) is False
+    route = PushRoute("nccl", bucket_bytes=64)
+    assert route.name == "nccl" and route.num_formations == 0
+    route.setup(learners, runners)
+    assert route.reform(learners, runners) is False
     assert learners.calls == [("start", "nccl", ["a", "b"], [1, 1])]
     # a replacement runner loads the learner's current weights (the shm stream) before it joins
     learners.version = 3
     assert runners.weights_source() == (3, "buckets of v3 (64 B)")
 
-    pusher.push(runners)
-    assert learners.calls[-1] == ("push", 3) and pusher.num_formations == 1
+    route.push(learners, runners)
+    assert learners.calls[-1] == ("push", 3) and route.num_formations == 1
 
     runners.die_at_next_check = 1
     learners.version = 4
-    pusher.push(runners)
+    route.push(learners, runners)
     assert learners.calls[-2:] == [("start", "nccl", ["a", "b'"], [1, 1]), ("push", 4)]
-    assert pusher.num_formations == 2
+    assert route.num_formations == 2
 
     other = FakeRunners(["c", "d"])  # a restore builds a new EnvRunnerGroup
     other.generation = runners.generation  # even with the same generation count
-    pusher.push(other)
+    route.push(learners, other)
     assert learners.calls[-2:] == [("start", "nccl", ["c", "d"], [1, 1]), ("push", 4)]
+    assert other.weights_source() == (4, "buckets of v4 (64 B)")
 
-    pusher.stop()
-    pusher.stop()
+    route.stop()
+    route.stop()
     assert learners.calls.count(("stop",)) == 1
 
 
-def test_pusher_refuses_a_pull_route() -> None:
-    with pytest.raises(ValueError, match="shm is pulled"):
-        ws.WeightPusher("shm", FakeLearners())
+def test_push_route_refuses_a_pull_route() -> None:
+    with pytest.raises(ValueError, match=r"one of \('nccl', 'ipc'\); got 'shm' \(shm is pulled: use ShmRoute\)"):
+        PushRoute("shm")

@@ -19,9 +19,9 @@ import torch
 
 from flashrl.engines import SamplingConfig, make_engine
 from flashrl.engines.agreement import measure_agreement
-from flashrl.engines.shm_transfer import TransferSpaceError, bucket_file_bytes
-from flashrl.engines.weight_stream import WeightBuckets
-from flashrl.learners.weight_sync import iter_weight_buckets, weight_plan
+from flashrl.weight_sync.buckets import WeightBuckets
+from flashrl.weight_sync.gather import iter_weight_buckets, weight_manifest
+from flashrl.weight_sync.shm import TransferSpaceError, bucket_file_bytes
 
 pytestmark = pytest.mark.vllm
 
@@ -62,8 +62,8 @@ def test_a_streamed_update_serves_the_new_weights_one_bucket_at_a_time(
     model = _perturbed(tiny_llama_path, seed=0)
     prompts = chat_prompts(engine.tokenizer)
     before = _sample(engine, prompts, run)
-    plan = weight_plan(model, bucket_bytes=BUCKET_BYTES)
-    assert len(plan) >= 4  # embedding, 2 decoder layers, norm: several buckets
+    manifest = weight_manifest(model, bucket_bytes=BUCKET_BYTES)
+    assert len(manifest) >= 4  # embedding, 2 decoder layers, norm: several buckets
 
     # The producer hands out fresh copies (as a fetch from the object store does) and records, each
     # time it makes a bucket, the bytes of earlier buckets still alive anywhere in this process.
@@ -71,7 +71,7 @@ def test_a_streamed_update_serves_the_new_weights_one_bucket_at_a_time(
     held_at_production: list[int] = []
 
     def produce():
-        for bucket in iter_weight_buckets(model, plan):
+        for bucket in iter_weight_buckets(model, manifest):
             held_at_production.append(sum(r().nbytes for r in alive if r() is not None))
             copy = {n: t.detach().clone() for n, t in bucket.items()}
             del bucket
@@ -85,20 +85,20 @@ def test_a_streamed_update_serves_the_new_weights_one_bucket_at_a_time(
     files_seen: list[tuple[int, int]] = []
     write = vllm_engine.write_bucket_file
 
-    def recording_write(folder, bucket, planned):
+    def recording_write(folder, bucket, declared):
         others = [f for f in os.listdir(folder) if f.startswith("flashrl-weights-")]
-        path, total, entries = write(folder, bucket, planned)
+        path, total, entries = write(folder, bucket, declared)
         files_seen.append((len(others), total))
         return path, total, entries
 
     monkeypatch.setattr(vllm_engine, "write_bucket_file", recording_write)
     engine.options = dataclasses.replace(engine.options, weight_transfer_dir=str(tmp_path))
-    run(engine.update_weights(WeightBuckets(plan, produce()), version=3))
+    run(engine.update_weights(WeightBuckets(manifest, produce()), version=3))
 
     assert engine.version == 3
-    assert held_at_production == [0] * len(plan), held_at_production  # never two buckets at once
-    assert [others for others, _ in files_seen] == [0] * len(plan)
-    assert max(total for _, total in files_seen) == max(bucket_file_bytes(b) for b in plan)
+    assert held_at_production == [0] * len(manifest), held_at_production  # never two buckets at once
+    assert [others for others, _ in files_seen] == [0] * len(manifest)
+    assert max(total for _, total in files_seen) == max(bucket_file_bytes(b) for b in manifest)
     # the largest file is the largest layer (the embedding), not the model
     assert max(total for _, total in files_seen) == model.get_input_embeddings().weight.numel() * 4
     assert not os.listdir(tmp_path)
@@ -106,7 +106,7 @@ def test_a_streamed_update_serves_the_new_weights_one_bucket_at_a_time(
     after = _sample(engine, prompts, run)
     assert [c.version for c in after] == [3] * len(prompts)
     report = measure_agreement(model, prompts, after)
-    print(f"vLLM after a {len(plan)}-bucket streamed update, vs transformers: {report}")
+    print(f"vLLM after a {len(manifest)}-bucket streamed update, vs transformers: {report}")
     assert report.mean_drift < 1e-5 and report.max_abs_diff < 1e-3
     assert measure_agreement(model, prompts, before).max_abs_diff > 1e-2  # the old samples: old policy
 
@@ -119,19 +119,19 @@ def test_a_transfer_folder_too_small_is_a_clear_error_before_anything_moves(
     run = event_loop_runner.run_until_complete
     model = _perturbed(tiny_llama_path, seed=1)
     run(engine.update_weights(model.state_dict(), version=4))
-    plan = weight_plan(model, bucket_bytes=BUCKET_BYTES)
-    need = max(bucket_file_bytes(b) for b in plan)
+    manifest = weight_manifest(model, bucket_bytes=BUCKET_BYTES)
+    need = max(bucket_file_bytes(b) for b in manifest)
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(64 * 2**20, 64 * 2**20 - need + 1, need - 1))
     produced = []
 
     def produce():
-        for bucket in iter_weight_buckets(_perturbed(tiny_llama_path, seed=2), plan):
+        for bucket in iter_weight_buckets(_perturbed(tiny_llama_path, seed=2), manifest):
             produced.append(1)
             yield bucket
 
     with pytest.raises(TransferSpaceError, match=rf"needs {need:,} bytes .* has {need - 1:,} bytes.*--shm-size"):
-        run(engine.update_weights(WeightBuckets(plan, produce()), version=5))
+        run(engine.update_weights(WeightBuckets(manifest, produce()), version=5))
     assert produced == []  # checked up front: not one bucket was fetched
     monkeypatch.undo()
     assert engine.version == 4
@@ -142,16 +142,16 @@ def test_a_transfer_folder_too_small_is_a_clear_error_before_anything_moves(
 
 
 def _stream_with_a_bad_bucket(model, bad_index: int) -> WeightBuckets:
-    plan = weight_plan(model, bucket_bytes=BUCKET_BYTES)
+    manifest = weight_manifest(model, bucket_bytes=BUCKET_BYTES)
 
     def produce():
-        for k, bucket in enumerate(iter_weight_buckets(model, plan)):
+        for k, bucket in enumerate(iter_weight_buckets(model, manifest)):
             if k == bad_index:  # one tensor of the wrong shape: the producer's bug
                 name = next(iter(bucket))
                 bucket = {**bucket, name: torch.zeros(3)}
             yield bucket
 
-    return WeightBuckets(plan, produce())
+    return WeightBuckets(manifest, produce())
 
 
 def test_a_stream_that_fails_before_loading_anything_leaves_the_engine_serving(
@@ -160,7 +160,7 @@ def test_a_stream_that_fails_before_loading_anything_leaves_the_engine_serving(
     run = event_loop_runner.run_until_complete
     old = _perturbed(tiny_llama_path, seed=3)
     run(engine.update_weights(old.state_dict(), version=8))
-    with pytest.raises(ValueError, match="weight bucket 0 disagrees with its plan"):
+    with pytest.raises(ValueError, match="weight bucket 0 disagrees with its manifest"):
         run(engine.update_weights(_stream_with_a_bad_bucket(_perturbed(tiny_llama_path, seed=4), 0), version=9))
     prompts = chat_prompts(engine.tokenizer, 4)
     comps = _sample(engine, prompts, run)
@@ -171,7 +171,7 @@ def test_a_stream_that_fails_before_loading_anything_leaves_the_engine_serving(
 def test_a_stream_that_fails_midway_marks_the_engine_broken(engine, tiny_llama_path, chat_prompts, event_loop_runner) -> None:
     """Runs last in this module: the engine serves a mixture afterwards and refuses to go on."""
     run = event_loop_runner.run_until_complete
-    with pytest.raises(ValueError, match="weight bucket 2 disagrees with its plan"):
+    with pytest.raises(ValueError, match="weight bucket 2 disagrees with its manifest"):
         run(engine.update_weights(_stream_with_a_bad_bucket(_perturbed(tiny_llama_path, seed=5), 2), version=10))
     assert engine.version == 8
     with pytest.raises(RuntimeError, match="mixture of two weight versions: a weight update to version 10"):

@@ -1,40 +1,49 @@
-"""Which route new weights take to the vLLM workers, per platform.
+"""Which route new weights take to the vLLM workers, per platform (an engine option, resolved once).
 
 | route | where | how |
 | --- | --- | --- |
-| ``shm`` | CPU; the fallback everywhere | the engine's process gets bounded buckets (a Ray object ref at a time) and writes each into a shared-memory file its workers load from (``flashrl.engines.shm_transfer``) |
+| ``shm`` | CPU; the fallback everywhere | the engine's process gets bounded buckets (a Ray object ref at a time) and writes each into a shared-memory file its workers load from (``flashrl.weight_sync.shm``) |
 | ``nccl`` | GPU (``auto``) | vLLM's ``NCCLWeightTransferEngine``: learner rank 0 broadcasts to every worker of every engine (across nodes and tensor-parallel ranks) in one NCCL group, packed into bounded buffers |
 | ``ipc`` | GPU, learner and engine on one device | vLLM's ``IPCWeightTransferEngine``: the workers map the learner's CUDA tensors |
 
 ``nccl`` and ``ipc`` are *push* routes: the learner side drives them
-(``flashrl.learners.weight_sync.start_push_transfer``; a run keeps its transfer group with
-``WeightPusher``). An engine started with them still takes the
-``shm`` pull route through ``update_weights``, so a runner restarted outside the NCCL group, or a
-learner that does not push, still gets its weights. The GPU routes have not run yet (no GPU where
-they were written); their argument construction is tested against vLLM's classes.
+(``flashrl.weight_sync.vllm_push.start_push_transfer``; a run keeps its transfer group in
+``flashrl.weight_sync.route.PushRoute``). An engine started with them still takes the ``shm`` pull
+route through ``update_weights``, so a runner restarted outside the NCCL group, or a learner that
+does not push, still gets its weights.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["PUSH_ROUTES", "WEIGHT_SYNC_ROUTES", "WeightSyncRoute", "resolve_weight_sync", "vllm_transfer_args"]
+__all__ = [
+    "PUSH_ROUTES",
+    "ROUTE_NAMES",
+    "WEIGHT_SYNC_OPTIONS",
+    "RouteName",
+    "resolve_weight_sync",
+    "vllm_transfer_args",
+]
 
-WeightSyncRoute = Literal["shm", "nccl", "ipc"]
-WEIGHT_SYNC_ROUTES = ("auto", "shm", "nccl", "ipc")
-PUSH_ROUTES = ("nccl", "ipc")
+RouteName = Literal["shm", "nccl", "ipc"]
+ROUTE_NAMES: tuple[RouteName, ...] = ("shm", "nccl", "ipc")
+"""What an engine's ``weight_sync`` option resolves to (its ``facts["weight_sync"]``)."""
+WEIGHT_SYNC_OPTIONS = ("auto", *ROUTE_NAMES)
+"""The values of the engine option ``weight_sync``."""
+PUSH_ROUTES: tuple[RouteName, ...] = ("nccl", "ipc")
 """Routes whose data plane is one of vLLM's weight-transfer engines."""
 
 
-def resolve_weight_sync(option: str, *, on_cpu: bool) -> WeightSyncRoute:
+def resolve_weight_sync(option: str, *, on_cpu: bool) -> RouteName:
     """The route of an engine option: ``auto`` is ``shm`` on CPU and ``nccl`` on GPU.
 
     ``ipc`` is never chosen automatically: only the caller knows that learner and engine share a
     GPU. vLLM's weight-transfer engines live in its GPU worker, so ``nccl`` / ``ipc`` on CPU are
     a ``ValueError``.
     """
-    if option not in WEIGHT_SYNC_ROUTES:
-        raise ValueError(f"weight_sync must be one of {WEIGHT_SYNC_ROUTES}; got {option!r}.")
+    if option not in WEIGHT_SYNC_OPTIONS:
+        raise ValueError(f"weight_sync must be one of {WEIGHT_SYNC_OPTIONS}; got {option!r}.")
     if option == "auto":
         return "shm" if on_cpu else "nccl"
     if on_cpu and option in PUSH_ROUTES:
@@ -45,7 +54,7 @@ def resolve_weight_sync(option: str, *, on_cpu: bool) -> WeightSyncRoute:
     return option  # type: ignore[return-value]
 
 
-def vllm_transfer_args(route: WeightSyncRoute) -> dict[str, object]:
+def vllm_transfer_args(route: RouteName) -> dict[str, object]:
     """The ``vllm.AsyncEngineArgs`` fields a route needs (``weight_transfer_config`` for push routes)."""
     if route in PUSH_ROUTES:
         return {"weight_transfer_config": {"backend": route}}

@@ -1,8 +1,8 @@
-"""Weights as a stream of bounded buckets: the plan, the stream type and its checks.
+"""Weights as a stream of bounded buckets: the manifest, the stream type and its checks.
 
 A full ``state_dict()`` copy per hop does not scale (a 30B model is 61 GB in bfloat16, per copy).
 Instead the learner declares the tensors it will send (``TensorMeta``: name, dtype, shape), cuts
-them into buckets of at most ``bucket_bytes`` (``plan_buckets``) and produces the buckets one at
+them into buckets of at most ``bucket_bytes`` (``cut_buckets``: the stream's manifest) and produces the buckets one at
 a time; an engine loads each bucket before it asks for the next, so no process on the way holds
 more than about one bucket beyond the model itself.
 
@@ -28,13 +28,14 @@ __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "TensorMeta",
     "WeightBuckets",
+    "WeightManifest",
     "Weights",
     "aiter_buckets",
     "as_buckets",
     "check_bucket",
+    "cut_buckets",
     "layer_key",
     "metas_of",
-    "plan_buckets",
 ]
 
 DEFAULT_BUCKET_BYTES = 512 * 2**20
@@ -62,37 +63,37 @@ class TensorMeta:
         return cls(name, str(tensor.dtype).removeprefix("torch."), tuple(int(s) for s in tensor.shape))
 
 
+WeightManifest = tuple[tuple[TensorMeta, ...], ...]
+"""What a weight stream will carry, declared before any data moves: entry ``k`` lists the tensors of
+bucket ``k``, in order."""
+
 BucketItem = Mapping[str, torch.Tensor] | Awaitable[Mapping[str, torch.Tensor]]
 """One bucket, or something that resolves to one when awaited (a Ray ``ObjectRef``)."""
 
 
 @dataclass(frozen=True)
 class WeightBuckets:
-    """A full set of weights as a stream of buckets, with its plan declared up front.
+    """A full set of weights as a stream of buckets, with its manifest declared up front.
 
-    ``plan[k]`` lists the tensors of bucket ``k``; ``buckets`` yields bucket ``k`` as a
+    ``manifest[k]`` lists the tensors of bucket ``k``; ``buckets`` yields bucket ``k`` as a
     ``{name: tensor}`` dict (or an awaitable of one, e.g. a Ray ``ObjectRef``: an EnvRunner
-    resolves those one at a time). A consumer checks the plan against its model before loading
-    anything and each bucket against its plan entry as it arrives.
+    resolves those one at a time). A consumer checks the manifest against its model before loading
+    anything and each bucket against its manifest entry as it arrives.
 
     ``buckets`` may be a sequence (re-iterable: a list of object refs) or a one-shot iterator /
     async iterator (a generator gathering from the learner). A one-shot stream can be loaded once.
     """
 
-    plan: tuple[tuple[TensorMeta, ...], ...]
+    manifest: WeightManifest
     buckets: Iterable[BucketItem] | AsyncIterable[BucketItem]
 
     @property
     def metas(self) -> list[TensorMeta]:
-        return [m for bucket in self.plan for m in bucket]
+        return [m for bucket in self.manifest for m in bucket]
 
     @property
     def total_bytes(self) -> int:
         return sum(m.nbytes for m in self.metas)
-
-    @property
-    def max_bucket_bytes(self) -> int:
-        return max((sum(m.nbytes for m in bucket) for bucket in self.plan), default=0)
 
 
 Weights = Mapping[str, torch.Tensor] | WeightBuckets
@@ -112,7 +113,7 @@ def layer_key(name: str) -> str:
     return name
 
 
-def plan_buckets(metas: Sequence[TensorMeta], bucket_bytes: int) -> tuple[tuple[TensorMeta, ...], ...]:
+def cut_buckets(metas: Sequence[TensorMeta], bucket_bytes: int) -> WeightManifest:
     """Cut ``metas`` (in order) into buckets of at most ``bucket_bytes``, only between layers.
 
     Consecutive tensors of one layer (``layer_key``) are never split; a layer larger than
@@ -126,19 +127,19 @@ def plan_buckets(metas: Sequence[TensorMeta], bucket_bytes: int) -> tuple[tuple[
             layers[-1].append(meta)
         else:
             layers.append([meta])
-    plan: list[tuple[TensorMeta, ...]] = []
+    manifest: list[tuple[TensorMeta, ...]] = []
     bucket: list[TensorMeta] = []
     size = 0
     for layer in layers:
         nbytes = sum(m.nbytes for m in layer)
         if bucket and size + nbytes > bucket_bytes:
-            plan.append(tuple(bucket))
+            manifest.append(tuple(bucket))
             bucket, size = [], 0
         bucket.extend(layer)
         size += nbytes
     if bucket:
-        plan.append(tuple(bucket))
-    return tuple(plan)
+        manifest.append(tuple(bucket))
+    return tuple(manifest)
 
 
 def metas_of(weights: Mapping[str, torch.Tensor]) -> list[TensorMeta]:
@@ -158,15 +159,15 @@ def as_buckets(weights: Weights, bucket_bytes: int) -> WeightBuckets:
             f"weights: expected a {{name: tensor}} mapping or a WeightBuckets stream; got "
             f"{type(weights).__name__}. Fix: pass model.state_dict() or the learner's weight buckets."
         )
-    plan = plan_buckets(metas_of(weights), bucket_bytes)
-    return WeightBuckets(plan, [{m.name: weights[m.name] for m in bucket} for bucket in plan])
+    manifest = cut_buckets(metas_of(weights), bucket_bytes)
+    return WeightBuckets(manifest, [{m.name: weights[m.name] for m in bucket} for bucket in manifest])
 
 
 async def aiter_buckets(stream: WeightBuckets) -> AsyncIterator[tuple[tuple[TensorMeta, ...], dict[str, torch.Tensor]]]:
-    """``(plan entry, bucket)`` pairs in order, each bucket resolved (awaited) only when reached.
+    """``(manifest entry, bucket)`` pairs in order, each bucket resolved (awaited) only when reached.
 
-    Raises ``ValueError`` when the stream yields more or fewer buckets than its plan, or a bucket
-    that disagrees with its plan entry (``check_bucket``).
+    Raises ``ValueError`` when the stream yields more or fewer buckets than its manifest, or a bucket
+    that disagrees with its manifest entry (``check_bucket``).
     """
     source = stream.buckets
     index = 0
@@ -174,52 +175,54 @@ async def aiter_buckets(stream: WeightBuckets) -> AsyncIterator[tuple[tuple[Tens
     # drops its own reference leaves no bucket alive while the producer makes the next one.
     if isinstance(source, AsyncIterable):
         async for item in source:
-            planned, bucket = _entry(stream, index), await _resolve(item, stream, index)
+            expected, bucket = _entry(stream, index), await _resolve(item, stream, index)
             del item
-            yield planned, bucket
+            yield expected, bucket
             del bucket
             index += 1
     else:
         for item in source:
-            planned, bucket = _entry(stream, index), await _resolve(item, stream, index)
+            expected, bucket = _entry(stream, index), await _resolve(item, stream, index)
             del item
-            yield planned, bucket
+            yield expected, bucket
             del bucket
             index += 1
-    if index != len(stream.plan):
+    if index != len(stream.manifest):
         raise ValueError(
-            f"the weight stream yielded {index} buckets but its plan has {len(stream.plan)}; "
-            "the producer stopped early. Fix: produce every bucket of the plan."
+            f"the weight stream yielded {index} buckets but its manifest has {len(stream.manifest)}; "
+            "the producer stopped early. Fix: produce every bucket of the manifest."
         )
 
 
 def _entry(stream: WeightBuckets, index: int) -> tuple[TensorMeta, ...]:
-    if index >= len(stream.plan):
+    if index >= len(stream.manifest):
         raise ValueError(
-            f"the weight stream yielded more buckets than its plan ({len(stream.plan)}). Fix: build the "
-            "plan from the same tensors and bucket size as the stream."
+            f"the weight stream yielded more buckets than its manifest ({len(stream.manifest)}). Fix: build "
+            "the manifest from the same tensors and bucket size as the stream."
         )
-    return stream.plan[index]
+    return stream.manifest[index]
 
 
 async def _resolve(item: Any, stream: WeightBuckets, index: int) -> dict[str, torch.Tensor]:
     bucket = await item if inspect.isawaitable(item) else item
-    check_bucket(bucket, stream.plan[index], index)
+    check_bucket(bucket, stream.manifest[index], index)
     return dict(bucket)
 
 
-def check_bucket(bucket: Any, planned: Sequence[TensorMeta], index: int) -> None:
-    """Raise ``ValueError`` unless ``bucket`` holds exactly the planned names, dtypes and shapes."""
+def check_bucket(bucket: Any, declared: Sequence[TensorMeta], index: int) -> None:
+    """Raise ``ValueError`` unless ``bucket`` holds exactly the declared names, dtypes and shapes."""
     if not isinstance(bucket, Mapping):
         raise TypeError(f"weight bucket {index}: expected a {{name: tensor}} dict; got {type(bucket).__name__}.")
-    expected = {m.name: m for m in planned}
+    expected = {m.name: m for m in declared}
     got = {name: TensorMeta.of(name, t) for name, t in bucket.items()}
     if got != expected:
         missing = sorted(set(expected) - set(got))
         unknown = sorted(set(got) - set(expected))
-        wrong = [f"{n}: planned {expected[n].dtype}{list(expected[n].shape)}, got {got[n].dtype}{list(got[n].shape)}"
+        wrong = [f"{n}: declared {expected[n].dtype}{list(expected[n].shape)}, "
+                 f"got {got[n].dtype}{list(got[n].shape)}"
                  for n in expected if n in got and got[n] != expected[n]]  # fmt: skip
         raise ValueError(
-            f"weight bucket {index} disagrees with its plan: missing {missing[:5]}, unknown {unknown[:5]}, "
-            f"wrong dtype/shape {wrong[:5]}. Fix: produce the buckets from the same tensors as the plan."
+            f"weight bucket {index} disagrees with its manifest: missing {missing[:5]}, "
+            f"unknown {unknown[:5]}, "
+            f"wrong dtype/shape {wrong[:5]}. Fix: produce the buckets from the same tensors as the manifest."
         )
