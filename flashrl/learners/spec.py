@@ -185,10 +185,11 @@ def _check_values(spec: LearnerSpec, check: Checks) -> None:
                  "use e.g. 8192, at least the longest episode (max_episode_tokens) to keep passes full")
     check.expect(spec.pack_sequences in (None, True, False), "pack_sequences", "None (auto), True or False",
                  spec.pack_sequences, "use None")
-    check.expect(spec.optimizer_offload in (True, False) and not (
-        spec.optimizer_offload and not (is_int(spec.num_learners) and spec.num_learners >= 2)),
-        "optimizer_offload", "False, or True with num_learners >= 2 (sharded learners)", spec.optimizer_offload,
-        "set optimizer_offload=False, or num_learners >= 2")
+    # Whether the learners are sharded is known where the group is formed (the group size reaches
+    # LearnerGroup as an argument): the Learner refuses offload on one rank, and an algorithm config,
+    # which holds both settings, refuses it before anything starts.
+    check.expect(spec.optimizer_offload in (True, False), "optimizer_offload", "True or False",
+                 spec.optimizer_offload, "use False unless num_learners >= 2")
     check.expect(spec.freeze_moe_router in (True, False), "freeze_moe_router", "True or False",
                  spec.freeze_moe_router, "use True only for a mixture-of-experts model")
     check.expect(isinstance(spec.model, str) and spec.model != "", "model",

@@ -84,7 +84,7 @@ def test_a_search_space_may_stand_in_for_a_value_until_validate():
         (EnvRunnerSpec, {"env": "x", "max_new_tokens": 64, "max_episode_tokens": 64},
          "max_new_tokens: expected less than max_episode_tokens (64), got 64"),
         (LearnerSpec, {"lr": math.nan}, "lr: expected a finite number > 0, got nan"),
-        (LearnerSpec, {"optimizer_offload": True}, "optimizer_offload: expected False, or True with num_learners >= 2"),
+        (LearnerSpec, {"optimizer_offload": "yes"}, "optimizer_offload: expected True or False"),
         (FlashReinforceLoss, {"aggregation": "constant_length"},
          "constant_length_normalizer: expected an integer >= 1 with aggregation='constant_length'"),
         (FlashReinforceSettings, {"rollout_mode": "sync"}, "rollout_mode: expected one of ('async', 'sync_group')"),
@@ -95,6 +95,11 @@ def test_each_part_checks_its_own_settings(cls, kwargs, message):
         cls(**kwargs)
     assert err.value.owner == cls.__name__
     assert any(problem.startswith(message) and "Fix: " in problem for problem in err.value.problems)
+
+
+def test_offload_without_sharded_learners_is_refused_by_the_config():
+    with pytest.raises(ConfigError, match=r"optimizer_offload: expected False, or True with num_learners >= 2"):
+        FlashReinforceConfig().environment("flashrl/Math-v0").learners(optimizer_offload=True, num_learners=1).validate()
 
 
 def test_validate_lists_the_problems_of_every_part_once():

@@ -373,6 +373,9 @@ class FlashReinforceConfig(_TuneConfig):
         elif baseline in GROUP_BASELINES:
             yield ("baseline: expected a per-batch baseline in 'async' mode (one rollout per prompt has no "
                    f"groups), got {baseline!r}. Fix: use baseline='batch_mean' or rollout_mode='sync_group'")
+        if self.optimizer_offload is True and not (is_int(self.num_learners) and self.num_learners >= 2):
+            yield (f"optimizer_offload: expected False, or True with num_learners >= 2 (sharded learners), got True "
+                   f"with num_learners={self.num_learners!r}. Fix: set optimizer_offload=False, or num_learners >= 2")
         if is_int(self.num_learners) and self.num_learners > 1 and b < self.num_learners:
             yield (f"train_batch_size: expected >= num_learners ({self.num_learners}) so every learner gets "
                    f"data, got {b}. Fix: raise train_batch_size or lower num_learners")
