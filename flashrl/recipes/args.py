@@ -8,8 +8,11 @@ object that is merged into the environment's keyword arguments.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from flashrl.recipes.preset import NodePlan, Preset
@@ -89,8 +92,10 @@ def recipe_parser(preset: Preset, *, description: str | None = None) -> argparse
     )
     run.add_argument(
         "--output",
-        default=f"runs/{preset.name}",
-        help="log dir: TensorBoard, progress.jsonl, checkpoints, curves.png",
+        default=None,
+        help="log dir: TensorBoard, progress.jsonl, checkpoints, curves.png (default: "
+        f"$FLASHRL_RESULTS or ~/flashrl_results, then {preset.name}/<UTC time>; outside the working dir, so "
+        "the outputs of a `ray job submit` outlive the job's temporary copy of it)",
     )
     config = parser.add_argument_group("config overrides (default: the preset's value)")
     for dest, (_, type_, help_) in OVERRIDES.items():
@@ -142,3 +147,15 @@ def node_plan_from_args(args: argparse.Namespace) -> NodePlan:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from err
+
+
+RESULTS_ROOT_ENV = "FLASHRL_RESULTS"
+
+
+def default_output(name: str, now: datetime.datetime | None = None) -> str:
+    """``$FLASHRL_RESULTS`` (else ``~/flashrl_results``) / name / the UTC start time, like Tune's
+    ``~/ray_results``: a run's outputs must not live in the working dir, which ``ray job submit
+    --working-dir .`` copies into a temporary package that is deleted with the cluster's session."""
+    root = Path(os.environ.get(RESULTS_ROOT_ENV) or "~/flashrl_results").expanduser()
+    stamp = (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%d_%H-%M-%S")
+    return str(root / name / stamp)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from flashrl.recipes.args import apply_overrides, node_plan_from_args, recipe_parser
+from flashrl.recipes.args import apply_overrides, default_output, node_plan_from_args, recipe_parser
 from flashrl.recipes.plan import EXIT_INVALID_CONFIG, dry_run_report
 from flashrl.recipes.preset import Preset
 
@@ -46,6 +46,8 @@ def build_config(
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.output is None:
+        args.output = default_output(preset.name)
     config = make_config(args)
     try:
         apply_overrides(config, args)
@@ -152,6 +154,7 @@ def train(config: Any, preset: Preset, *, stop_iters: int, stop_reward: float, o
     """
     out = Path(output).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
+    print(f"outputs: {out}", flush=True)
     config = config.copy()
     if config.tensorboard and not config.log_dir:
         config.reporting(log_dir=str(out / "tensorboard"))

@@ -46,7 +46,29 @@ def test_shared_flags_override_config_fields() -> None:
     assert config.num_gpus_per_learner == 0.5
     assert config.env_config == {"preset": "arithmetic", "order": "random"}
     assert config.delta == FlashReinforceConfig().delta  # not given: unchanged
-    assert (args.stop_iters, args.stop_reward, args.output) == (3, 1.0, "runs/t")
+    assert (args.stop_iters, args.stop_reward, args.output) == (3, 1.0, None)  # build_config resolves it
+
+
+def test_outputs_default_to_a_results_root_outside_the_working_dir(tmp_path, monkeypatch) -> None:
+    import datetime
+
+    from flashrl.recipes.args import default_output
+    from flashrl.recipes.preset import NodePlan, Preset
+    from flashrl.recipes.run import build_config
+
+    now = datetime.datetime(2026, 12, 1, 21, 5, 9, tzinfo=datetime.timezone.utc)
+    monkeypatch.setenv("FLASHRL_RESULTS", str(tmp_path / "results"))
+    assert default_output("job", now) == str(tmp_path / "results" / "job" / "2026-12-01_21-05-09")
+    monkeypatch.delenv("FLASHRL_RESULTS")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_output("job", now) == str(tmp_path / "home" / "flashrl_results" / "job" / "2026-12-01_21-05-09")
+
+    monkeypatch.chdir(tmp_path)
+    preset = Preset(name="t", description="a test", success_metric="evaluation/episode_return_mean",
+                    success_threshold=0.5, stop_iters=1, node_plan=NodePlan(num_nodes=1, gpus_per_node=0))
+    config, args = build_config(preset, lambda a: FlashReinforceConfig().environment("flashrl/Math-v0"), [])
+    assert args.output.startswith(str(tmp_path / "home" / "flashrl_results" / "t" / ""))
+    assert config.log_dir == f"{args.output}/tensorboard"
 
 
 def test_bad_flag_values_are_usage_errors() -> None:
