@@ -97,6 +97,16 @@ def recipe_parser(preset: Preset, *, description: str | None = None) -> argparse
         f"$FLASHRL_RESULTS or ~/flashrl_results, then {preset.name}/<UTC time>; outside the working dir, so "
         "the outputs of a `ray job submit` outlive the job's temporary copy of it)",
     )
+    run.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        metavar="PATH|latest",
+        help="continue a run from a checkpoint folder, or (`--resume` alone, `latest`) from the newest "
+        "checkpoint of --output's run, else of this preset's newest run under the results root; the run "
+        "appends to its progress and TensorBoard logs and keeps its schedule, RNG, data cursor and versions",
+    )
     config = parser.add_argument_group("config overrides (default: the preset's value)")
     for dest, (_, type_, help_) in OVERRIDES.items():
         config.add_argument("--" + dest.replace("_", "-"), dest=dest, type=type_, default=None, help=help_)
@@ -157,5 +167,54 @@ def default_output(name: str, now: datetime.datetime | None = None) -> str:
     ``~/ray_results``: a run's outputs must not live in the working dir, which ``ray job submit
     --working-dir .`` copies into a temporary package that is deleted with the cluster's session."""
     root = Path(os.environ.get(RESULTS_ROOT_ENV) or "~/flashrl_results").expanduser()
-    stamp = (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%d_%H-%M-%S")
+    stamp = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y-%m-%d_%H-%M-%S")
     return str(root / name / stamp)
+
+
+def find_checkpoint(resume: str, output: str | None, name: str) -> tuple[Path, Path]:
+    """(checkpoint folder, its run's output folder) for ``--resume PATH|latest``.
+
+    ``latest`` takes the newest checkpoint of the run folder ``output`` (the last periodic
+    ``checkpoints/checkpoint_N`` or ``checkpoint_final``, whichever has the higher iteration), or with no
+    ``output`` of this preset's newest run folder under the results root that holds one.
+    """
+    if resume != "latest":
+        path = Path(resume).expanduser().resolve()
+        if not path.is_dir():
+            raise FileNotFoundError(f"--resume: expected a checkpoint folder, got {resume!r} (not a folder)")
+        run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+        return path, Path(output).expanduser().resolve() if output else run
+    if output:
+        runs = [Path(output).expanduser().resolve()]
+    else:
+        root = Path(os.environ.get(RESULTS_ROOT_ENV) or "~/flashrl_results").expanduser() / name
+        runs = sorted((p for p in root.glob("*") if p.is_dir()), reverse=True)  # UTC stamps sort by time
+    for run in runs:
+        found = _newest_checkpoint(run)
+        if found is not None:
+            return found, run
+    where = runs[0] if output else Path(os.environ.get(RESULTS_ROOT_ENV) or "~/flashrl_results") / name
+    raise FileNotFoundError(
+        f"--resume latest: expected a checkpoint under {where} (checkpoints/checkpoint_N or checkpoint_final), "
+        "found none. Fix: pass --resume PATH, or --output the run's folder"
+    )
+
+
+def _checkpoint_iteration(path: Path) -> int | None:
+    """The iteration a complete checkpoint folder was saved at; None for anything else."""
+    from flashrl.checkpoints import ALGORITHM_STATE_FILE, MARKER
+
+    if not (path / MARKER).is_file():
+        return None
+    try:
+        return int(json.loads((path / ALGORITHM_STATE_FILE).read_text(encoding="utf-8"))["iteration"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _newest_checkpoint(run: Path) -> Path | None:
+    candidates = [p for p in (run / "checkpoints").glob("checkpoint_*") if p.is_dir()]
+    candidates += [p for p in [run / "checkpoint_final"] if p.is_dir()]
+    dated = [(_checkpoint_iteration(p), p) for p in candidates]
+    dated = [(i, p) for i, p in dated if i is not None]
+    return max(dated)[1] if dated else None

@@ -25,7 +25,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from flashrl.recipes.args import apply_overrides, default_output, node_plan_from_args, recipe_parser
+from flashrl.recipes.args import (
+    apply_overrides,
+    default_output,
+    find_checkpoint,
+    node_plan_from_args,
+    recipe_parser,
+)
 from flashrl.recipes.plan import EXIT_INVALID_CONFIG, dry_run_report
 from flashrl.recipes.preset import Preset
 
@@ -46,6 +52,12 @@ def build_config(
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)
+    if getattr(args, "resume", None) and not args.dry_run:
+        try:
+            checkpoint, run = find_checkpoint(args.resume, args.output, preset.name)
+        except FileNotFoundError as err:
+            parser.exit(EXIT_INVALID_CONFIG, f"{parser.prog}: error: {err}\n")
+        args.resume, args.output = str(checkpoint), str(run)  # the resumed run writes where it did
     if args.output is None:
         args.output = default_output(preset.name)
     config = make_config(args)
@@ -94,7 +106,8 @@ def run_built(preset: Preset, config: Any, args: argparse.Namespace) -> int:
         print(report.render(strict=args.strict), flush=True)
         return report.exit_code(strict=args.strict)
     summary = train(
-        config, preset, stop_iters=args.stop_iters, stop_reward=args.stop_reward, output=args.output
+        config, preset, stop_iters=args.stop_iters, stop_reward=args.stop_reward, output=args.output,
+        resume=getattr(args, "resume", None),
     )
     if args.as_test and not summary.reached:
         print(
@@ -144,13 +157,20 @@ class TrainSummary:
         }
 
 
-def train(config: Any, preset: Preset, *, stop_iters: int, stop_reward: float, output: str) -> TrainSummary:
+def train(
+    config: Any, preset: Preset, *, stop_iters: int, stop_reward: float, output: str, resume: str | None = None
+) -> TrainSummary:
     """Train until `stop_iters` updates or `preset.success_metric >= stop_reward`.
 
     Writes into `output`: TensorBoard logs (`tensorboard/`), one JSON line of metrics per iteration
     (`progress.jsonl`), the final checkpoint (`checkpoint_final/`), the reward / evaluation curve
     (`curves.png`) and `result.json`. With evaluation configured, the policy is evaluated before the
     first update and after the last one (same held-out episodes).
+
+    With `resume` (a checkpoint folder) the run continues from it: the learner state (weights,
+    optimizer, schedule, RNG), the data cursors, the iteration and the policy version are the
+    checkpoint's; `stop_iters` counts from the run's start, the logs are appended to (a row
+    ``{"resumed_from_iteration": N}`` marks the seam), and no evaluation is repeated before training.
     """
     out = Path(output).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -166,7 +186,12 @@ def train(config: Any, preset: Preset, *, stop_iters: int, stop_reward: float, o
     latest: dict[str, float] = {}
     before = after = None
     try:
-        if evaluating:
+        if resume:
+            algo.restore_from_path(resume)
+            history += _read_progress(out / "progress.jsonl", up_to=algo.iteration)
+            print(f"resumed from {resume}: iteration {algo.iteration}, policy version "
+                  f"{algo.learner_group.version}", flush=True)
+        elif evaluating:
             before = algo.evaluate()
             latest.update(before)
             print(f"evaluation before training: {_eval_line(before)}", flush=True)
@@ -208,9 +233,11 @@ def _train_loop(
     latest: dict[str, float],
 ) -> int:
     """`algo.train()` until `stop_iters` or `metric >= stop_reward`; one JSON line per iteration."""
-    iterations = 0
-    with open(out / "progress.jsonl", "w", encoding="utf-8") as log:
-        for iterations in range(1, stop_iters + 1):
+    iterations = start = int(algo.iteration)
+    with open(out / "progress.jsonl", "a" if start else "w", encoding="utf-8") as log:
+        if start:
+            log.write(json.dumps({"resumed_from_iteration": float(start)}) + "\n")
+        for iterations in range(start + 1, stop_iters + 1):
             result = algo.train()
             row = {
                 k: float(v)
@@ -226,6 +253,20 @@ def _train_loop(
                 print(f"{metric} = {latest[metric]:.4f} >= {stop_reward}: stopping.")
                 break
     return iterations
+
+
+def _read_progress(path: Path, *, up_to: int) -> list[dict[str, float]]:
+    """The rows of an earlier part of the run, up to the checkpoint's iteration (for the curves)."""
+    rows = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+            if "training_iteration" in row and row["training_iteration"] <= up_to:
+                rows.append(row)
+    return rows
 
 
 def _eval_line(metrics: dict[str, float]) -> str:
