@@ -7,7 +7,13 @@ library only) before any untrusted code runs.
 Default action: allow. Denied (EPERM unless noted) because sandboxed code never needs them and each
 one is an escape or a resource-exhaustion route:
 
-- ``socket``: every address family (TCP, UDP, raw, netlink, unix); ``socketpair`` stays allowed.
+- ``socket``: every address family (TCP, UDP, raw, netlink, unix). ``socketpair`` stays allowed for
+  AF_UNIX only (asyncio's self-pipe), and its sockets cannot reach anything else: ``connect``,
+  ``bind``, ``listen``, ``accept*``, ``sendmsg``/``sendmmsg`` and ``sendto`` with an address are
+  denied, so a datagram can never be addressed to a socket of the host.
+- System V IPC (``shm*``, ``msg*``, ``sem*``) and POSIX message queues (``mq_*``): their objects
+  outlive the process on the host, outside the address-space limit, and ``shmat`` would reach the
+  host's segments.
 - process creation: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD``, ``clone3`` (ENOSYS, so
   libc falls back to ``clone`` for threads). Threads stay allowed; the address-space limit caps them.
   This is what caps a fork bomb even when running as root, where RLIMIT_NPROC is not enforced.
@@ -44,7 +50,14 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct",
     "syslog", "quotactl", "name_to_handle_at", "open_by_handle_at", "fanotify_init",
     "move_mount", "open_tree", "fsopen", "fsmount", "fspick", "mount_setattr",
+    "connect", "bind", "listen", "accept", "accept4", "sendmsg", "sendmmsg",
+    "shmget", "shmat", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semtimedop",
+    "semctl", "ipc", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups", "setfsuid", "setfsgid",
+    "capset", "kcmp", "process_madvise", "memfd_secret", "sethostname", "setdomainname", "settimeofday",
+    "clock_settime", "clock_adjtime", "adjtimex", "iopl", "ioperm", "vhangup", "lookup_dcookie",
 )
+AF_UNIX = 1
 SIGNAL_SYSCALLS: tuple[str, ...] = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
 
 
@@ -71,6 +84,8 @@ def build_filter(self_pid: int):  # -> pyseccomp.SyscallFilter
     for name in SIGNAL_SYSCALLS:
         add(deny, name, seccomp.Arg(0, seccomp.NE, self_pid))
     add(deny, "prlimit64", seccomp.Arg(2, seccomp.NE, 0))
+    add(deny, "socketpair", seccomp.Arg(0, seccomp.NE, AF_UNIX))
+    add(deny, "sendto", seccomp.Arg(4, seccomp.NE, 0))  # an address: send() passes NULL
     return flt
 
 
