@@ -39,11 +39,18 @@ try:
     print("write outside allowed")
 except OSError:
     pass
+try:
+    open(OUTSIDE + "/secret").read()
+    print("read outside allowed")
+except OSError:
+    pass
 print("probe-ok")
 """
 _PROBE_CACHE: dict[tuple[str, str], str | None] = {}
 _PROBE_LOCK = threading.Lock()
 _KILL_GRACE_S = 2.0
+_WORKDIR_POLL_S = 0.05
+"""How often the runner measures a host work dir that no tmpfs caps (see :func:`_workdir_bytes`)."""
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -125,8 +132,8 @@ def _choose_backend(config: SandboxConfig) -> BackendName:
 def _probe(config: SandboxConfig, backend: BackendName) -> str | None:
     """None if ``backend`` confines a test program as promised, else why not.
 
-    The probe program must be refused a UDP socket, a fork and a write to a folder outside its work
-    dir, and must exit 0; anything else (a missing library, a kernel without Landlock, bwrap unable to
+    The probe program must be refused a UDP socket, a fork, a write to a folder outside its work dir
+    and a read of a file there, and must exit 0; anything else (a missing library, a kernel without Landlock, bwrap unable to
     create namespaces) disqualifies the backend.
     """
     bwrap = backends.find_bwrap() if backend == "bubblewrap" else None
@@ -146,6 +153,8 @@ def _probe_uncached(config: SandboxConfig, backend: BackendName, bwrap: str | No
         return "the kernel has no Landlock support"
     outside = tempfile.mkdtemp(prefix="flashrl-sandbox-probe-")
     try:
+        with open(os.path.join(outside, "secret"), "w") as f:
+            f.write("host secret")
         code = f"OUTSIDE = {outside!r}\n{_PROBE_CODE}"
         # Default limits: the probe asks whether isolation works, not whether the user's limits fit.
         result = _run_backend(SandboxConfig(python=config.python), backend, bwrap, code.encode())
@@ -159,7 +168,7 @@ def _probe_uncached(config: SandboxConfig, backend: BackendName, bwrap: str | No
 
 
 def _run_backend(config: SandboxConfig, backend: BackendName, bwrap: str | None, code: bytes) -> SandboxResult:
-    workdir = None
+    workdir = watched = None
     try:
         if backend == "bubblewrap":
             assert bwrap is not None
@@ -167,7 +176,9 @@ def _run_backend(config: SandboxConfig, backend: BackendName, bwrap: str | None,
         else:
             workdir = tempfile.mkdtemp(prefix="flashrl-sandbox-")
             spec = backends.host_command(config, backend, workdir)
-        result = _execute(spec, code, config, backend)
+            if backend == "landlock" and not backends.private_namespaces_available(config.python):
+                watched = workdir  # no private tmpfs here: measure the host folder instead
+        result = _execute(spec, code, config, backend, watched)
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -176,7 +187,9 @@ def _run_backend(config: SandboxConfig, backend: BackendName, bwrap: str | None,
     return result
 
 
-def _execute(spec: backends.LaunchSpec, code: bytes, config: SandboxConfig, backend: BackendName) -> SandboxResult:
+def _execute(
+    spec: backends.LaunchSpec, code: bytes, config: SandboxConfig, backend: BackendName, watched: str | None = None,
+) -> SandboxResult:
     start = time.monotonic()
     proc = subprocess.Popen(
         spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -193,7 +206,7 @@ def _execute(spec: backends.LaunchSpec, code: bytes, config: SandboxConfig, back
         # A separate thread writes it and the code, so a child that never reads cannot block us past
         # the wall-clock limit.
         threading.Thread(target=_feed_stdin, args=(proc, header + code), daemon=True).start()
-        chunks, truncated, killed_by = _collect(proc, config, start)
+        chunks, truncated, killed_by = _collect(proc, config, start, watched)
     finally:
         _kill_group(proc)
         try:
@@ -230,8 +243,9 @@ def _feed_stdin(proc: subprocess.Popen, code: bytes) -> None:
         pass
 
 
-def _collect(proc: subprocess.Popen, config: SandboxConfig, start: float):
-    """Read both pipes until EOF, the wall-clock limit, or an output overflow."""
+def _collect(proc: subprocess.Popen, config: SandboxConfig, start: float, watched: str | None = None):
+    """Read both pipes until EOF, the wall-clock limit, an output overflow, or (``watched``: a host
+    work dir without a size-capped tmpfs) the work dir passing ``workdir_bytes``."""
     limit = config.max_output_bytes
     streams = {proc.stdout: "stdout", proc.stderr: "stderr"}
     chunks: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
@@ -247,6 +261,11 @@ def _collect(proc: subprocess.Popen, config: SandboxConfig, start: float):
             if remaining <= 0:
                 killed_by = "wall_time"
                 break
+            if watched is not None:
+                if _workdir_bytes(watched) > config.workdir_bytes:
+                    killed_by = "workdir_limit"
+                    break
+                remaining = min(remaining, _WORKDIR_POLL_S)
             for key, _ in sel.select(timeout=remaining):
                 name = streams[key.fileobj]
                 data = os.read(key.fd, 65536)
@@ -261,12 +280,38 @@ def _collect(proc: subprocess.Popen, config: SandboxConfig, start: float):
                     killed_by = "output_limit"
             if killed_by is not None:
                 break
-    if killed_by is None:
+    while killed_by is None:
         try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            proc.wait(timeout=max(min(deadline - time.monotonic(), _WORKDIR_POLL_S if watched else 1e9), 0.0))
+            break
         except subprocess.TimeoutExpired:  # closed its pipes but kept running
-            killed_by = "wall_time"
+            if time.monotonic() >= deadline:
+                killed_by = "wall_time"
+            elif watched is not None and _workdir_bytes(watched) > config.workdir_bytes:
+                killed_by = "workdir_limit"
+    # A program quicker than one poll may have finished over the limit: report it all the same.
+    if killed_by is None and watched is not None and _workdir_bytes(watched) > config.workdir_bytes:
+        killed_by = "workdir_limit"
     return chunks, truncated, killed_by
+
+
+def _workdir_bytes(folder: str) -> int:
+    """Disk space used beneath ``folder`` (allocated blocks, so sparse files count what they hold)."""
+    total = 0
+    stack = [folder]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                total += entry.stat(follow_symlinks=False).st_blocks * 512
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+            except OSError:
+                pass
+    return total
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
