@@ -64,16 +64,9 @@ class SandboxSetupError(RuntimeError):
 class Sandbox:
     """Runs Python programs, each in a fresh confined process.
 
-    Guarantees with the ``bubblewrap`` and ``landlock`` backends (each backend is probed once per
-    process when a sandbox is built, by running a program that must be refused a socket, a fork and
-    a write outside its work dir):
-    no network (socket creation is refused), no writes outside a per-call temporary work dir, reads
-    only of the interpreter, its module path, system libraries and the work dir (Landlock), no new
-    processes (threads only), no signals to other processes, no view of the parent's environment
-    variables, capped memory, CPU time, wall time, file size, open files and output; the whole process
-    group is killed at the wall-clock limit. ``bubblewrap`` adds fresh namespaces (pid, net, mount,
-    user, ipc, uts), a read-only root, private /tmp and /run, and hides /root and /home except the
-    interpreter's own folders.
+    Each backend is probed once per process when a sandbox is built, by running a program that must
+    be refused a socket, a fork, a write and a read outside its work dir; the guarantees of each are
+    tabled in :mod:`flashrl.envs.sandbox`.
     """
 
     def __init__(self, config: SandboxConfig | None = None) -> None:
