@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import socket
 import sys
 import uuid
@@ -19,7 +20,15 @@ from pathlib import Path
 import pytest
 
 import flashrl
-from flashrl.envs.sandbox import Sandbox, SandboxConfig, SandboxUnavailableError, available_backends, backends, runner
+from flashrl.envs.sandbox import (
+    Sandbox,
+    SandboxConfig,
+    SandboxUnavailableError,
+    _cgroup,
+    available_backends,
+    backends,
+    runner,
+)
 
 REPO = Path(flashrl.__file__).resolve().parents[1]
 LIMITS = {"wall_time_s": 20.0, "cpu_time_s": 5, "memory_bytes": 512 << 20, "max_file_bytes": 4 << 20,
@@ -317,3 +326,36 @@ def test_probe_rejects_a_backend_that_reads_outside(monkeypatch: pytest.MonkeyPa
     # the read check too, not only on sockets, fork and writes.
     failure = runner._probe_uncached(SandboxConfig(), "unconfined", None)
     assert failure is not None and "read outside allowed" in failure
+
+
+def test_cgroup_limits_follow_the_machines_delegation() -> None:
+    parent, reason = _cgroup.delegated_parent()
+    own = _cgroup._own_cgroup_folder()
+    enabled: list[str] = []
+    if own is not None and os.path.exists(os.path.join(own, "cgroup.subtree_control")):
+        enabled = open(os.path.join(own, "cgroup.subtree_control")).read().split()
+    delegated = {"memory", "pids"} <= set(enabled) and own is not None and os.access(own, os.W_OK)
+    assert (parent is not None) == delegated, (parent, reason, enabled)
+    if parent is None:
+        assert reason and ("not delegated" in reason or "no cgroup v2" in reason or "not writable" in reason)
+
+
+def test_each_run_joins_its_own_cgroup_with_limits(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    # A stand-in cgroup folder (the machine may delegate none): checks the limits written, that the
+    # sandboxed launcher itself wrote to the cgroup.procs descriptor (even from inside bubblewrap),
+    # and that the cgroup is removed after the run.
+    seen: list[dict[str, str]] = []
+
+    def remove(self: _cgroup.RunCgroup) -> None:
+        seen.append({name: (Path(self.path) / name).read_text() for name in os.listdir(self.path)})
+        shutil.rmtree(self.path)
+
+    monkeypatch.setattr(_cgroup, "delegated_parent", lambda: (str(tmp_path), ""))
+    monkeypatch.setattr(_cgroup.RunCgroup, "_remove", remove)
+    result = sandbox.run("print('ran')")
+    assert (result.exit_code, result.stdout) == (0, "ran\n"), result.stderr
+    memory = str(LIMITS["memory_bytes"] + LIMITS["workdir_bytes"])
+    assert seen == [{"memory.max": memory, "pids.max": "128", "cgroup.procs": "0"}]
+    assert list(tmp_path.iterdir()) == []

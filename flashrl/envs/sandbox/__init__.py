@@ -35,10 +35,13 @@ Fork, exec, signals        seccomp: no fork (threads only), signals to     same
 Resources                  rlimits: address space, CPU s, file size, open  same
                            files, no core; wall time and output caps kill
                            the process group
+cgroup v2                  where the machine delegates ``memory`` and      same
+                           ``pids``: a cgroup per run with ``memory.max``
+                           (address space + work dir), no swap, 128 pids
 =========================  ==============================================  ==============================================
 
-The seccomp policy is a deny-list (default allow; see ``_seccomp_policy.py``). No cgroup limits are
-set: the rlimits above are the floor on every machine, and threads are capped by the address space.
+The seccomp policy is a deny-list (default allow; see ``_seccomp_policy.py``). The rlimits are the
+floor on every machine; cgroup limits come on top only where delegated (``_cgroup.py``).
 ``unconfined`` (only with ``allow_unconfined=True``) keeps the resource limits and nothing else.
 """
 

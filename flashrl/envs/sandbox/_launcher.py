@@ -44,6 +44,9 @@ def _drop_capabilities() -> None:
 def _confine(config: dict, expected_pid: int, bpf: bytes) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)  # die with the parent, like bwrap's child
+    if config["cgroup_fd"] >= 0:  # join the run's cgroup (see _cgroup.py) before anything else
+        os.write(config["cgroup_fd"], b"0")
+        os.close(config["cgroup_fd"])
     sys.path.insert(0, _HERE)
     try:
         if config["namespaces"]:

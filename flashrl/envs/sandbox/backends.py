@@ -41,6 +41,7 @@ class LaunchSpec:
     argv: list[str]
     env: dict[str, str]
     cwd: str
+    pass_fds: tuple[int, ...] = ()
 
 
 def clean_env(workdir: str) -> dict[str, str]:
@@ -69,7 +70,7 @@ def rlimits(config: SandboxConfig) -> dict[str, tuple[int, int]]:
     }
 
 
-def launcher_config(config: SandboxConfig, backend: BackendName, workdir: str) -> str:
+def launcher_config(config: SandboxConfig, backend: BackendName, workdir: str, cgroup_fd: int = -1) -> str:
     """The launcher's settings, as the hex of a ``marshal`` dump (``json`` would cost the launcher an
     import of ``re``, more than the rest of its start-up)."""
     confined = backend != "unconfined"
@@ -85,6 +86,7 @@ def launcher_config(config: SandboxConfig, backend: BackendName, workdir: str) -
         "seccomp": confined,
         "namespaces": namespaces,
         "workdir_bytes": config.workdir_bytes,
+        "cgroup_fd": cgroup_fd,
         "sys_path": layout.sandbox_sys_path,
         "writable_dirs": [workdir],
         "writable_files": [os.devnull],
@@ -137,12 +139,12 @@ def readable_paths(python: str) -> list[str]:
     return [p for p in paths if p == "/proc/self" or os.path.lexists(p)]
 
 
-def interpreter_command(config: SandboxConfig, backend: BackendName, workdir: str) -> list[str]:
+def interpreter_command(config: SandboxConfig, backend: BackendName, workdir: str, cgroup_fd: int = -1) -> list[str]:
     launcher = os.path.join(BWRAP_LAUNCHER_DIR, "_launcher.py") if backend == "bubblewrap" else LAUNCHER
-    return [config.python, "-I", "-S", "-B", launcher, launcher_config(config, backend, workdir)]
+    return [config.python, "-I", "-S", "-B", launcher, launcher_config(config, backend, workdir, cgroup_fd)]
 
 
-def bwrap_command(bwrap: str, config: SandboxConfig) -> LaunchSpec:
+def bwrap_command(bwrap: str, config: SandboxConfig, cgroup_fd: int = -1) -> LaunchSpec:
     """bubblewrap: fresh user, pid, net, ipc, uts and cgroup namespaces, and a root of its own.
 
     The root is bubblewrap's empty tmpfs with, read-only, only :data:`SYSTEM_TREES`,
@@ -169,13 +171,14 @@ def bwrap_command(bwrap: str, config: SandboxConfig) -> LaunchSpec:
     argv += ["--size", str(config.workdir_bytes), "--tmpfs", "/tmp", "--dir", BWRAP_WORKDIR]
     argv += ["--size", str(1 << 20), "--tmpfs", "/dev/shm"]
     argv += ["--remount-ro", "/", "--chdir", BWRAP_WORKDIR, "--"]
-    argv += interpreter_command(config, "bubblewrap", BWRAP_WORKDIR)
-    return LaunchSpec(argv=argv, env=env, cwd="/")
+    argv += interpreter_command(config, "bubblewrap", BWRAP_WORKDIR, cgroup_fd)
+    return LaunchSpec(argv=argv, env=env, cwd="/", pass_fds=(cgroup_fd,) if cgroup_fd >= 0 else ())
 
 
-def host_command(config: SandboxConfig, backend: BackendName, workdir: str) -> LaunchSpec:
+def host_command(config: SandboxConfig, backend: BackendName, workdir: str, cgroup_fd: int = -1) -> LaunchSpec:
     """landlock / unconfined: the interpreter runs directly, in its own session, in ``workdir``."""
-    return LaunchSpec(argv=interpreter_command(config, backend, workdir), env=clean_env(workdir), cwd=workdir)
+    return LaunchSpec(argv=interpreter_command(config, backend, workdir, cgroup_fd), env=clean_env(workdir),
+                      cwd=workdir, pass_fds=(cgroup_fd,) if cgroup_fd >= 0 else ())
 
 
 @functools.cache

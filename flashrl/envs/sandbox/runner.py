@@ -13,7 +13,7 @@ import threading
 import time
 import warnings
 
-from flashrl.envs.sandbox import backends
+from flashrl.envs.sandbox import _cgroup, backends
 from flashrl.envs.sandbox.config import BackendName, SandboxConfig, SandboxResult
 
 logger = logging.getLogger(__name__)
@@ -161,18 +161,25 @@ def _probe_uncached(config: SandboxConfig, backend: BackendName, bwrap: str | No
 
 
 def _run_backend(config: SandboxConfig, backend: BackendName, bwrap: str | None, code: bytes) -> SandboxResult:
-    workdir = watched = None
+    workdir = watched = cgroup = None
     try:
+        parent, _ = _cgroup.delegated_parent()
+        if parent is not None and backend != "unconfined":
+            # Resident memory and the tmpfs pages the code writes are both charged to it.
+            cgroup = _cgroup.RunCgroup(parent, config.memory_bytes + config.workdir_bytes)
+        cgroup_fd = cgroup.procs_fd if cgroup is not None else -1
         if backend == "bubblewrap":
             assert bwrap is not None
-            spec = backends.bwrap_command(bwrap, config)
+            spec = backends.bwrap_command(bwrap, config, cgroup_fd)
         else:
             workdir = tempfile.mkdtemp(prefix="flashrl-sandbox-")
-            spec = backends.host_command(config, backend, workdir)
+            spec = backends.host_command(config, backend, workdir, cgroup_fd)
             if backend == "landlock" and not backends.private_namespaces_available(config.python):
                 watched = workdir  # no private tmpfs here: measure the host folder instead
         result = _execute(spec, code, config, backend, watched)
     finally:
+        if cgroup is not None:
+            cgroup.close()
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
     if result.exit_code == SETUP_FAILED_EXIT and "sandbox setup failed" in result.stderr:
@@ -186,7 +193,7 @@ def _execute(
     start = time.monotonic()
     proc = subprocess.Popen(
         spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=spec.env, cwd=spec.cwd, start_new_session=True, close_fds=True,
+        env=spec.env, cwd=spec.cwd, start_new_session=True, close_fds=True, pass_fds=spec.pass_fds,
     )
     try:
         # Header for the launcher: the pid the seccomp program was compiled for and its length.
