@@ -359,3 +359,11 @@ def test_each_run_joins_its_own_cgroup_with_limits(
     memory = str(LIMITS["memory_bytes"] + LIMITS["workdir_bytes"])
     assert seen == [{"memory.max": memory, "pids.max": "128", "cgroup.procs": "0"}]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_seccomp_is_an_allow_list(sandbox: Sandbox) -> None:
+    # landlock_create_ruleset (444 on every architecture) is harmless and on no list: under an
+    # allow-list it fails as if the kernel lacked it (ENOSYS); outside the sandbox it answers the ABI.
+    code = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.syscall(444, None, 0, 1), ctypes.get_errno())\n"
+    result = sandbox.run(code)
+    assert (result.exit_code, result.stdout) == (0, "-1 38\n"), result.stderr

@@ -40,7 +40,8 @@ cgroup v2                  where the machine delegates ``memory`` and      same
                            (address space + work dir), no swap, 128 pids
 =========================  ==============================================  ==============================================
 
-The seccomp policy is a deny-list (default allow; see ``_seccomp_policy.py``). The rlimits are the
+The seccomp policy is an allow-list (anything unlisted fails with ENOSYS; the escape routes listed in
+``_seccomp_policy.py`` with EPERM). The rlimits are the
 floor on every machine; cgroup limits come on top only where delegated (``_cgroup.py``).
 ``unconfined`` (only with ``allow_unconfined=True``) keeps the resource limits and nothing else.
 """
