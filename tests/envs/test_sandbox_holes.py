@@ -23,6 +23,7 @@ import flashrl
 from flashrl.envs.sandbox import (
     Sandbox,
     SandboxConfig,
+    SandboxResult,
     SandboxUnavailableError,
     _cgroup,
     available_backends,
@@ -249,6 +250,16 @@ def test_workdir_is_measured_where_no_private_tmpfs_is_allowed(monkeypatch: pyte
     assert (result.stdout, result.killed_by, result.exit_code) == ("done\n", "workdir_limit", None)
     small = sandbox.run("open('f', 'wb').write(b'0' * (1 << 20))\nprint('done')\n")
     assert (small.stdout, small.killed_by, small.exit_code) == ("done\n", None, 0)
+
+
+def test_the_python_tool_names_the_workdir_limit() -> None:
+    from flashrl.envs.python_tool import format_observation
+
+    result = SandboxResult(stdout="", stderr="", exit_code=None, timed_out=False, output_truncated=False,
+                           killed_by="workdir_limit", duration_s=0.2, backend="landlock")
+    assert format_observation(result, max_chars=100, wall_time_s=5.0) == (
+        "Disk limit of the work dir exceeded; the program was stopped.\n(no output; use print() to see values)"
+    )
 
 
 def test_other_processes_are_invisible(any_sandbox: Sandbox) -> None:
