@@ -8,7 +8,6 @@ import marshal
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 
 from flashrl.envs.sandbox import _landlock, _seccomp_policy
