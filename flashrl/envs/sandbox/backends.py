@@ -17,7 +17,7 @@ LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_launcher.p
 BWRAP_WORKDIR = "/tmp/flashrl-sandbox-work"
 """Work dir as the code sees it under bubblewrap (a private, size-capped tmpfs)."""
 BWRAP_LAUNCHER_DIR = "/.flashrl-sandbox"
-"""Where bubblewrap shows this folder (the launcher and its two helpers) to the code: a neutral path,
+"""Where bubblewrap shows this folder (the launcher and the modules it imports) to the code: a neutral path,
 so not even the name of the checkout it comes from is visible."""
 BWRAP_CHILD_PID = 2
 """Pid of the sandboxed command inside bubblewrap's pid namespace (bwrap's own init is pid 1)."""
