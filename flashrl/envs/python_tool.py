@@ -65,6 +65,8 @@ def format_observation(result: SandboxResult, *, max_chars: int, wall_time_s: fl
         status = f"Timed out after {wall_time_s:g} s; the program was stopped."
     elif result.killed_by == "output_limit":
         status = "Output limit exceeded; the program was stopped."
+    elif result.killed_by == "workdir_limit":
+        status = "Disk limit of the work dir exceeded; the program was stopped."
     elif result.exit_code is not None and result.exit_code < 0:
         status = f"Killed by signal {-result.exit_code} (a CPU or memory limit)."
     else:

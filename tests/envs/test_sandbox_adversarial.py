@@ -243,7 +243,8 @@ CASES: list[Case] = [
          "'PYTHONDONTWRITEBYTECODE', 'PYTHONIOENCODING', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', "
          "'MKL_NUM_THREADS')))\nprint('$canary' in open('/proc/self/environ').read())\n", _prints("[]\nFalse")),
     Case("read_other_processes_environ",
-         "import os\nfound = []\nfor pid in [p for p in os.listdir('/proc') if p.isdigit()] + ['$victim_pid', '$parent_pid']:\n"
+         "import os\nfound = []\ntry:\n    pids = [p for p in os.listdir('/proc') if p.isdigit()]\nexcept OSError:\n"
+         "    pids = []  # Landlock: not even the listing\nfor pid in pids + ['$victim_pid', '$parent_pid']:\n"
          "    try:\n        data = open('/proc/%s/environ' % pid, 'rb').read()\n    except OSError:\n        continue\n"
          "    if b'$canary' in data:\n        found.append(pid)\nprint('found', found)\n", _prints("found []")),
     Case("signal_parent_and_victim",

@@ -1,9 +1,10 @@
 """In-sandbox entry point: confine this very process, then run the untrusted code read from stdin.
 
 Run as ``python -I -S -B _launcher.py CONFIG_HEX`` by :mod:`flashrl.envs.sandbox.runner` (never
-imported as part of the package, and importing only the standard library and its two sibling
-modules). Order: read the seccomp program and the code from stdin, set resource limits, drop
-capabilities, apply Landlock, load the seccomp filter, remove this folder from ``sys.path``, then
+imported as part of the package, and importing only the standard library and its three sibling
+modules). Order: read the seccomp program and the code from stdin, enter private mount and IPC
+namespaces with a size-capped tmpfs work dir (Landlock backend, where the machine allows it), set
+resource limits, drop capabilities, apply Landlock, load the seccomp filter, remove this folder from ``sys.path``, then
 execute the code as ``__main__``. If any requested layer fails the process exits with
 :data:`SETUP_FAILED_EXIT` before a single line of untrusted code runs.
 """
@@ -43,11 +44,20 @@ def _drop_capabilities() -> None:
 def _confine(config: dict, expected_pid: int, bpf: bytes) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)  # die with the parent, like bwrap's child
-    for name, (soft, hard) in config["rlimits"].items():
-        resource.setrlimit(getattr(resource, name), (soft, hard))
-    _drop_capabilities()
+    if config["cgroup_fd"] >= 0:  # join the run's cgroup (see _cgroup.py) before anything else
+        os.write(config["cgroup_fd"], b"0")
+        os.close(config["cgroup_fd"])
     sys.path.insert(0, _HERE)
     try:
+        if config["namespaces"]:
+            import _namespaces
+
+            _namespaces.enter(config["workdir"], config["workdir_bytes"])
+        # The work dir may just have been covered by a tmpfs: enter the folder that is now there.
+        os.chdir(config["workdir"])
+        for name, (soft, hard) in config["rlimits"].items():
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        _drop_capabilities()
         if config["landlock"]:
             import _landlock
 
@@ -78,7 +88,6 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    os.chdir(config["workdir"])
     try:
         _confine(config, expected_pid, bpf)
     except BaseException as exc:  # noqa: BLE001 - any failure must stop before untrusted code runs

@@ -4,16 +4,26 @@ The parent compiles the policy to a BPF program (:func:`compile_bpf`, needs pyse
 in-sandbox launcher imports this file by path and loads the program (:func:`load_bpf`, standard
 library only) before any untrusted code runs.
 
-Default action: allow. Denied (EPERM unless noted) because sandboxed code never needs them and each
-one is an escape or a resource-exhaustion route:
+An allow-list. :data:`ALLOWED_SYSCALLS` (files, memory, threads, time, pipes, polling, signals
+to itself: what CPython, numpy and the standard library call) pass; a few pass only with safe
+arguments (below); every other system call fails with ENOSYS, as on a kernel that lacks it, so libc
+falls back where it can (``clone3`` -> ``clone``, ``faccessat2`` -> ``faccessat``). On top, these
+fail with EPERM, the error a program expects from a refused operation, because each one is an
+escape or a resource-exhaustion route:
 
-- ``socket``: every address family (TCP, UDP, raw, netlink, unix); ``socketpair`` stays allowed.
-- process creation: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD``, ``clone3`` (ENOSYS, so
-  libc falls back to ``clone`` for threads). Threads stay allowed; the address-space limit caps them.
+- ``socket``: every address family (TCP, UDP, raw, netlink, unix). ``socketpair`` stays allowed for
+  AF_UNIX only (asyncio's self-pipe), and its sockets cannot reach anything else: ``connect``,
+  ``bind``, ``listen``, ``accept*``, ``sendmsg``/``sendmmsg`` and ``sendto`` with an address are
+  denied, so a datagram can never be addressed to a socket of the host.
+- System V IPC (``shm*``, ``msg*``, ``sem*``) and POSIX message queues (``mq_*``): their objects
+  outlive the process on the host, outside the address-space limit, and ``shmat`` would reach the
+  host's segments.
+- process creation: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD`` (``clone3`` is not
+  allowed: ENOSYS, so libc falls back to ``clone`` for threads). Threads stay allowed; the address-space limit caps them.
   This is what caps a fork bomb even when running as root, where RLIMIT_NPROC is not enforced.
 - signals to any process but the sandboxed one: ``kill``/``tgkill``/``rt_(tg)sigqueueinfo`` whose
   target is not the caller's own pid, ``tkill``, ``pidfd_open``, ``pidfd_send_signal``.
-- raising resource limits: ``setrlimit``, ``prlimit64`` with a new limit.
+- raising resource limits: ``setrlimit``, ``prlimit64`` with a new limit (reading one passes).
 - changing metadata of files Landlock does not cover: ``chmod``/``chown``/``*xattr``/``utime*``.
 - kernel attack surface and namespace/ptrace tricks: ``ptrace``, ``process_vm_*``, ``mount``,
   ``unshare``, ``setns``, ``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring_*`` (it would
@@ -33,6 +43,46 @@ _SECCOMP_MODE_FILTER = 2
 
 CLONE_THREAD = 0x00010000
 
+ALLOWED_SYSCALLS: tuple[str, ...] = (
+    # files and folders (Landlock and the mounts decide which ones)
+    "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev", "preadv2", "pwritev2",
+    "open", "openat", "openat2", "creat", "close", "close_range", "lseek", "stat", "fstat", "lstat",
+    "newfstatat", "statx", "statfs", "fstatfs", "access", "faccessat", "faccessat2", "getdents",
+    "getdents64", "getcwd", "chdir", "fchdir", "mkdir", "mkdirat", "rmdir", "unlink", "unlinkat",
+    "rename", "renameat", "renameat2", "link", "linkat", "symlink", "symlinkat", "readlink",
+    "readlinkat", "truncate", "ftruncate", "fallocate", "fsync", "fdatasync", "sync_file_range",
+    "fadvise64", "flock", "fcntl", "ioctl", "dup", "dup2", "dup3", "pipe", "pipe2", "sendfile",
+    "copy_file_range", "splice", "tee", "umask", "getxattr", "lgetxattr", "fgetxattr", "listxattr",
+    "llistxattr", "flistxattr", "mknod", "mknodat", "readahead", "execve",
+    "execveat",
+    # memory
+    "brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "msync", "mincore", "mlock", "mlock2",
+    "munlock", "membarrier", "mbind", "get_mempolicy", "set_mempolicy", "pkey_alloc", "pkey_free",
+    "pkey_mprotect",
+    # threads, scheduling, identity (read-only)
+    "futex", "futex_waitv", "set_robust_list", "get_robust_list", "set_tid_address", "rseq",
+    "arch_prctl", "prctl", "gettid", "getpid", "getppid", "getpgrp", "getpgid", "getsid", "setsid",
+    "setpgid", "getuid", "geteuid", "getgid", "getegid", "getresuid", "getresgid", "getgroups",
+    "capget", "getrlimit", "getrusage", "getpriority", "setpriority", "sched_yield",
+    "sched_getaffinity", "sched_setaffinity", "sched_getparam", "sched_getscheduler",
+    "sched_get_priority_max", "sched_get_priority_min", "sched_getattr", "uname", "sysinfo", "times",
+    "getrandom", "getcpu", "restart_syscall", "wait4", "waitid", "exit", "exit_group",
+    # time
+    "clock_gettime", "clock_getres", "clock_nanosleep", "nanosleep", "gettimeofday", "time",
+    "getitimer", "setitimer", "alarm", "timer_create", "timer_settime", "timer_gettime",
+    "timer_getoverrun", "timer_delete", "timerfd_create", "timerfd_settime", "timerfd_gettime",
+    # waiting and events
+    "poll", "ppoll", "select", "pselect6", "epoll_create", "epoll_create1", "epoll_ctl", "epoll_wait",
+    "epoll_pwait", "epoll_pwait2", "eventfd", "eventfd2", "pause",
+    # signals (delivery to itself only: see SIGNAL_SYSCALLS)
+    "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "rt_sigpending", "rt_sigtimedwait",
+    "rt_sigsuspend", "sigaltstack", "signalfd", "signalfd4",
+    # the sockets of a socketpair (see build_filter for socketpair and sendto)
+    "recvfrom", "recvmsg", "recvmmsg", "shutdown", "getsockname", "getpeername", "getsockopt",
+    "setsockopt",
+)
+"""System calls that pass with any arguments."""
+
 DENIED_SYSCALLS: tuple[str, ...] = (
     "socket", "fork", "vfork", "tkill", "pidfd_open", "pidfd_send_signal", "setrlimit",
     "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
@@ -44,7 +94,14 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct",
     "syslog", "quotactl", "name_to_handle_at", "open_by_handle_at", "fanotify_init",
     "move_mount", "open_tree", "fsopen", "fsmount", "fspick", "mount_setattr",
+    "connect", "bind", "listen", "accept", "accept4", "sendmsg", "sendmmsg",
+    "shmget", "shmat", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semtimedop",
+    "semctl", "ipc", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups", "setfsuid", "setfsgid",
+    "capset", "kcmp", "process_madvise", "memfd_secret", "sethostname", "setdomainname", "settimeofday",
+    "clock_settime", "clock_adjtime", "adjtimex", "iopl", "ioperm", "vhangup", "lookup_dcookie",
 )
+AF_UNIX = 1
 SIGNAL_SYSCALLS: tuple[str, ...] = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
 
 
@@ -55,7 +112,8 @@ def build_filter(self_pid: int):  # -> pyseccomp.SyscallFilter
     """
     import pyseccomp as seccomp
 
-    flt = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+    flt = seccomp.SyscallFilter(defaction=seccomp.ERRNO(errno.ENOSYS))
+    allow = seccomp.ALLOW
     deny = seccomp.ERRNO(errno.EPERM)
     arch = seccomp.system_arch()
 
@@ -64,13 +122,22 @@ def build_filter(self_pid: int):  # -> pyseccomp.SyscallFilter
             return
         flt.add_rule(action, name, *args)
 
+    for name in ALLOWED_SYSCALLS:
+        add(allow, name)
     for name in DENIED_SYSCALLS:
         add(deny, name)
+    # Threads (CLONE_THREAD) only; clone3 hides its flags in memory, so libc must fall back to clone.
+    add(allow, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, CLONE_THREAD))
     add(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_THREAD, 0))
-    add(seccomp.ERRNO(errno.ENOSYS), "clone3")
     for name in SIGNAL_SYSCALLS:
+        add(allow, name, seccomp.Arg(0, seccomp.EQ, self_pid))
         add(deny, name, seccomp.Arg(0, seccomp.NE, self_pid))
+    add(allow, "prlimit64", seccomp.Arg(2, seccomp.EQ, 0))  # reading a limit
     add(deny, "prlimit64", seccomp.Arg(2, seccomp.NE, 0))
+    add(allow, "socketpair", seccomp.Arg(0, seccomp.EQ, AF_UNIX))
+    add(deny, "socketpair", seccomp.Arg(0, seccomp.NE, AF_UNIX))
+    add(allow, "sendto", seccomp.Arg(4, seccomp.EQ, 0))  # send() on a connected pair: no address
+    add(deny, "sendto", seccomp.Arg(4, seccomp.NE, 0))
     return flt
 
 

@@ -8,7 +8,6 @@ import marshal
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 
 from flashrl.envs.sandbox import _landlock, _seccomp_policy
@@ -17,11 +16,21 @@ from flashrl.envs.sandbox.config import BackendName, SandboxConfig
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_launcher.py")
 BWRAP_WORKDIR = "/tmp/flashrl-sandbox-work"
 """Work dir as the code sees it under bubblewrap (a private, size-capped tmpfs)."""
+BWRAP_LAUNCHER_DIR = "/.flashrl-sandbox"
+"""Where bubblewrap shows this folder (the launcher and the modules it imports) to the code: a neutral path,
+so not even the name of the checkout it comes from is visible."""
 BWRAP_CHILD_PID = 2
 """Pid of the sandboxed command inside bubblewrap's pid namespace (bwrap's own init is pid 1)."""
-_HIDDEN_TREES = ("/root", "/home", "/tmp")
-"""Replaced by empty tmpfs under bubblewrap; only the interpreter's own folders (and the launcher's,
-for a checkout or virtual environment that lives there) are bound back, read-only."""
+SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+"""System folders of executables and shared libraries, readable in both backends (bound read-only
+under bubblewrap; on merged-/usr systems all but /usr are symlinks and are recreated as such)."""
+ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+"""All of /etc the sandbox sees: the dynamic loader's cache (without it every ``dlopen`` scans the
+default folders) and the time zone (``time.localtime``). No passwd, hosts, ssl or machine-id."""
+ETC_FILES_PRESENT = tuple(sorted(os.path.basename(p) for p in ETC_FILES if os.path.exists(p)))
+"""Names of :data:`ETC_FILES` that exist here: what ``os.listdir('/etc')`` shows under bubblewrap."""
+DEV_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+"""Device nodes the code may read under Landlock (bubblewrap makes a fresh minimal /dev instead)."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,7 @@ class LaunchSpec:
     argv: list[str]
     env: dict[str, str]
     cwd: str
+    pass_fds: tuple[int, ...] = ()
 
 
 def clean_env(workdir: str) -> dict[str, str]:
@@ -59,92 +69,115 @@ def rlimits(config: SandboxConfig) -> dict[str, tuple[int, int]]:
     }
 
 
-def launcher_config(config: SandboxConfig, backend: BackendName, workdir: str) -> str:
+def launcher_config(config: SandboxConfig, backend: BackendName, workdir: str, cgroup_fd: int = -1) -> str:
     """The launcher's settings, as the hex of a ``marshal`` dump (``json`` would cost the launcher an
     import of ``re``, more than the rest of its start-up)."""
     confined = backend != "unconfined"
+    layout = interpreter_layout(config.python)
+    launcher_dir = BWRAP_LAUNCHER_DIR if backend == "bubblewrap" else os.path.dirname(LAUNCHER)
+    # Landlock backend: a private mount namespace with a size-capped tmpfs on the work dir and a
+    # private IPC namespace, where the machine allows it (else the runner watches the work dir).
+    namespaces = backend == "landlock" and private_namespaces_available(config.python)
     return marshal.dumps({
         "workdir": workdir,
         "rlimits": rlimits(config),
         "landlock": confined and landlock_abi() >= 1,
         "seccomp": confined,
-        "sys_path": interpreter_sys_path(config.python),
+        "namespaces": namespaces,
+        "workdir_bytes": config.workdir_bytes,
+        "cgroup_fd": cgroup_fd,
+        "sys_path": layout.sandbox_sys_path,
         "writable_dirs": [workdir],
         "writable_files": [os.devnull],
-        "readable": readable_paths(config.python),
+        "readable": [*readable_paths(config.python), launcher_dir],
     }).hex()
 
 
-SYSTEM_READABLE = (
-    "/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/proc", "/sys",
-    "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/fd",
-    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd",
-    "/etc/group", "/etc/nsswitch.conf", "/etc/ssl/certs", "/etc/mime.types",
-)
-"""System files the interpreter and common libraries read; everything else outside the interpreter's
-own folders and the work dir is unreadable (secrets in /etc, home folders, the project, raw disks)."""
+@dataclass(frozen=True)
+class InterpreterLayout:
+    """Where an interpreter keeps itself, as it reports under ``-I`` (asked once per interpreter)."""
+
+    executable_hops: tuple[str, ...]
+    """The configured path and every symlink target on the way to the real executable."""
+    prefixes: tuple[str, ...]
+    """``sys.prefix``, ``base_prefix``, ``exec_prefix``, ``base_exec_prefix`` (a venv and its base)."""
+    sys_path: tuple[str, ...]
+    """The module search path ``python -I`` starts with, site-packages and its .pth entries included."""
+
+    @functools.cached_property
+    def folders(self) -> tuple[str, ...]:
+        """The least set of folders that holds the interpreter, its libraries and its venv, outermost
+        first; nothing else (a .pth entry pointing into a project checkout is left out)."""
+        wanted = {os.path.dirname(h) for h in self.executable_hops} | set(self.prefixes)
+        wanted = {os.path.realpath(p) for p in wanted} | {os.path.abspath(p) for p in wanted}
+        chosen: list[str] = []
+        for path in sorted(wanted, key=len):
+            if _beneath(path, (*SYSTEM_TREES, *chosen)) or not os.path.isdir(path):
+                continue
+            chosen.append(path)
+        return tuple(chosen)
+
+    @property
+    def sandbox_sys_path(self) -> list[str]:
+        """The entries of :attr:`sys_path` that the sandbox can read."""
+        roots = (*SYSTEM_TREES, *self.folders)
+        return [p for p in self.sys_path if _beneath(p, roots) or _beneath(os.path.realpath(p), roots)]
+
+
+def _beneath(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 @functools.cache
 def readable_paths(python: str) -> list[str]:
-    """What sandboxed code may read: system libraries, the interpreter and its module path."""
-    real = os.path.realpath(python)
-    paths = {*SYSTEM_READABLE, os.path.dirname(LAUNCHER), os.path.dirname(real),
-             os.path.dirname(os.path.dirname(real)), *interpreter_sys_path(python)}
-    paths |= {os.path.dirname(os.path.abspath(python)), sys.prefix, sys.base_prefix, sys.exec_prefix}
-    return sorted(p for p in paths if p and os.path.exists(p))
+    """What sandboxed code may read under Landlock: system libraries, :data:`ETC_FILES`, a few
+    devices, its own /proc entry, the interpreter's folders (the launcher's folder is added apart)."""
+    paths = [*SYSTEM_TREES, *ETC_FILES, *DEV_FILES, "/proc/self", *interpreter_layout(python).folders]
+    # "/proc/self" is opened by the launcher itself, so the rule covers its own /proc/<pid> only:
+    # the /proc listing and every other process's entries stay unreadable.
+    return [p for p in paths if p == "/proc/self" or os.path.lexists(p)]
 
 
-def interpreter_command(config: SandboxConfig, backend: BackendName, workdir: str) -> list[str]:
-    return [config.python, "-I", "-S", "-B", LAUNCHER, launcher_config(config, backend, workdir)]
+def interpreter_command(config: SandboxConfig, backend: BackendName, workdir: str, cgroup_fd: int = -1) -> list[str]:
+    launcher = os.path.join(BWRAP_LAUNCHER_DIR, "_launcher.py") if backend == "bubblewrap" else LAUNCHER
+    return [config.python, "-I", "-S", "-B", launcher, launcher_config(config, backend, workdir, cgroup_fd)]
 
 
-def bwrap_command(bwrap: str, config: SandboxConfig) -> LaunchSpec:
-    """bubblewrap: fresh user, pid, net, ipc, uts and cgroup namespaces; read-only root; private /tmp."""
+def bwrap_command(bwrap: str, config: SandboxConfig, cgroup_fd: int = -1) -> LaunchSpec:
+    """bubblewrap: fresh user, pid, net, ipc, uts and cgroup namespaces, and a root of its own.
+
+    The root is bubblewrap's empty tmpfs with, read-only, only :data:`SYSTEM_TREES`,
+    :data:`ETC_FILES`, the interpreter's folders and the launcher's; a fresh /dev and a /proc of its
+    own pid namespace; a size-capped /tmp holding the work dir. No /sys, /home, /root, /run, /var,
+    /opt, nor any of the project but the launcher's folder (shown at :data:`BWRAP_LAUNCHER_DIR`).
+    """
     env = clean_env(BWRAP_WORKDIR)
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
-    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for tree in SYSTEM_TREES:
+        if os.path.islink(tree):
+            argv += ["--symlink", os.readlink(tree), tree]
+        elif os.path.isdir(tree):
+            argv += ["--ro-bind", tree, tree]
+    argv += ["--dir", "/etc"]
+    for path in ETC_FILES:
+        argv += ["--ro-bind-try", path, path]
+    for folder in interpreter_layout(config.python).folders:
+        argv += ["--ro-bind", os.path.realpath(folder), folder]
+    argv += ["--ro-bind", os.path.dirname(LAUNCHER), BWRAP_LAUNCHER_DIR]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
     argv += ["--size", str(config.workdir_bytes), "--tmpfs", "/tmp", "--dir", BWRAP_WORKDIR]
     argv += ["--size", str(1 << 20), "--tmpfs", "/dev/shm"]
-    for tree in ("/run", "/var/run", *_HIDDEN_TREES):
-        if tree != "/tmp" and os.path.isdir(tree) and not os.path.islink(tree):
-            argv += ["--tmpfs", tree]
-    for path in _paths_to_rebind(config.python):
-        argv += ["--ro-bind", path, path]
-    argv += ["--chdir", BWRAP_WORKDIR, "--"]
-    argv += interpreter_command(config, "bubblewrap", BWRAP_WORKDIR)
-    return LaunchSpec(argv=argv, env=env, cwd="/")
+    argv += ["--remount-ro", "/", "--chdir", BWRAP_WORKDIR, "--"]
+    argv += interpreter_command(config, "bubblewrap", BWRAP_WORKDIR, cgroup_fd)
+    return LaunchSpec(argv=argv, env=env, cwd="/", pass_fds=(cgroup_fd,) if cgroup_fd >= 0 else ())
 
 
-def host_command(config: SandboxConfig, backend: BackendName, workdir: str) -> LaunchSpec:
+def host_command(config: SandboxConfig, backend: BackendName, workdir: str, cgroup_fd: int = -1) -> LaunchSpec:
     """landlock / unconfined: the interpreter runs directly, in its own session, in ``workdir``."""
-    return LaunchSpec(argv=interpreter_command(config, backend, workdir), env=clean_env(workdir), cwd=workdir)
-
-
-@functools.cache
-def _paths_to_rebind(python: str) -> list[str]:
-    """Folders under the hidden trees that the interpreter and the launcher need, outermost first."""
-    real_python = os.path.realpath(python)
-    candidates = {
-        sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(real_python)),
-        os.path.dirname(os.path.abspath(python)), os.path.dirname(LAUNCHER),
-    }
-    candidates |= {p for p in interpreter_sys_path(python) if os.path.isdir(p)}
-    needed = sorted(
-        {os.path.realpath(p) for p in candidates} | {os.path.abspath(p) for p in candidates},
-        key=len,
-    )
-    chosen: list[str] = []
-    for path in needed:
-        if not any(path.startswith(t + "/") for t in _HIDDEN_TREES):  # never a whole tree
-            continue
-        if any(path == c or path.startswith(c + "/") for c in chosen):
-            continue
-        if os.path.exists(path):
-            chosen.append(path)
-    return chosen
+    return LaunchSpec(argv=interpreter_command(config, backend, workdir, cgroup_fd), env=clean_env(workdir),
+                      cwd=workdir, pass_fds=(cgroup_fd,) if cgroup_fd >= 0 else ())
 
 
 @functools.cache
@@ -161,21 +194,51 @@ def seccomp_available() -> bool:
     return True
 
 
-@functools.cache
-def interpreter_sys_path(python: str) -> list[str]:
-    """The module search path ``python -I`` starts with (site-packages included), asked once.
+_LAYOUT_PROBE = (
+    "import json, os, sys\n"
+    "hops = [sys.argv[1]]\n"
+    "while os.path.islink(hops[-1]) and len(hops) < 40:\n"
+    "    hops.append(os.path.join(os.path.dirname(hops[-1]), os.readlink(hops[-1])))\n"
+    "print(json.dumps([hops, [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix], sys.path]))\n"
+)
 
-    Asked of the interpreter itself rather than copied from ``sys.path``, which holds whatever the
-    parent added (the current folder, test folders, ...).
-    """
+
+@functools.cache
+def interpreter_layout(python: str) -> InterpreterLayout:
+    """Asked of the interpreter itself rather than read from this process's ``sys``: the configured
+    interpreter may be another one, and ``sys.path`` here holds whatever the parent added."""
     try:
         out = subprocess.run(
-            [python, "-I", "-c", "import json, sys; print(json.dumps(sys.path))"],
+            [python, "-I", "-c", _LAYOUT_PROBE, os.path.abspath(python)],
             capture_output=True, timeout=60, check=True, stdin=subprocess.DEVNULL,
         ).stdout
-        return [p for p in json.loads(out) if p]
+        hops, prefixes, path = json.loads(out)
     except (OSError, subprocess.SubprocessError, ValueError):
-        return []  # the probe of any backend then fails with the interpreter's own error
+        # The probe of every backend then fails with the interpreter's own error.
+        return InterpreterLayout((os.path.abspath(python),), (), ())
+    return InterpreterLayout(tuple(os.path.abspath(h) for h in hops), tuple(prefixes), tuple(p for p in path if p))
+
+
+def interpreter_sys_path(python: str) -> list[str]:
+    """The module search path ``python -I`` starts with (site-packages included)."""
+    return list(interpreter_layout(python).sys_path)
+
+
+@functools.cache
+def private_namespaces_available(python: str) -> bool:
+    """Whether the launcher can give itself private mount and IPC namespaces (root, or unprivileged
+    user namespaces) and mount a tmpfs there: tried once, in a throwaway process."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="flashrl-sandbox-ns-") as folder:
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); import _namespaces; "
+                "_namespaces.enter(sys.argv[2], 1 << 20); print('ok')")
+        try:
+            out = subprocess.run([python, "-I", "-S", "-c", code, os.path.dirname(LAUNCHER), folder],
+                                 capture_output=True, timeout=60, stdin=subprocess.DEVNULL).stdout
+        except (OSError, subprocess.SubprocessError):
+            return False
+    return out.strip() == b"ok"
 
 
 @functools.lru_cache(maxsize=256)

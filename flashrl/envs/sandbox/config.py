@@ -26,7 +26,8 @@ class SandboxConfig:
     max_file_bytes: int = 16 << 20
     """Largest file the code may write (RLIMIT_FSIZE)."""
     workdir_bytes: int = 64 << 20
-    """Size of the private temporary filesystem that holds the work dir (bubblewrap backend)."""
+    """Bytes the work dir may hold: the size of its private tmpfs (bubblewrap; Landlock where the
+    machine allows private namespaces), else the runner's kill threshold for it (Landlock)."""
     max_open_files: int = 64
     """Open file descriptors limit (RLIMIT_NOFILE)."""
     max_output_bytes: int = 16 << 10
@@ -69,8 +70,9 @@ class SandboxResult:
     """Whether the wall-clock limit killed the run."""
     output_truncated: bool
     """Whether stdout or stderr passed ``max_output_bytes`` (the run was then killed)."""
-    killed_by: Literal["wall_time", "output_limit"] | None
-    """Why the sandbox killed the process group, if it did."""
+    killed_by: Literal["wall_time", "output_limit", "workdir_limit"] | None
+    """Why the sandbox killed the process group, if it did ("workdir_limit": only under Landlock on a
+    machine that allows no private tmpfs, where the runner measures the work dir instead)."""
     duration_s: float
     """Wall-clock seconds from start to exit."""
     backend: BackendName

@@ -13,7 +13,7 @@ import threading
 import time
 import warnings
 
-from flashrl.envs.sandbox import backends
+from flashrl.envs.sandbox import _cgroup, backends
 from flashrl.envs.sandbox.config import BackendName, SandboxConfig, SandboxResult
 
 logger = logging.getLogger(__name__)
@@ -39,11 +39,18 @@ try:
     print("write outside allowed")
 except OSError:
     pass
+try:
+    open(OUTSIDE + "/secret").read()
+    print("read outside allowed")
+except OSError:
+    pass
 print("probe-ok")
 """
 _PROBE_CACHE: dict[tuple[str, str], str | None] = {}
 _PROBE_LOCK = threading.Lock()
 _KILL_GRACE_S = 2.0
+_WORKDIR_POLL_S = 0.05
+"""How often the runner measures a host work dir that no tmpfs caps (see :func:`_workdir_bytes`)."""
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -57,16 +64,9 @@ class SandboxSetupError(RuntimeError):
 class Sandbox:
     """Runs Python programs, each in a fresh confined process.
 
-    Guarantees with the ``bubblewrap`` and ``landlock`` backends (each backend is probed once per
-    process when a sandbox is built, by running a program that must be refused a socket, a fork and
-    a write outside its work dir):
-    no network (socket creation is refused), no writes outside a per-call temporary work dir, reads
-    only of the interpreter, its module path, system libraries and the work dir (Landlock), no new
-    processes (threads only), no signals to other processes, no view of the parent's environment
-    variables, capped memory, CPU time, wall time, file size, open files and output; the whole process
-    group is killed at the wall-clock limit. ``bubblewrap`` adds fresh namespaces (pid, net, mount,
-    user, ipc, uts), a read-only root, private /tmp and /run, and hides /root and /home except the
-    interpreter's own folders.
+    Each backend is probed once per process when a sandbox is built, by running a program that must
+    be refused a socket, a fork, a write and a read outside its work dir; the guarantees of each are
+    tabled in :mod:`flashrl.envs.sandbox`.
     """
 
     def __init__(self, config: SandboxConfig | None = None) -> None:
@@ -125,8 +125,8 @@ def _choose_backend(config: SandboxConfig) -> BackendName:
 def _probe(config: SandboxConfig, backend: BackendName) -> str | None:
     """None if ``backend`` confines a test program as promised, else why not.
 
-    The probe program must be refused a UDP socket, a fork and a write to a folder outside its work
-    dir, and must exit 0; anything else (a missing library, a kernel without Landlock, bwrap unable to
+    The probe program must be refused a UDP socket, a fork, a write to a folder outside its work dir
+    and a read of a file there, and must exit 0; anything else (a missing library, a kernel without Landlock, bwrap unable to
     create namespaces) disqualifies the backend.
     """
     bwrap = backends.find_bwrap() if backend == "bubblewrap" else None
@@ -146,6 +146,8 @@ def _probe_uncached(config: SandboxConfig, backend: BackendName, bwrap: str | No
         return "the kernel has no Landlock support"
     outside = tempfile.mkdtemp(prefix="flashrl-sandbox-probe-")
     try:
+        with open(os.path.join(outside, "secret"), "w") as f:
+            f.write("host secret")
         code = f"OUTSIDE = {outside!r}\n{_PROBE_CODE}"
         # Default limits: the probe asks whether isolation works, not whether the user's limits fit.
         result = _run_backend(SandboxConfig(python=config.python), backend, bwrap, code.encode())
@@ -159,16 +161,25 @@ def _probe_uncached(config: SandboxConfig, backend: BackendName, bwrap: str | No
 
 
 def _run_backend(config: SandboxConfig, backend: BackendName, bwrap: str | None, code: bytes) -> SandboxResult:
-    workdir = None
+    workdir = watched = cgroup = None
     try:
+        parent, _ = _cgroup.delegated_parent()
+        if parent is not None and backend != "unconfined":
+            # Resident memory and the tmpfs pages the code writes are both charged to it.
+            cgroup = _cgroup.RunCgroup(parent, config.memory_bytes + config.workdir_bytes)
+        cgroup_fd = cgroup.procs_fd if cgroup is not None else -1
         if backend == "bubblewrap":
             assert bwrap is not None
-            spec = backends.bwrap_command(bwrap, config)
+            spec = backends.bwrap_command(bwrap, config, cgroup_fd)
         else:
             workdir = tempfile.mkdtemp(prefix="flashrl-sandbox-")
-            spec = backends.host_command(config, backend, workdir)
-        result = _execute(spec, code, config, backend)
+            spec = backends.host_command(config, backend, workdir, cgroup_fd)
+            if backend == "landlock" and not backends.private_namespaces_available(config.python):
+                watched = workdir  # no private tmpfs here: measure the host folder instead
+        result = _execute(spec, code, config, backend, watched)
     finally:
+        if cgroup is not None:
+            cgroup.close()
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
     if result.exit_code == SETUP_FAILED_EXIT and "sandbox setup failed" in result.stderr:
@@ -176,11 +187,13 @@ def _run_backend(config: SandboxConfig, backend: BackendName, bwrap: str | None,
     return result
 
 
-def _execute(spec: backends.LaunchSpec, code: bytes, config: SandboxConfig, backend: BackendName) -> SandboxResult:
+def _execute(
+    spec: backends.LaunchSpec, code: bytes, config: SandboxConfig, backend: BackendName, watched: str | None = None,
+) -> SandboxResult:
     start = time.monotonic()
     proc = subprocess.Popen(
         spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=spec.env, cwd=spec.cwd, start_new_session=True, close_fds=True,
+        env=spec.env, cwd=spec.cwd, start_new_session=True, close_fds=True, pass_fds=spec.pass_fds,
     )
     try:
         # Header for the launcher: the pid the seccomp program was compiled for and its length.
@@ -193,7 +206,7 @@ def _execute(spec: backends.LaunchSpec, code: bytes, config: SandboxConfig, back
         # A separate thread writes it and the code, so a child that never reads cannot block us past
         # the wall-clock limit.
         threading.Thread(target=_feed_stdin, args=(proc, header + code), daemon=True).start()
-        chunks, truncated, killed_by = _collect(proc, config, start)
+        chunks, truncated, killed_by = _collect(proc, config, start, watched)
     finally:
         _kill_group(proc)
         try:
@@ -230,8 +243,9 @@ def _feed_stdin(proc: subprocess.Popen, code: bytes) -> None:
         pass
 
 
-def _collect(proc: subprocess.Popen, config: SandboxConfig, start: float):
-    """Read both pipes until EOF, the wall-clock limit, or an output overflow."""
+def _collect(proc: subprocess.Popen, config: SandboxConfig, start: float, watched: str | None = None):
+    """Read both pipes until EOF, the wall-clock limit, an output overflow, or (``watched``: a host
+    work dir without a size-capped tmpfs) the work dir passing ``workdir_bytes``."""
     limit = config.max_output_bytes
     streams = {proc.stdout: "stdout", proc.stderr: "stderr"}
     chunks: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
@@ -247,6 +261,11 @@ def _collect(proc: subprocess.Popen, config: SandboxConfig, start: float):
             if remaining <= 0:
                 killed_by = "wall_time"
                 break
+            if watched is not None:
+                if _workdir_bytes(watched) > config.workdir_bytes:
+                    killed_by = "workdir_limit"
+                    break
+                remaining = min(remaining, _WORKDIR_POLL_S)
             for key, _ in sel.select(timeout=remaining):
                 name = streams[key.fileobj]
                 data = os.read(key.fd, 65536)
@@ -261,12 +280,38 @@ def _collect(proc: subprocess.Popen, config: SandboxConfig, start: float):
                     killed_by = "output_limit"
             if killed_by is not None:
                 break
-    if killed_by is None:
+    while killed_by is None:
         try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            proc.wait(timeout=max(min(deadline - time.monotonic(), _WORKDIR_POLL_S if watched else 1e9), 0.0))
+            break
         except subprocess.TimeoutExpired:  # closed its pipes but kept running
-            killed_by = "wall_time"
+            if time.monotonic() >= deadline:
+                killed_by = "wall_time"
+            elif watched is not None and _workdir_bytes(watched) > config.workdir_bytes:
+                killed_by = "workdir_limit"
+    # A program quicker than one poll may have finished over the limit: report it all the same.
+    if killed_by is None and watched is not None and _workdir_bytes(watched) > config.workdir_bytes:
+        killed_by = "workdir_limit"
     return chunks, truncated, killed_by
+
+
+def _workdir_bytes(folder: str) -> int:
+    """Disk space used beneath ``folder`` (allocated blocks, so sparse files count what they hold)."""
+    total = 0
+    stack = [folder]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                total += entry.stat(follow_symlinks=False).st_blocks * 512
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+            except OSError:
+                pass
+    return total
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
