@@ -1,6 +1,7 @@
 """FlashREINFORCE: Qwen2.5-7B-Instruct in ALFWorld, 50 turns (the reference setting `alfworld`).
 
     python tuned_examples/alfworld_qwen25_7b.py --dry-run
+    python tuned_examples/alfworld_qwen25_7b.py --resume                # continue the newest run from its newest checkpoint
     python tuned_examples/alfworld_qwen25_7b.py --print-config --variant negative_q02
     python tuned_examples/alfworld_qwen25_7b.py --alfworld-data $ALFWORLD_DATA/json_2.1.1
 

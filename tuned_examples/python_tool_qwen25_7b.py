@@ -1,6 +1,7 @@
 """FlashREINFORCE: Qwen2.5-7B-Instruct, 10-turn math with a Python tool (reference setting `qwen7b_tool`).
 
     python tuned_examples/python_tool_qwen25_7b.py --dry-run
+    python tuned_examples/python_tool_qwen25_7b.py --resume                # continue the newest run from its newest checkpoint
     python tuned_examples/python_tool_qwen25_7b.py --print-config --variant negative_q09
     python tuned_examples/python_tool_qwen25_7b.py --data data/dapo/train.jsonl \\
         --eval-data data/eval/amc23_minerva_aime25.jsonl

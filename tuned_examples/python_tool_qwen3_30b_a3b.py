@@ -1,6 +1,7 @@
 """FlashREINFORCE: Qwen3-30B-A3B (MoE), 20-turn Python-tool trust ablation (setting `qwen3_tool_ablation`).
 
     python tuned_examples/python_tool_qwen3_30b_a3b.py --dry-run
+    python tuned_examples/python_tool_qwen3_30b_a3b.py --resume                # continue the newest run from its newest checkpoint
     python tuned_examples/python_tool_qwen3_30b_a3b.py --print-config --variant no_trust
     python tuned_examples/python_tool_qwen3_30b_a3b.py --data data/dapo/train.jsonl \\
         --eval-data data/eval/amc23_minerva_aime25.jsonl

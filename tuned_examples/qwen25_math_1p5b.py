@@ -1,6 +1,7 @@
 """FlashREINFORCE: Qwen2.5-Math-1.5B on DAPO math problems (the reference setting `qwen_math`).
 
     python tuned_examples/qwen25_math_1p5b.py --dry-run
+    python tuned_examples/qwen25_math_1p5b.py --resume                # continue the newest run from its newest checkpoint
     python tuned_examples/qwen25_math_1p5b.py --print-config --variant gate_1e3
     python tuned_examples/qwen25_math_1p5b.py --data data/dapo/train.jsonl \\
         --eval-data data/eval/amc23_minerva_aime25.jsonl

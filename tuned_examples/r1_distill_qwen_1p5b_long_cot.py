@@ -1,6 +1,7 @@
 """FlashREINFORCE: DeepSeek-R1-Distill-Qwen-1.5B, long chain-of-thought math: reference setting `r1`.
 
     python tuned_examples/r1_distill_qwen_1p5b_long_cot.py --dry-run
+    python tuned_examples/r1_distill_qwen_1p5b_long_cot.py --resume                # continue the newest run from its newest checkpoint
     python tuned_examples/r1_distill_qwen_1p5b_long_cot.py --print-config --variant gate_5e3
     python tuned_examples/r1_distill_qwen_1p5b_long_cot.py --data data/sanity-r1d/train.jsonl \\
         --eval-data data/aime24_25.jsonl

@@ -2,6 +2,7 @@
 
     python tuned_examples/smollm2_arithmetic_cpu.py                 # about 11 minutes on 2 cores (docs/training.md)
     python tuned_examples/smollm2_arithmetic_cpu.py --dry-run       # the plan, nothing started
+    python tuned_examples/smollm2_arithmetic_cpu.py --resume                # continue the newest run from its newest checkpoint
     ray job submit --working-dir . -- python tuned_examples/smollm2_arithmetic_cpu.py --stop-iters 2
 
 Real components end to end: vLLM's CPU build samples (recording the behavior log-prob of every token),

@@ -1,6 +1,7 @@
 """A Ray Tune grid over the trust-region threshold `delta` and the batch size B (`train_batch_size`).
 
     python tuned_examples/tune_delta_batch_sweep.py --dry-run                # the GPU grid (math preset)
+    python tuned_examples/tune_delta_batch_sweep.py --tiny --resume                           # restore the newest sweep (Tune's own restore)
     python tuned_examples/tune_delta_batch_sweep.py --tiny                   # a 2 x 2 grid on a laptop CPU
     python tuned_examples/tune_delta_batch_sweep.py --tiny --model smollm2-135m-instruct --stop-iters 5
 
@@ -16,6 +17,7 @@ import itertools
 import json
 import os
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--tiny", action="store_true")
     preset = TINY if probe.parse_known_args(argv)[0].tiny else SWEEP
-    config, args = build_config(preset, make_config, argv, add_arguments=add_arguments)
+    config, args = build_config(preset, make_config, argv, add_arguments=add_arguments, find_resume_checkpoint=False)
     base = TINY_GRID if args.tiny else GPU_GRID
     grid = {
         "delta": args.deltas or base["delta"],
@@ -127,11 +129,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def sweep(config: FlashReinforceConfig, grid: dict[str, list], args: argparse.Namespace) -> int:
-    from flashrl.algorithms import FlashReinforce
     from ray import tune
 
+    from flashrl.algorithms import FlashReinforce
     from flashrl.ray_utils import init_or_join
 
+    if args.resume:  # Tune's own restore: finished trials kept, unfinished and errored ones resumed
+        experiment = _experiment_to_resume(args)
+        print(f"resuming the sweep in {experiment}", flush=True)
+        init_or_join()
+        tuner = tune.Tuner.restore(str(experiment), trainable=FlashReinforce, resume_unfinished=True,
+                                   resume_errored=True)
+        return _report(tuner.fit(), str(experiment.parent))
     output = os.path.abspath(args.output)
     if args.tiny and args.model is None:
         from flashrl.models import build_tiny_llama
@@ -140,17 +149,11 @@ def sweep(config: FlashReinforceConfig, grid: dict[str, list], args: argparse.Na
     config.reporting(log_dir=None)  # each trial logs into its own Tune folder
     param_space = config.to_dict() | {k: tune.grid_search(v) for k, v in grid.items()}
     init_or_join()
-    tuner = tune.Tuner(
-        FlashReinforce,
-        param_space=param_space,
-        tune_config=tune.TuneConfig(
-            max_concurrent_trials=args.max_concurrent_trials or (1 if args.tiny else None)
-        ),
-        run_config=tune.RunConfig(
-            name="sweep", storage_path=output, stop={"training_iteration": args.stop_iters}, verbose=1
-        ),
-    )
-    results = tuner.fit()
+    return _report(_new_tuner(param_space, output, args).fit(), output)
+
+
+def _report(results, output: str) -> int:
+    """The grid's table on the console and in `<output>/sweep_results.json`; 1 if any trial failed."""
     rows = []
     for result in results:
         metrics = result.metrics or {}
@@ -179,6 +182,41 @@ def sweep(config: FlashReinforceConfig, grid: dict[str, list], args: argparse.Na
     with open(os.path.join(output, "sweep_results.json"), "w", encoding="utf-8") as f:
         json.dump(rows, f, indent=2)
     return 1 if any(row["error"] for row in rows) else 0
+
+
+def _new_tuner(param_space: dict, output: str, args: argparse.Namespace):
+    from ray import tune
+
+    from flashrl.algorithms import FlashReinforce
+
+    return tune.Tuner(
+        FlashReinforce,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=args.max_concurrent_trials or (1 if args.tiny else None)
+        ),
+        run_config=tune.RunConfig(
+            name="sweep", storage_path=output, stop={"training_iteration": args.stop_iters}, verbose=1
+        ),
+    )
+
+
+def _experiment_to_resume(args: argparse.Namespace) -> Path:
+    """`--resume PATH` (a sweep folder), or `latest`: `<--output>/sweep`, else the newest sweep of this preset
+    under the results root."""
+    from ray import tune
+
+    if args.resume != "latest":
+        candidates = [Path(args.resume).expanduser()]
+    elif args.output_given:
+        candidates = [Path(args.output).expanduser() / "sweep"]
+    else:
+        root = Path(args.output).expanduser().parent  # <results root>/<preset>/<this run's time>
+        candidates = sorted(root.glob("*/sweep"), reverse=True)
+    for path in candidates:
+        if tune.Tuner.can_restore(str(path.resolve())):
+            return path.resolve()
+    raise SystemExit(f"error: --resume: expected a Tune sweep folder to restore, found none in {candidates or root}")
 
 
 if __name__ == "__main__":

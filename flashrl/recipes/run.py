@@ -46,18 +46,24 @@ def build_config(
     argv: Sequence[str] | None = None,
     *,
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+    find_resume_checkpoint: bool = True,
 ) -> tuple[Any, argparse.Namespace]:
-    """Parse `argv`, build the preset's config and apply the overrides; does not validate."""
+    """Parse `argv`, build the preset's config and apply the overrides; does not validate.
+
+    With `--resume`, `args.resume` becomes the checkpoint folder and `args.output` its run's folder
+    (unless `find_resume_checkpoint` is False: a Tune sweep restores its experiment folder itself).
+    """
     parser = recipe_parser(preset)
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)
-    if getattr(args, "resume", None) and not args.dry_run:
+    if getattr(args, "resume", None) and not args.dry_run and find_resume_checkpoint:
         try:
             checkpoint, run = find_checkpoint(args.resume, args.output, preset.name)
         except FileNotFoundError as err:
             parser.exit(EXIT_INVALID_CONFIG, f"{parser.prog}: error: {err}\n")
         args.resume, args.output = str(checkpoint), str(run)  # the resumed run writes where it did
+    args.output_given = args.output is not None
     if args.output is None:
         args.output = default_output(preset.name)
     config = make_config(args)
