@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["evaluate_policy", "evaluate_with_runner", "evaluation_config", "find_tuned_examples", "main"]
+__all__ = ["InProcessRunner", "evaluate_with_runner", "evaluation_config", "find_tuned_examples", "main"]
 
 EXAMPLES_ENV_VAR = "FLASHRL_TUNED_EXAMPLES"
 
@@ -111,73 +111,58 @@ def evaluation_config(base: dict[str, Any] | None = None, **fields: Any) -> Any:
     return config.update_from_dict({k: v for k, v in fields.items() if v is not None})
 
 
+class InProcessRunner:
+    """One `EnvRunner` in this process, with the blocking sampling calls of an `EnvRunnerGroup`.
+
+    What `flashrl.env_runners.evaluation.run_evaluation` needs (`evaluation_size`, `sample`), without
+    Ray: `flashrl eval` then runs the training run's evaluation code on it. One event loop
+    (`asyncio.Runner`) serves every call, so the runner's engine lives in one loop as in an actor.
+    """
+
+    def __init__(self, spec: Any, model_path: str) -> None:
+        import asyncio
+
+        from flashrl.env_runners import EnvRunner
+
+        self._loop = asyncio.Runner()
+        self._runner = EnvRunner(spec, runner_index=0, num_runners=1, model_path=model_path)
+
+    def evaluation_size(self, split: str | None = None) -> int | None:
+        return self._loop.run(self._runner.evaluation_size(split))
+
+    def sample(
+        self, indices: Sequence[int], *, group_size: int, evaluation: bool = False, split: str | None = None
+    ) -> list[Any]:
+        report = self._loop.run(
+            self._runner.sample(list(indices), group_size=group_size, evaluation=evaluation, split=split)
+        )
+        return [report]
+
+    def close(self) -> None:
+        """Stop the runner's engine, then close the loop (leftover tasks cancelled, as `asyncio.run` does)."""
+        try:
+            self._loop.run(self._runner.stop())
+        finally:
+            self._loop.close()
+
+
 def evaluate_with_runner(config: Any, model_path: str) -> tuple[dict[str, float], dict[str | None, list[Any]]]:
     """Run the evaluation protocol of `FlashReinforce.evaluate()` on an in-process `EnvRunner`.
 
-    The same `EnvRunner.sample(..., evaluation=True, split=...)` calls with the same prompt indices,
-    so a checkpoint scores the same prompts the same way here as in training; returns the metrics
-    and, per split, the runner's reports (every scored episode).
+    The same `run_evaluation` (`flashrl.env_runners.evaluation`) as the training run's episode
+    stream, with the same prompt indices, so a checkpoint scores the same prompts the same way here
+    as in training; returns the metrics and, per split, the runner's reports (every scored episode).
     """
-    import asyncio
-
-    from flashrl.env_runners import EnvRunner, EnvRunnerSpec
-    from flashrl.env_runners.evaluation import evaluation_metrics, evaluation_splits, num_prompts
+    from flashrl.env_runners.evaluation import run_evaluation
 
     config.validate()
     spec = config.env_runner_spec()
-
-    async def run() -> dict[str | None, list[Any]]:
-        runner = EnvRunner(spec, runner_index=0, num_runners=1, model_path=model_path)
-        try:
-            results = {}
-            for split in evaluation_splits(spec):
-                n = num_prompts(spec, await runner.evaluation_size(split))
-                report = await runner.sample(
-                    list(range(n)), group_size=config.evaluation_num_samples_per_prompt, evaluation=True, split=split
-                )
-                results[split] = [report]
-            return results
-        finally:
-            await runner.stop()
-
-    results = asyncio.run(run())
-    metrics = evaluation_metrics(
-        results, num_samples=config.evaluation_num_samples_per_prompt, datasource_key=config.evaluation_datasource_key
-    )
-    return metrics, results
-
-
-def evaluate_policy(
-    model: str,
-    *,
-    env: str,
-    env_config: dict[str, Any],
-    num_episodes: int,
-    engine: str = "torch",
-    engine_options: dict[str, Any] | None = None,
-    temperature: float = 0.0,
-    max_new_tokens: int = 256,
-    max_episode_tokens: int = 2048,
-    concurrency: int = 16,
-    seed: int = 0,
-) -> dict[str, float]:
-    """Evaluate `model` on `env` (`num_episodes` prompts) the way `FlashReinforce.evaluate()` does."""
-    from flashrl.models import resolve_model
-
-    config = evaluation_config(
-        env=env,
-        evaluation_env_config=dict(env_config),
-        evaluation_num_episodes=num_episodes,
-        engine=engine,
-        engine_options=dict(engine_options or {}),
-        evaluation_temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        max_episode_tokens=max_episode_tokens,
-        episodes_in_flight_per_env_runner=concurrency,
-        seed=seed,
-    )
-    metrics, _ = evaluate_with_runner(config, resolve_model(model))
-    return metrics
+    runner = InProcessRunner(spec, model_path)
+    try:
+        result = run_evaluation(runner, spec, num_samples=config.evaluation_num_samples_per_prompt)
+    finally:
+        runner.close()
+    return result.metrics, result.reports
 
 
 def _eval(args: argparse.Namespace) -> int:

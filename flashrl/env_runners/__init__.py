@@ -1,12 +1,15 @@
-"""EnvRunner actors: engines + environments that stream finished episodes to the learner."""
+"""EnvRunner actors: engines + environments that stream finished episodes to the learner, and the
+episode stream (`EpisodeStream`) that turns them into batches."""
 
 from flashrl.env_runners.env_runner import EnvRunner
 from flashrl.env_runners.group import EnvRunnerGroup, EnvRunnerGroupError
 from flashrl.env_runners.rollout import EnvError, play_episode, skip_reason
 from flashrl.env_runners.spec import EnvRunnerSpec
+from flashrl.env_runners.stream import CollectedBatch, EpisodeStream
 from flashrl.env_runners.types import EVAL_STREAM, SKIP_REASONS, TRAIN_STREAM, RunnerReport, stream_seed
 
 __all__ = [
+    "CollectedBatch",
     "EVAL_STREAM",
     "SKIP_REASONS",
     "TRAIN_STREAM",
@@ -15,6 +18,7 @@ __all__ = [
     "EnvRunnerGroup",
     "EnvRunnerGroupError",
     "EnvRunnerSpec",
+    "EpisodeStream",
     "RunnerReport",
     "play_episode",
     "skip_reason",

@@ -1,10 +1,10 @@
 """`BatchAssembler`: the next B finished episodes of B distinct prompts, in arrival order.
 
-The async path of `FlashReinforce` offers every delivered episode to an assembler. An episode joins the
+The async path of `EpisodeStream` offers every delivered episode to an assembler. An episode joins the
 batch unless its prompt is already in it (or the batch is full); then it waits for a later batch in a
 bounded queue whose oldest episode is dropped beyond its capacity (`pending_overflow`). With a lag
 bound (`async_queue_size`), an episode more than that many versions behind the learner is dropped
-(`stale`). Every drop is counted in `skipped` (the algorithm books it), never silent.
+(`stale`). Every drop is counted in `skipped` (the stream books it), never silent.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""The evaluation protocol, shared by `FlashReinforce.evaluate()` and `flashrl eval`.
+"""The evaluation protocol, shared by the episode stream (`FlashReinforce.evaluate()`) and `flashrl eval`.
 
-Both play evaluation episodes with `EnvRunner.sample(..., evaluation=True, split=...)`, so they score
-the same prompts the same way: prompt ``i`` of a split resets its env with the evaluation seed of
-index ``i`` (on a finite task list: task ``i``, in order), and its ``k`` samples (replicas
-``0..k-1``) sample with seeds derived from ``(seed, i, replica, turn)``, at the evaluation
-temperature and top_p. This module holds what they share: which splits and how many prompts
-(`evaluation_splits`, `num_prompts`), and the metrics of the episodes (`evaluation_metrics`).
+Both run `run_evaluation` over a sampler with `EnvRunner.sample(..., evaluation=True, split=...)`
+(the `EnvRunnerGroup` in training, one in-process `EnvRunner` in `flashrl eval`), so they score the
+same prompts the same way: prompt ``i`` of a split resets its env with the evaluation seed of index
+``i`` (on a finite task list: task ``i``, in order), and its ``k`` samples (replicas ``0..k-1``)
+sample with seeds derived from ``(seed, i, replica, turn)``, at the evaluation temperature and
+top_p. Which splits and how many prompts: `evaluation_splits`, `num_prompts`; the metrics of the
+episodes: `evaluation_metrics`.
 
 Metrics, as the reference's runtime reports them (Molt: ``pass1`` and ``pass{k}`` per data source):
 
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import RunnerReport
@@ -31,6 +33,45 @@ from flashrl.episode import Episode
 
 UNKNOWN_DATASOURCE = "unknown"
 """Benchmark name of an episode without the datasource field (when other episodes have it)."""
+
+
+class EvaluationSampler(Protocol):
+    """What the protocol needs of the runners: `EnvRunnerGroup`'s on-demand sampling (blocking)."""
+
+    def evaluation_size(self, split: str | None = None) -> int | None: ...
+
+    def sample(
+        self, indices: Sequence[int], *, group_size: int, evaluation: bool = False, split: str | None = None
+    ) -> list[RunnerReport]: ...
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """One evaluation: its metrics and, per split, the reports (every scored episode)."""
+
+    metrics: dict[str, float]
+    reports: dict[str | None, list[RunnerReport]]
+
+
+def run_evaluation(sampler: EvaluationSampler, spec: EnvRunnerSpec, *, num_samples: int) -> EvaluationResult:
+    """Play every split's evaluation prompts `num_samples` times each (k of avg@k) and score them.
+
+    Per split, `num_prompts` prompts (indices ``0..n-1``: every task once of a finite list, at most
+    `evaluation_num_episodes`), in the order of `evaluation_splits(spec)`.
+    """
+    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
+        raise ValueError(
+            "run_evaluation: expected num_samples (evaluation_num_samples_per_prompt) to be an integer "
+            f">= 1, got {num_samples!r}."
+        )
+    reports: dict[str | None, list[RunnerReport]] = {}
+    for split in evaluation_splits(spec):
+        n = num_prompts(spec, sampler.evaluation_size(split))
+        indices = list(range(n))
+        reports[split] = list(sampler.sample(indices, group_size=num_samples, evaluation=True, split=split))
+    key = spec.evaluation_datasource_key
+    metrics = evaluation_metrics(reports, num_samples=num_samples, datasource_key=key)
+    return EvaluationResult(metrics=metrics, reports=reports)
 
 
 def evaluation_splits(spec: EnvRunnerSpec) -> dict[str | None, dict[str, Any]]:

@@ -1,17 +1,16 @@
 """`EnvRunnerGroup`: the EnvRunner actors, their episode stream, weight broadcasts and restarts.
 
-The algorithm sees one stream of finished episodes. Each runner always has one outstanding `poll`
-call; `next_reports()` returns whichever replies are ready (each reply carries a batch of episodes,
-so the stream costs one round trip per batch, not per episode). A runner that dies is replaced at
-once (the others keep sampling meanwhile); the episodes it was playing or holding are counted in
-`num_lost_episodes`, never dropped from the books silently.
+The episode stream (`EpisodeStream`) sees one stream of finished episodes. Each runner always has
+one outstanding `poll` call; `next_reports()` returns whichever replies are ready (each reply
+carries a batch of episodes, so the stream costs one round trip per batch, not per episode). A
+runner that dies is replaced at once (the others keep sampling meanwhile); the episodes it was
+playing or holding are counted in `num_lost_episodes`, never dropped from the books silently.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -408,12 +407,6 @@ class EnvRunnerGroup:
     def kill(self, index: int) -> None:
         """Kill runner `index` (fault-injection for tests and drills); the group restarts it."""
         ray.kill(self._slots[index].actor, no_restart=True)
-
-    def skipped_total(self, reports: Sequence[RunnerReport]) -> Counter[str]:
-        total: Counter[str] = Counter()
-        for report in reports:
-            total.update(report.skipped)
-        return total
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop every runner (engines closed) and kill the actors."""

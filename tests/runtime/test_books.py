@@ -54,8 +54,8 @@ def test_fewer_distinct_prompts_than_the_batch_fails_clearly_and_the_queue_stays
         assert "fewer distinct prompts than train_batch_size" in str(error)
         assert "2 prompts already in the batch" in str(error)
         # The waiting queue is bounded; what it could not hold was dropped and counted.
-        assert len(algo._pending) <= algo._pending_capacity + config.train_batch_size
-        assert algo._totals["skipped/pending_overflow"] > 0
+        assert len(algo.stream.pending) <= algo.stream.pending_capacity + config.train_batch_size
+        assert algo.stream.totals["skipped/pending_overflow"] > 0
     finally:
         algo.stop()
 
@@ -73,15 +73,15 @@ def test_pending_episodes_are_booked_across_a_checkpoint(ray_session, tiny_confi
     try:
         for _ in range(10):
             r = algo.train()
-            if algo._pending:
+            if algo.stream.pending:
                 break
-        pending = len(algo._pending)
+        pending = len(algo.stream.pending)
         assert pending > 0
         assert unbalanced(r) == 0
         path = algo.save_to_path(str(tmp_path / "ckpt"))
         # Restored into the running algorithm: the books are the checkpoint's and still balance.
         algo.restore_from_path(path)
-        assert algo._pending == type(algo._pending)()
+        assert algo.stream.pending == type(algo.stream.pending)()
         r = algo.train()
         assert unbalanced(r) == 0
     finally:

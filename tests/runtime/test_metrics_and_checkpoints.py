@@ -1,4 +1,4 @@
-"""Pure metric helpers, the TensorBoard writer, the console line and checkpoint folder checks."""
+"""Metric helpers, an iteration's metrics by hand, TensorBoard, the console line, checkpoint folder checks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,19 @@ import os
 import pytest
 
 from flashrl.checkpoints import MARKER, CheckpointError, read_checkpoint, read_config
-from flashrl.metrics import TensorBoardLogger, Window, lag_histogram, policy_lags, progress_line
+from flashrl.episode import Episode
+from flashrl.metrics import (
+    LAG_BUCKETS,
+    IterationMetrics,
+    IterationTimes,
+    StreamCounts,
+    TensorBoardLogger,
+    Window,
+    iteration_histograms,
+    lag_histogram,
+    policy_lags,
+    progress_line,
+)
 
 
 def test_policy_lags_and_histogram_by_hand():
@@ -69,3 +81,60 @@ def test_a_folder_without_the_marker_is_not_a_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="checkpoint format 999, this flashrl reads format 1"):
         read_config(tmp_path)
     assert not os.path.exists(tmp_path / "config.json")
+
+
+def _episode(prompt: str, reward: float, length: int, version: int) -> Episode:
+    return Episode(prompt, [1] * length, [False] + [True] * (length - 1), [0.0] * length, reward=reward,
+                   policy_versions=[version])
+
+
+def _counts(**books) -> StreamCounts:
+    values = {"episodes": 0, "generated_tokens": 0, "env_steps": 0, "skipped": {"stale": 0}, "lost": 0,
+              "restarts": 0, "started": 0, "in_flight": 0, "pending": 0}
+    return StreamCounts(**{**values, **books})
+
+
+def test_iteration_metrics_by_hand():
+    metrics = IterationMetrics(smoothing_window=3, max_lag=None, token_rate_window=2)
+    times = IterationTimes(sample_wait=1.0, learner_update=0.5, weight_sync=0.25, iteration=4.0)
+    first = metrics.update(
+        [_episode("a", 1.0, 4, 0), _episode("b", 0.0, 2, 0)], lags=[0, 2], generated_tokens=40,
+        counts=_counts(episodes=2, skipped={"stale": 1, "empty": 0}, started=9, pending=1, lost=3),
+        learner_version=1, learner_metrics={"loss": -0.5, "drift_values": [0.1, 0.2]}, times=times,
+    )
+    assert first["env_runners/episode_return_mean"] == 0.5 and first["env_runners/episode_len_mean"] == 3.0
+    assert first["env_runners/batch_episode_return_max"] == 1.0
+    assert first["env_runners/batch_episode_return_min"] == 0.0
+    assert first["env_runners/batch_num_distinct_prompts"] == 2.0
+    assert (first["env_runners/policy_lag_mean"], first["env_runners/policy_lag_max"]) == (1.0, 2.0)
+    assert first["env_runners/generated_tokens_per_s"] == 10.0  # 40 tokens / 4 s
+    assert first["env_runners/num_skipped_stale_lifetime"] == 1.0
+    assert first["env_runners/num_skipped_empty_lifetime"] == 0.0
+    assert first["env_runners/num_started_lifetime"] == 9.0
+    assert first["env_runners/num_pending_episodes"] == 1.0
+    assert first["env_runners/num_lost_episodes_lifetime"] == 3.0
+    assert (first["learners/idle_fraction"], first["learners/trajectories_per_s"]) == (0.25, 0.5)
+    assert first["learners/loss"] == -0.5 and "learners/drift_values" not in first  # lists go to histograms
+    assert first["learners/version"] == 1.0 and first["num_episodes"] == 2
+    hist = [first[f"env_runners/policy_lag_hist/{k}"] for k in ("0", "1", "2", "3", "4+")]
+    assert hist == [0.5, 0.0, 0.5, 0.0, 0.0]
+    # The windows: returns over the last 3 episodes, tokens/s over the last 2 iterations.
+    second = metrics.update(
+        [_episode("c", 0.5, 6, 1), _episode("d", 0.5, 6, 1)], lags=[0, 0], generated_tokens=0,
+        counts=_counts(), learner_version=2, learner_metrics={}, times=IterationTimes(0.0, 0.5, 0.25, 1.0),
+    )
+    assert second["env_runners/episode_return_mean"] == pytest.approx((0.0 + 0.5 + 0.5) / 3)
+    assert second["env_runners/episode_len_mean"] == pytest.approx((2 + 6 + 6) / 3)
+    assert second["env_runners/generated_tokens_per_s"] == 8.0  # (40 + 0) tokens / (4 + 1) s
+    with pytest.raises(ValueError, match="expected the episodes of a batch, got none"):
+        metrics.update([], lags=[], generated_tokens=0, counts=_counts(), learner_version=2,
+                       learner_metrics={}, times=times)
+
+
+def test_the_lag_histogram_has_a_bucket_for_every_allowed_lag():
+    assert IterationMetrics(smoothing_window=1).lag_buckets == LAG_BUCKETS
+    assert IterationMetrics(smoothing_window=1, max_lag=2).lag_buckets == LAG_BUCKETS
+    assert IterationMetrics(smoothing_window=1, max_lag=6).lag_buckets == 7
+    hists = iteration_histograms([_episode("a", 1.0, 3, 0)], [4], {"drift_values": [0.5]})
+    assert hists == {"hist/episode_len": [3], "hist/generated_len": [2], "hist/policy_lag": [4],
+                     "hist/episode_return": [1.0], "hist/drift": [0.5]}
