@@ -41,7 +41,7 @@ if __name__ == "__main__":
     sys.exit(run_preset(PRESET, make_config))
 '''
 
-TIMERS = ("timers/", "_per_s", "idle_fraction", "num_in_flight", "num_started", "num_pending")
+TIMERS = ("timers/", "_time_s", "_per_s", "idle_fraction", "num_in_flight", "num_started", "num_pending")
 
 
 def _script(tmp_path: Path, model: str) -> Path:
