@@ -29,6 +29,8 @@ POLL_TIMEOUT_S = 1.0
 ENGINE_START_TIMEOUT_S = 900.0
 """The least time `setup()` gives the engines to start (a short `sample_timeout_s` does not cut it).
 flashrl's own choice: vLLM's CPU start took 20-60 s here, several minutes on a busy host."""
+REPEATED_ERROR_LIMIT = 3
+"""The same error raised by a runner's code this many times in a row stops the run (no more restarts)."""
 
 
 class EnvRunnerGroupError(RuntimeError):
@@ -89,6 +91,8 @@ class EnvRunnerGroup:
         """Pending async weight updates: ref -> (runner index, the actor it went to)."""
         self.num_restarts = 0
         self.num_lost_episodes = 0
+        self._repeats: tuple[str, int] | None = None
+        """(the last runner error that was not a death, how many times in a row it came)."""
         self.facts: dict[str, Any] = {}
         self._weights_source: Callable[[], tuple[int, Any]] | None = None
         """Where a replacement runner gets its weights (``set_weights_source``); None: the last broadcast."""
@@ -328,6 +332,7 @@ class EnvRunnerGroup:
         return reports
 
     def _book(self, index: int, report: RunnerReport) -> None:
+        self._repeats = None  # a runner works again: an earlier error was not the run's fate
         slot = self._slots[index]
         slot.started = report.started
         slot.in_flight = report.in_flight
@@ -379,6 +384,7 @@ class EnvRunnerGroup:
             raise EnvRunnerGroupError(
                 f"EnvRunner {index} failed ({err!r}); restart_failed_env_runners is False."
             ) from err
+        self._stop_on_a_repeated_error(index, err)
         if self.num_restarts >= self.spec.max_num_env_runner_restarts:
             raise EnvRunnerGroupError(
                 f"EnvRunner {index} failed ({err!r}) after {self.num_restarts} restarts "
@@ -403,6 +409,23 @@ class EnvRunnerGroup:
             self._start_slot(index, weights)  # loads the current weights before its first episode
         elif weights is not None:
             new.actor.set_weights.remote(*weights)
+
+    def _stop_on_a_repeated_error(self, index: int, err: BaseException) -> None:
+        """An error raised by the runner's code (not its death) that repeats is deterministic, e.g. an env
+        whose constructor or reset always raises: restarting (and starting its engine again) cannot help."""
+        if isinstance(err, RayActorError) and not err.actor_init_failed:
+            self._repeats = None  # a death (killed, out of memory, node lost): restarting is the cure
+            return
+        cause = err.cause if isinstance(err, RayTaskError) and err.cause is not None else err
+        signature = f"{type(cause).__name__}: {cause}".split("\n")[0]
+        count = self._repeats[1] + 1 if self._repeats is not None and self._repeats[0] == signature else 1
+        self._repeats = (signature, count)
+        if count >= REPEATED_ERROR_LIMIT:
+            raise EnvRunnerGroupError(
+                f"EnvRunner {index} failed with the same error {count} times in a row: {signature}. Expected "
+                "restarts to cure a crash; an error that repeats is in the settings or the env (its "
+                "constructor, reset or data). Fix it; the run stops instead of restarting again."
+            ) from err
 
     def kill(self, index: int) -> None:
         """Kill runner `index` (fault-injection for tests and drills); the group restarts it."""

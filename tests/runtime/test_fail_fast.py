@@ -61,3 +61,34 @@ def test_delta_zero_warns():
         _math().training(delta=0.0, trust_region="none").validate()
     messages = [str(w.message) for w in caught if "delta=0" in str(w.message)]
     assert len(messages) == 1 and "rejects every trajectory" in messages[0]
+
+
+
+def test_a_runner_error_that_repeats_stops_the_run_instead_of_a_restart():
+    from ray.exceptions import RayActorError, RayTaskError
+
+    from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError
+    from flashrl.env_runners.group import REPEATED_ERROR_LIMIT
+
+    group = EnvRunnerGroup.__new__(EnvRunnerGroup)  # the bookkeeping only: no actors
+    group._repeats = None
+
+    def task_error(text: str) -> RayTaskError:
+        return RayTaskError("EnvRunner.poll", "Traceback ...", ValueError(text))
+
+    # Deaths (killed, out of memory) are restarted however often; an error in between resets the streak.
+    for _ in range(5):
+        group._stop_on_a_repeated_error(0, RayActorError(actor_init_failed=False))
+    group._stop_on_a_repeated_error(0, task_error("env reset failed"))
+    group._stop_on_a_repeated_error(0, task_error("another error"))
+    for _ in range(REPEATED_ERROR_LIMIT - 1):
+        group._stop_on_a_repeated_error(1, task_error("env reset failed"))
+    with pytest.raises(EnvRunnerGroupError, match=rf"EnvRunner 1 failed with the same error {REPEATED_ERROR_LIMIT} "
+                                                  r"times in a row: ValueError: env reset failed\. .*Fix it"):
+        group._stop_on_a_repeated_error(1, task_error("env reset failed"))
+    # An actor whose constructor raised is deterministic too.
+    group._repeats = None
+    for _ in range(REPEATED_ERROR_LIMIT - 1):
+        group._stop_on_a_repeated_error(0, RayActorError(actor_init_failed=True, error_msg="init"))
+    with pytest.raises(EnvRunnerGroupError):
+        group._stop_on_a_repeated_error(0, RayActorError(actor_init_failed=True, error_msg="init"))
