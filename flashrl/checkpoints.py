@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ ALGORITHM_STATE_FILE = "algorithm_state.json"
 
 
 class CheckpointError(ValueError):
-    """A folder that is not a (compatible) flashrl checkpoint."""
+    """A folder that is not a (compatible) flashrl checkpoint, or a file in it that cannot be read safely."""
 
 
 @dataclass
@@ -44,10 +45,6 @@ class Checkpoint:
     config: dict[str, Any]
     learner_state: dict[str, Any]
     algorithm_state: dict[str, Any]
-
-    @property
-    def policy_path(self) -> str:
-        return os.path.join(self.path, POLICY_DIR)
 
 
 def write_checkpoint(
@@ -85,10 +82,41 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     path = _check(path)
     with open(os.path.join(path, ALGORITHM_STATE_FILE), encoding="utf-8") as f:
         algorithm_state = json.load(f)
-    # Our own file: it holds RNG states (Python tuples, NumPy arrays) besides tensors.
-    learner_state = torch.load(os.path.join(path, LEARNER_STATE_FILE), map_location="cpu", weights_only=False)
+    learner_state = load_tensor_file(os.path.join(path, LEARNER_STATE_FILE))
     return Checkpoint(path=path, config=read_config(path), learner_state=learner_state,
                       algorithm_state=algorithm_state)
+
+
+def load_tensor_file(file: str | os.PathLike[str]) -> Any:
+    """Load a file written by ``torch.save`` of tensors and plain containers, running no code from it.
+
+    ``weights_only=True`` makes torch's unpickler refuse every global outside its allow-list (tensors,
+    dtypes, plain containers, numbers, strings): a checkpoint is data from wherever it was copied, and a
+    full unpickle of it would run whatever the file asks for. Every way the file can be unreadable
+    (refused global, truncated or corrupt zip, not a torch file) becomes one `CheckpointError` naming it.
+    """
+    file = os.fspath(file)
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{file}: expected a torch state file here, found none. The checkpoint is incomplete; pass a "
+            "folder written whole by save_to_path()."
+        ) from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, TypeError) as error:
+        raise CheckpointError(
+            f"{file} is not a readable flashrl state file (expected tensors and plain Python values saved by "
+            f"flashrl; torch said: {load_error_reason(error)}). The file is truncated, corrupt or was altered; "
+            "nothing in it was run. Restore it from an intact copy of the checkpoint."
+        ) from error
+
+
+def load_error_reason(error: BaseException) -> str:
+    """One line saying why ``torch.load`` refused a file: the unpickler's own line when there is one."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    # weights_only refusals open with a paragraph about torch 2.6; the reason is the WeightsUnpickler line.
+    reason = next((line for line in lines if line.startswith("WeightsUnpickler error:")), lines[0] if lines else "")
+    return f"{type(error).__name__}: {reason}"
 
 
 def _check(path: str | os.PathLike[str]) -> str:

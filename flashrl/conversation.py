@@ -13,6 +13,14 @@
   former must be a prefix of the latter (else :class:`ChatTemplateError`), and the suffix is
   tokenised and appended (``loss_mask`` False).
 
+**Control tokens come from the template only.** Text from the environment, its tools and its
+dataset is data: a tool's output that contains ``<|im_start|>`` must not become a real turn marker
+(it would let the model forge turns for itself through the tool, or a dataset forge them in a prompt).
+Every special token of the tokenizer that the chat template itself emits is inserted by id; all other
+text, message contents included, is tokenised with ``split_special_tokens=True``, so a control token's
+text in it is ordinary characters. Where no content holds such text, the result equals tokenising the
+rendered conversation (the tokenizer splits at control tokens first either way).
+
 **The end of a model turn.** The template closes an assistant message with its end-of-turn text
 (SmolLM2: ``<|im_end|>\\n``). What the model sampled is kept as is and only the missing rest is
 added, with ``loss_mask`` False, in front of the next delta:
@@ -53,7 +61,9 @@ Typical use in an env runner::
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from flashrl.episode import Episode
@@ -132,7 +142,8 @@ class TokenizedConversation:
         self._pending_close = ""
         self._truncated = False
         self._verbatim = True
-        prompt = self._tokenize(self._render(self._messages, generation_prompt=True))
+        self._controls = _control_tokens(tokenizer)
+        prompt = self._tokenize(*self._render_marked(self._messages, generation_prompt=True))
         self._append(prompt, mask=False)
         self.prompt_length = len(prompt)
         """Number of prompt tokens (the start of the first model turn)."""
@@ -259,7 +270,7 @@ class TokenizedConversation:
                 "ended, and then the conversation is finished with to_episode()."
             )
         before = self._render(self._messages, generation_prompt=False)
-        after = self._render(self._messages + new, generation_prompt=True)
+        after, after_controls = self._render_marked(self._messages + new, generation_prompt=True)
         if not after.startswith(before):
             raise ChatTemplateError(
                 "The chat template does not render the conversation as a prefix of the conversation "
@@ -267,7 +278,7 @@ class TokenizedConversation:
                 f"new turn cannot be appended token-exactly. Rendered before: {before[-200:]!r}; "
                 f"after: {after[len(before) - 200 : len(before) + 200]!r}."
             )
-        delta = self._tokenize(self._pending_close + after[len(before) :])
+        delta = self._tokenize(*self._delta(before, after, after_controls))
         if self.max_tokens is not None and len(self._ids) + len(delta) >= self.max_tokens:
             self._truncated = True
             return False
@@ -297,7 +308,7 @@ class TokenizedConversation:
             raise ValueError("to_episode needs a prompt_id (give it here or to TokenizedConversation).")
         ids, mask, lps = list(self._ids), list(self._mask), list(self._logprobs)
         if close_last_turn and self._pending_close:
-            tail = self._tokenize(self._pending_close)
+            tail = self._tokenize(self._pending_close, self._controls.spans(self._pending_close))
             if self.max_tokens is None or len(ids) + len(tail) <= self.max_tokens:
                 ids += tail
                 mask += [False] * len(tail)
@@ -321,18 +332,6 @@ class TokenizedConversation:
             info=details,
         )
 
-    def model_token_ids(self) -> list[list[int]]:
-        """The token ids of each model turn, in order, as they lie in the sequence."""
-        turns: list[list[int]] = []
-        previous = False
-        for token, m in zip(self._ids, self._mask):
-            if m and not previous:
-                turns.append([])
-            if m:
-                turns[-1].append(token)
-            previous = m
-        return turns
-
     # ----------------------------------------------------------------------------- internals
     def _append(self, ids: list[int], *, mask: bool) -> None:
         self._ids.extend(ids)
@@ -344,8 +343,68 @@ class TokenizedConversation:
             self.tokenizer, messages, generation_prompt=generation_prompt, **self.chat_template_kwargs
         )
 
-    def _tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+    def _render_marked(
+        self, messages: list[dict[str, str]], *, generation_prompt: bool
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered text and the spans of the control tokens the template (not a content) put there."""
+        text = self._render(messages, generation_prompt=generation_prompt)
+        if not any(self._controls.spans(m["content"]) for m in messages):
+            return text, self._controls.spans(text)  # every control token's text is the template's
+        # Render a skeleton with placeholders for the contents; its control tokens are the template's.
+        # Private-use characters: no tokenizer has them in a special token, no content sensibly holds them.
+        holders = [f"\ue000flashrl-content-{i}\ue001" for i in range(len(messages))]
+        skeleton = self._render(
+            [{"role": m["role"], "content": h} for m, h in zip(messages, holders)],
+            generation_prompt=generation_prompt,
+        )
+        pieces = re.split("(" + "|".join(map(re.escape, holders)) + ")", skeleton)
+        for rendered_content in (lambda c: c, str.strip):  # verbatim, or a template that trims
+            rebuilt, spans = "", []
+            for piece in pieces:
+                if piece in holders:
+                    rebuilt += rendered_content(messages[holders.index(piece)]["content"])
+                else:
+                    spans += [(len(rebuilt) + a, len(rebuilt) + b) for a, b in self._controls.spans(piece)]
+                    rebuilt += piece
+            if rebuilt == text:
+                return text, spans
+        raise ChatTemplateError(
+            "A message's content holds the text of a control token (one of the tokenizer's special tokens) "
+            "and the chat template does not render contents verbatim, so the template's own control tokens "
+            "cannot be told apart from the content's. Use a template that renders contents as given (or "
+            f"only trims them); rendered: {text[:300]!r}."
+        )
+
+    def _delta(
+        self, before: str, after: str, after_controls: list[tuple[int, int]]
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The text appended after ``before`` (closing of the last model turn first), with its control spans."""
+        close = self._pending_close
+        spans = self._controls.spans(close)  # the template's closing text: its control tokens are real
+        for start, end in after_controls:
+            if start < len(before) < end:
+                raise ChatTemplateError(
+                    f"The chat template renders a control token across the end of the previous turn "
+                    f"({after[start:end]!r} at {start}), so the new turn cannot be appended token-exactly."
+                )
+            if start >= len(before):
+                spans.append((start - len(before) + len(close), end - len(before) + len(close)))
+        return close + after[len(before) :], spans
+
+    def _tokenize(self, text: str, controls: Sequence[tuple[int, int]] = ()) -> list[int]:
+        """Token ids of ``text``: ``controls`` (spans) become their control tokens, all else plain text."""
+        ids: list[int] = []
+        pos = 0
+        for start, end in controls:
+            ids += self._plain_ids(text[pos:start])
+            ids.append(self._controls.ids[text[start:end]])
+            pos = end
+        return ids + self._plain_ids(text[pos:])
+
+    def _plain_ids(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -373,6 +432,28 @@ class TokenizedConversation:
             f"{body[:200]!r} for content {content[:200]!r}); token-exact episodes need a template "
             "that renders assistant content verbatim (or only trims whitespace)."
         )
+
+
+@dataclass(frozen=True)
+class _ControlTokens:
+    """The tokenizer's special tokens: their ids, and where their text occurs in a string."""
+
+    ids: dict[str, int]
+    pattern: re.Pattern[str] | None
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        return [] if self.pattern is None else [m.span() for m in self.pattern.finditer(text)]
+
+
+def _control_tokens(tokenizer: Any) -> _ControlTokens:
+    """Every special token (``all_special_tokens`` and added tokens marked special) of ``tokenizer``."""
+    names = set(getattr(tokenizer, "all_special_tokens", []))
+    names |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+    ids = {name: int(tokenizer.convert_tokens_to_ids(name)) for name in names if name}
+    # Longest first, so that a token whose text contains another's is matched whole.
+    ordered = sorted(ids, key=len, reverse=True)
+    pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+    return _ControlTokens(ids=ids, pattern=pattern)
 
 
 def render_chat(

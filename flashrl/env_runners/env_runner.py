@@ -30,7 +30,9 @@ import gymnasium as gym
 
 from flashrl.env_runners.evaluation import split_env_config
 from flashrl.env_runners.rollout import (
+    DEFAULT_ENV_TIMEOUT_S,
     EnvError,
+    EnvTimeout,
     evaluation_reset_options,
     finite_task_count,
     play_episode,
@@ -66,7 +68,10 @@ class EnvRunner:
         model_path: str,
         start_counter: int = 0,
         env_spec: gym.envs.registration.EnvSpec | None = None,
+        env_timeout_s: float | None = DEFAULT_ENV_TIMEOUT_S,
     ) -> None:
+        if env_timeout_s is not None and not env_timeout_s > 0:
+            raise ValueError(f"EnvRunner: env_timeout_s must be None or > 0 seconds; got {env_timeout_s!r}.")
         if not isinstance(spec, EnvRunnerSpec):
             raise TypeError(
                 f"EnvRunner: expected an EnvRunnerSpec, got {type(spec).__name__}. Fix: pass "
@@ -80,6 +85,8 @@ class EnvRunner:
         self._counter = int(start_counter)
         self._context = self.spec.max_episode_tokens
         self._env_spec = env_spec
+        self.env_timeout_s = env_timeout_s
+        """Time limit of one env.reset / env.step call (None: none); see `EnvTimeout`."""
         self._engine: Any = None
         self._pools: dict[tuple[int, str | None], list[gym.Env]] = defaultdict(list)
         """Idle env instances per (stream, evaluation split)."""
@@ -412,7 +419,19 @@ class EnvRunner:
                 executor=self._executor,
                 reset_options=evaluation_reset_options(env, index) if stream == EVAL_STREAM else None,
                 keep_reset_info=(datasource,) if stream == EVAL_STREAM and datasource else (),
+                env_timeout_s=self.env_timeout_s,
             )
+        except EnvTimeout as err:
+            logger.warning("EnvRunner %d: episode %d dropped: %s", self.runner_index, index, err)
+            # The hung call still holds the env and one worker thread; neither close() (it could hang
+            # too) nor reuse is safe. New episodes get a fresh executor, so they do not queue behind the
+            # hung thread; the old one is not shut down (episodes in flight still submit to it) and
+            # lets its idle threads go once the last of them drops it.
+            self._executor = ThreadPoolExecutor(
+                max_workers=max(2, self.spec.episodes_in_flight_per_env_runner),
+                thread_name_prefix=f"env-runner-{self.runner_index}",
+            )
+            return _Outcome(None, "env_timeout")
         except EnvError as err:
             logger.warning("EnvRunner %d: environment error in episode %d: %s", self.runner_index, index, err)
             env.close()  # a broken env is not reused

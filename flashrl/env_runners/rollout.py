@@ -26,6 +26,19 @@ class EnvError(RuntimeError):
     """The environment raised during reset or step; the episode is dropped and counted."""
 
 
+class EnvTimeout(EnvError):
+    """``env.reset``/``env.step`` did not return within the time limit; the episode is dropped and counted.
+
+    A Python thread cannot be killed: the call goes on in its worker thread until it returns (if ever),
+    and the env it holds must never be used again (it is not returned to the pool).
+    """
+
+
+DEFAULT_ENV_TIMEOUT_S = 300.0
+"""Default time limit of one ``env.reset`` or ``env.step`` call (a sandboxed tool run, a verifier
+call and a game step all take seconds; a call still running after five minutes is hung)."""
+
+
 def evaluation_reset_options(env: gym.Env, index: int) -> dict[str, Any] | None:
     """Evaluation on a finite task list walks it in order: episode i plays task i mod N.
 
@@ -76,10 +89,21 @@ def _bad_completion(completion: Any) -> bool:
     return not all(math.isfinite(lp) and lp <= MAX_LOGPROB for lp in completion.logprobs)
 
 
-async def _in_thread(executor: Executor, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+async def _in_thread(
+    executor: Executor, timeout_s: float | None, fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
     loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
     try:
-        return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
+        # shield: on timeout wait_for would cancel the future, which cannot stop a running thread anyway.
+        return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+    except TimeoutError:
+        # Whatever the hung call ends with later is nobody's to handle: retrieve it so asyncio does not log it.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        raise EnvTimeout(
+            f"{getattr(fn, '__name__', fn)} did not return within {timeout_s} s (env_timeout_s); the call "
+            "goes on in its thread and the env is discarded."
+        ) from None
     except Exception as err:  # the env's own failure: reported as such, not as an engine failure
         raise EnvError(f"{type(err).__name__}: {err}") from err
 
@@ -95,6 +119,7 @@ async def play_episode(
     executor: Executor,
     reset_options: Mapping[str, Any] | None = None,
     keep_reset_info: Sequence[str] = (),
+    env_timeout_s: float | None = DEFAULT_ENV_TIMEOUT_S,
 ) -> Episode:
     """Run `env` to the end with `engine` as the policy.
 
@@ -109,11 +134,15 @@ async def play_episode(
         reset_options: options of `env.reset` (e.g. `{"task_index": i}` for evaluation).
         keep_reset_info: fields of the reset info copied into the episode's info when the last step's
             info lacks them (e.g. the benchmark name an evaluation reports by).
+        env_timeout_s: time limit of each `env.reset`/`env.step` call (None: none); past it the call
+            raises `EnvTimeout`.
     """
     from flashrl.engines import SamplingConfig
     from flashrl.conversation import TokenizedConversation
 
-    messages, info = await _in_thread(executor, env.reset, seed=reset_seed, options=reset_options)
+    messages, info = await _in_thread(
+        executor, env_timeout_s, env.reset, seed=reset_seed, options=reset_options
+    )
     conversation = TokenizedConversation(
         engine.tokenizer, messages, prompt_id=str(info["prompt_id"]), max_tokens=max_episode_tokens
     )
@@ -134,7 +163,9 @@ async def play_episode(
         if _bad_completion(completion):
             turn += 1
             break  # the episode is dropped and counted (`skip_reason`): the env never sees the reply
-        new_messages, reward, terminated, truncated, step_info = await _in_thread(executor, env.step, text)
+        new_messages, reward, terminated, truncated, step_info = await _in_thread(
+            executor, env_timeout_s, env.step, text
+        )
         total_reward += float(reward)
         turn += 1
         if terminated or truncated or not conversation.add_env_messages(new_messages):

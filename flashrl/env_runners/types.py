@@ -16,6 +16,7 @@ EVAL_STREAM = 1
 
 RUNNER_SKIP_REASONS = (
     "non_finite", "invalid_logprob", "aborted", "empty", "over_long", "request_error", "env_error",
+    "env_timeout",
 )
 """Why an EnvRunner drops a finished episode instead of streaming it (each one is counted):
 
@@ -25,7 +26,9 @@ RUNNER_SKIP_REASONS = (
 - ``empty``: no generated token (e.g. a prompt that fills the context);
 - ``over_long``: longer than ``max_episode_tokens``;
 - ``request_error``: the engine rejected the request;
-- ``env_error``: the environment raised.
+- ``env_error``: the environment raised;
+- ``env_timeout``: ``env.reset`` or ``env.step`` ran past the runner's time limit (``env_timeout_s``);
+  the hung call keeps its worker thread and the env is never reused.
 """
 DRIVER_SKIP_REASONS = ("stale", "pending_overflow")
 """Why the algorithm drops a delivered episode before it reaches a batch (each one is counted):

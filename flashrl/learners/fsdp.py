@@ -21,8 +21,8 @@ instead, with torch's own engines and nothing home-made where those serve:
   a load may use another world size (DCP reshards).
 - ``export_hf``: the full state dict gathered to rank 0 on the CPU, written as a Hugging Face
   safetensors folder (transformers and vLLM load it; tied embeddings are stored once).
-- ``iter_full_tensors`` / ``iter_full_buckets``: the full tensors one at a time or in buckets of at
-  most N bytes, for streaming weights into inference engines without materialising the whole model.
+- ``iter_full_tensors``: the full tensors one at a time, for streaming weights into inference engines
+  without materialising the whole model.
 
 Every function that gathers or saves is a collective: call it on every rank, in the same order.
 """
@@ -30,8 +30,10 @@ Every function that gathers or saves is a collective: call it on every rank, in 
 from __future__ import annotations
 
 import copy
+import importlib
 import io
 import os
+import pickle
 import shutil
 import tempfile
 import types
@@ -48,6 +50,9 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
     checkpoint_wrapper,
 )
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -66,13 +71,14 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
+from flashrl.checkpoints import CheckpointError, load_error_reason
+
 __all__ = [
     "call_through_root",
     "clean_name",
     "clip_grad_norm",
     "decoder_layers",
     "export_hf",
-    "iter_full_buckets",
     "iter_full_tensors",
     "load_pretrained_sharded",
     "load_sharded",
@@ -363,13 +369,103 @@ def load_sharded(
     else:
         state["model"], state["optimizer"] = get_state_dict(model, optimizer)
     state[_EXTRA_KEY] = io.BytesIO()
-    dcp.load(state, checkpoint_id=path)
+    reader, planner = _SafeReader(path), _SafeLoadPlanner()
+    try:
+        dcp.load(state, storage_reader=reader, planner=planner)
+    except (Exception, CheckpointException) as error:  # CheckpointException derives from BaseException
+        # DCP gathers a rank's failure into its own exception (AssertionError, CheckpointException);
+        # the refusal itself is kept by whichever of the two raised it.
+        if reader.refused is not None:  # names the metadata file
+            raise reader.refused from error
+        if planner.refused is not None:
+            raise CheckpointError(f"{path}: {planner.refused}") from error
+        raise
     set_state_dict(model, optimizer if optimizer is not None else (),
                    model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
-    extra = state[_EXTRA_KEY]
-    if isinstance(extra, io.BytesIO):  # DCP replaces the placeholder with torch.load of the stored blob
-        extra = torch.load(extra, weights_only=False)
-    return extra
+    return state[_EXTRA_KEY]
+
+
+# DCP's own loader unpickles two things a copied checkpoint controls: the ``.metadata`` file (plain
+# ``pickle.load`` in ``FileSystemReader.read_metadata``) and every bytes entry (a full, not weights-only,
+# ``torch.load`` in ``DefaultLoadPlanner.load_bytes``; torch 2.13). Either runs any code the file asks
+# for. The two classes below read the same data with allow-lists instead.
+_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": None,  # None: every class of the module (plain dataclasses)
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath", "Path"},
+    "collections": {"OrderedDict"},
+    "builtins": {"set", "frozenset", "slice"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a DCP ``.metadata`` file, refusing every global outside ``_METADATA_GLOBALS``."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = _METADATA_GLOBALS.get(module, set())
+        if allowed is None:  # a class defined in DCP's metadata module, not one it imports
+            found = getattr(importlib.import_module(module), name, None)
+            if isinstance(found, type) and found.__module__ == module:
+                return found
+        elif name in allowed:
+            return super().find_class(module, name)
+        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(
+            f"global {module}.{name} is not allowed in DCP metadata (expected only DCP's metadata classes, "
+            "torch.Size and dtypes)"
+        )
+
+
+class _SafeReader(dcp.FileSystemReader):
+    refused: CheckpointError | None = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        file = self._get_metadata_path(kwargs.get("rank"))
+        try:
+            with self.fs.create_stream(file, "rb") as stream:
+                metadata = _MetadataUnpickler(stream).load()
+        except FileNotFoundError:
+            raise  # DCP probes for per-rank metadata files that a plain save does not write
+        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError, TypeError) as error:
+            self.refused = CheckpointError(
+                f"{file} is not readable DCP metadata ({type(error).__name__}: {error}). The checkpoint is "
+                "truncated, corrupt or was altered; nothing in it was run. Restore it from an intact copy."
+            )
+            raise self.refused from error
+        if getattr(metadata, "storage_meta", None) is None:  # as FileSystemReader.read_metadata does
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _SafeLoadPlanner(DefaultLoadPlanner):
+    refused: CheckpointError | None = None
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        try:
+            # DCP stored the BytesIO object itself (torch.save of it), so the outer load must allow
+            # that one class; the blob inside is what save_sharded wrote, loaded weights-only too.
+            with torch.serialization.safe_globals([io.BytesIO]):
+                loaded = torch.load(value, map_location="cpu", weights_only=True)
+            if isinstance(loaded, io.BytesIO):
+                loaded.seek(0)
+                loaded = torch.load(loaded, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as error:
+            self.refused = CheckpointError(
+                f"the entry {read_item.dest_index.fqn!r} of the DCP checkpoint is not plain data (expected "
+                f"tensors and Python values; {load_error_reason(error)}); nothing in it was run. Restore the "
+                "checkpoint from an intact copy."
+            )
+            raise self.refused from error
+        if self.flatten_state_dict:  # the same placement as DefaultLoadPlanner.load_bytes
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
 
 
 # --------------------------------------------------------------------------------------------------
@@ -489,36 +585,6 @@ def iter_full_tensors(
     """
     for name, tensor in _unique_state_items(model):
         yield name, _gather(tensor, dtype=dtype, device=device)
-
-
-def iter_full_buckets(
-    model: nn.Module,
-    *,
-    bucket_bytes: int,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = "cpu",
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Lists of ``(name, full tensor)`` whose sizes (after the cast) add up to at most ``bucket_bytes``.
-
-    A bucket's size is known from the shapes before anything is gathered, so the generator never holds
-    more than one bucket; a consumer that keeps the previous bucket while asking for the next
-    (``for bucket in ...``) holds two at the handoff. A single tensor larger than ``bucket_bytes``
-    forms a bucket of its own (it cannot be split without the consumer knowing). Same names, order and
-    collective rules as ``iter_full_tensors``.
-    """
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be positive; got {bucket_bytes}.")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in _unique_state_items(model):
-        nbytes = tensor.numel() * (_out_dtype(tensor, dtype).itemsize)
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, _gather(tensor, dtype=dtype, device=device)))
-        size += nbytes
-    if bucket:
-        yield bucket
 
 
 def _unique_state_items(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from flashrl.checkpoints import load_tensor_file
 from flashrl.learners.freeze import freeze_moe_router
 from flashrl.learners.fsdp import replace_folder, tied_aliases
 from flashrl.learners.spec import OPTIMIZERS, LearnerSpec
@@ -355,7 +356,7 @@ def _read_state_file(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, A
             f"{folder} is not a learner state folder: expected {STATE_FILE} (one learner) or DCP shards with "
             f"{DCP_METADATA_FILE} (sharded learners). Pass the folder that save_state() wrote."
         )
-    state = torch.load(file, map_location="cpu", weights_only=False)  # our own file: RNG states inside
+    state = load_tensor_file(file)  # tensors and plain values only: a tampered file runs nothing
     return state["model"], state["optimizer"], state["extra_state"]
 
 

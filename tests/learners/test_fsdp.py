@@ -1,4 +1,4 @@
-"""FSDP2 sharding, DCP checkpoints, the Hugging Face export and the bucketed gather, on 2 CPU ranks.
+"""FSDP2 sharding, DCP checkpoints and the Hugging Face export, on 2 CPU ranks.
 
 One pair of rank processes (gloo, float64 so the comparison is exact up to summation order) runs every
 scenario once per session and writes what it saw; the tests below compare it with an unsharded
@@ -23,7 +23,6 @@ SEQ = 10
 LR = 1e-2
 WEIGHT_DECAY = 0.1
 MAX_NORM = 0.05  # below the gradient norm, so clipping is active and its global norm matters
-BUCKET_BYTES = 40_000  # smaller than the embedding (128 x 32 x 8 bytes = 32 KiB) plus a layer
 DTYPE = torch.float64
 SCENARIOS = {
     "plain": {"activation_checkpointing": False, "cpu_offload": False},
@@ -143,10 +142,7 @@ def _worker(out_dir: Path, model_dir: Path) -> None:
         kernel = scenario in KERNEL_SCENARIOS
         result["norm1"] = _step(model, optimizer, batches[0], rows, fsdp.clip_grad_norm, kernel)
         result["layer_calls"] = layer_calls[0]
-        buckets = list(fsdp.iter_full_buckets(model, bucket_bytes=BUCKET_BYTES))
-        result["buckets"] = [[(name, tuple(t.shape), t.numel() * t.element_size()) for name, t in bucket]
-                             for bucket in buckets]
-        result["step1"] = {name: t for b in buckets for name, t in b}
+        result["step1"] = dict(fsdp.iter_full_tensors(model))
         ckpt = out_dir / f"{scenario}-dcp"
         fsdp.save_sharded(ckpt, model, optimizer, extra_state={"version": 1, "norm1": result["norm1"]})
         if scenario == "plain":
@@ -258,7 +254,7 @@ def ranks(model_dir: Path, smollm2_path: str, tmp_path_factory: pytest.TempPathF
     """Run the two rank processes once; returns rank 0's results per scenario."""
     out = tmp_path_factory.mktemp("fsdp_ranks")
     _launch("train", WORLD_SIZE, out, model_dir, tokenizer=smollm2_path)
-    results = {name: torch.load(out / f"{name}.pt", weights_only=False) for name in SCENARIOS}
+    results = {name: torch.load(out / f"{name}.pt", weights_only=True) for name in SCENARIOS}
     results["_dir"] = out  # type: ignore[assignment]
     return results
 
@@ -309,7 +305,7 @@ def test_dcp_resume_reproduces_the_next_step_exactly(ranks, scenario: str) -> No
 def test_dcp_checkpoint_of_two_ranks_resumes_on_one(ranks, model_dir: Path) -> None:
     """DCP reshards on load: one rank holding everything takes the same second step."""
     _launch("resume", 1, ranks["_dir"], model_dir)
-    got = torch.load(ranks["_dir"] / "resumed-on-1.pt", weights_only=False)
+    got = torch.load(ranks["_dir"] / "resumed-on-1.pt", weights_only=True)
     assert got["norm2"] == pytest.approx(ranks["plain"]["norm2"], rel=1e-12)
     assert _max_abs_diff(got["step2"], ranks["plain"]["step2"]) < 1e-12
 
@@ -349,19 +345,6 @@ def test_load_sharded_rejects_an_incomplete_folder(tmp_path: Path) -> None:
     (tmp_path / "__0_0.distcp").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match=r"\.metadata is missing"):
         load_sharded(tmp_path, torch.nn.Linear(2, 2))
-
-
-def test_bucketed_gather_yields_every_tensor_once_in_bounded_buckets(ranks, reference) -> None:
-    buckets = ranks["plain"]["buckets"]
-    expected = {k: tuple(v.shape) for k, v in _unique(reference["step1"]).items()}
-    seen = [(name, shape) for bucket in buckets for name, shape, _ in bucket]
-    assert sorted(seen) == sorted(expected.items())
-    for bucket in buckets:
-        sizes = [nbytes for _, _, nbytes in bucket]
-        assert sum(sizes) <= BUCKET_BYTES or len(bucket) == 1, bucket
-    assert max(len(b) for b in buckets) > 1, "some bucket should group several tensors"
-    embedding = 128 * 32 * 8
-    assert [b for b in buckets if b[0][0] == "model.embed_tokens.weight"][0][0][2] == embedding
 
 
 def test_hf_export_loads_with_transformers_and_equals_the_gathered_weights(ranks) -> None:

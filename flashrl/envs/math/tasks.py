@@ -15,6 +15,7 @@ datasets), what was expected and what was found.
 from __future__ import annotations
 
 import json
+import math
 import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -62,14 +63,26 @@ class TaskSource(Protocol):
 class TaskList(Sequence[MathTask]):
     """A finite, indexable list of tasks (a loaded dataset)."""
 
-    def __init__(self, tasks: Iterable[MathTask], *, name: str = "tasks") -> None:
+    def __init__(
+        self, tasks: Iterable[MathTask], *, name: str = "tasks", allow_duplicate_ids: bool = False
+    ) -> None:
         self.tasks: list[MathTask] = list(tasks)
         self.name = name
         if not self.tasks:
             raise DatasetError(f"Task source {name!r} is empty; expected at least one task.")
+        first: dict[str, int] = {}
         for i, task in enumerate(self.tasks):
             if not isinstance(task, MathTask):
                 raise TypeError(f"{name}: item {i} is a {type(task).__name__}, expected MathTask.")
+            seen = first.setdefault(task.prompt_id, i)
+            if seen != i and not allow_duplicate_ids:
+                # A prompt id keys the task in the books and in per-prompt metrics: two tasks under
+                # one id would be counted as one.
+                raise DatasetError(
+                    f"{name}: task id {task.prompt_id!r} appears twice ({_where(self.tasks[seen], seen)} and "
+                    f"{_where(task, i)}); expected every id once. Fix the id field, or pass "
+                    "allow_duplicate_ids=True if the repeats are deliberate."
+                )
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -82,6 +95,10 @@ class TaskList(Sequence[MathTask]):
 
     def __repr__(self) -> str:
         return f"TaskList({self.name!r}, {len(self.tasks)} tasks)"
+
+
+def _where(task: MathTask, index: int) -> str:
+    return str(task.metadata.get("source", f"item {index}"))
 
 
 # --------------------------------------------------------------------------------------- rows
@@ -160,6 +177,12 @@ def _text_field(row: Mapping[str, Any], path: str, role: str, where: str) -> str
             f"{where}: field {path!r} (the {role}) must be a string or a number; got "
             f"{type(value).__name__}."
         )
+    if isinstance(value, numbers.Real) and not math.isfinite(value):
+        # JSON's NaN / Infinity (and Parquet's) would become the answer text 'nan' / 'inf'.
+        raise DatasetError(
+            f"{where}: field {path!r} (the {role}) is the number {value}; expected a finite number or text. "
+            "Fix the row (a missing answer is often written as NaN), or drop it."
+        )
     text = str(value).strip()
     if not text:
         raise DatasetError(f"{where}: field {path!r} (the {role}) is empty.")
@@ -175,16 +198,24 @@ def load_jsonl(
     id_field: str | None = None,
     answer_format: AnswerFormat = "plain",
     datasource_field: str | None = None,
+    allow_duplicate_ids: bool = False,
 ) -> TaskList:
     """Tasks from a JSON Lines file, one object per line (blank lines are skipped)."""
     path = os.fspath(path)
     name = os.path.basename(path)
     tasks = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:  # bytes, so that a decoding error can name its line
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(
+                    f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1}); expected a "
+                    "UTF-8 JSON Lines file. Re-encode the file as UTF-8 (e.g. iconv -t UTF-8)."
+                ) from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -201,7 +232,7 @@ def load_jsonl(
                     datasource_field=datasource_field,
                 )
             )
-    return TaskList(tasks, name=name)
+    return TaskList(tasks, name=name, allow_duplicate_ids=allow_duplicate_ids)
 
 
 def load_parquet(
@@ -212,6 +243,7 @@ def load_parquet(
     id_field: str | None = None,
     answer_format: AnswerFormat = "plain",
     datasource_field: str | None = None,
+    allow_duplicate_ids: bool = False,
 ) -> TaskList:
     """Tasks from a Parquet file (rows numbered from 1 in errors and default ids)."""
     import pyarrow.parquet as pq
@@ -237,6 +269,7 @@ def load_parquet(
             for i, row in enumerate(rows, start=1)
         ),
         name=name,
+        allow_duplicate_ids=allow_duplicate_ids,
     )
 
 
@@ -249,6 +282,7 @@ def from_records(
     id_field: str | None = None,
     answer_format: AnswerFormat = "plain",
     datasource_field: str | None = None,
+    allow_duplicate_ids: bool = False,
 ) -> TaskList:
     """Tasks from any iterable of dict rows, e.g. a Hugging Face ``datasets.Dataset`` split."""
     return TaskList(
@@ -266,6 +300,7 @@ def from_records(
             for i, row in enumerate(records, start=1)
         ),
         name=name,
+        allow_duplicate_ids=allow_duplicate_ids,
     )
 
 
@@ -277,12 +312,13 @@ def load_tasks(
     id_field: str | None = None,
     answer_format: AnswerFormat = "plain",
     datasource_field: str | None = None,
+    allow_duplicate_ids: bool = False,
 ) -> TaskSource:
     """Any supported source as a :class:`TaskSource`.
 
     ``source`` may be a ``.jsonl``/``.parquet`` path, a :class:`TaskSource` (returned as is), a
     sequence of :class:`MathTask`, a pandas ``DataFrame``, or an iterable of dict rows such as a
-    ``datasets.Dataset``.
+    ``datasets.Dataset``. Two tasks with one id are a `DatasetError` unless ``allow_duplicate_ids``.
     """
     fields = {
         "question_field": question_field,
@@ -290,6 +326,7 @@ def load_tasks(
         "id_field": id_field,
         "answer_format": answer_format,
         "datasource_field": datasource_field,
+        "allow_duplicate_ids": allow_duplicate_ids,
     }
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
@@ -306,7 +343,7 @@ def load_tasks(
     if isinstance(source, TaskSource):
         return source
     if isinstance(source, Sequence) and source and all(isinstance(t, MathTask) for t in source):
-        return TaskList(source)
+        return TaskList(source, allow_duplicate_ids=allow_duplicate_ids)
     if hasattr(source, "columns") and hasattr(source, "to_dict"):  # a pandas DataFrame
         return from_records(source.to_dict("records"), name="dataframe", **fields)  # type: ignore[arg-type]
     if isinstance(source, Iterable) and not isinstance(source, Mapping):
