@@ -6,7 +6,7 @@ of B trajectories (``docs/design.md`` §1, step 6: exactly one optimizer step pe
 
 1. ``context = loss.prepare(batch)`` on the WHOLE batch: the batch-global quantities (advantages,
    normalisers), identical on every rank.
-2. Every rank computes the same plan from the same batch (``packing.plan_micro_batches``): trajectories
+2. Every rank computes the same layout from the same batch (``packing.plan_micro_batches``): trajectories
    assigned to ranks with balanced token counts, then into micro-batches under
    ``max_tokens_per_micro_batch`` (None: one per rank). A trajectory is never split.
 3. For each of this rank's micro-batches: the current log-probs and entropies (packed into one row
@@ -45,7 +45,7 @@ from flashrl.engines.weight_stream import DEFAULT_BUCKET_BYTES, WeightBuckets
 from flashrl.learners import distributed
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.loss import BatchContext, LossMetrics, MicroBatch
-from flashrl.learners.packing import BatchPlan, gather_rows, pack_rows, plan_micro_batches, unpack_rows
+from flashrl.learners.packing import BatchLayout, gather_rows, pack_rows, plan_micro_batches, unpack_rows
 from flashrl.learners.policies import LocalPolicy, ShardedPolicy
 from flashrl.learners.schedule import make_lr_scheduler
 from flashrl.learners.spec import LearnerSpec
@@ -166,7 +166,7 @@ class Learner:
         )
         return metrics
 
-    def _accumulate(self, batch: TrainBatch, plan: BatchPlan, context: BatchContext, passes: _Passes) -> str | None:
+    def _accumulate(self, batch: TrainBatch, plan: BatchLayout, context: BatchContext, passes: _Passes) -> str | None:
         """Forward and backward over this rank's micro-batches; the first local skip reason, or None.
 
         Every rank runs the same number of passes (each is a collective under FSDP2), and a pass whose

@@ -5,9 +5,9 @@ Two independent steps turn a global batch of B trajectories into bounded forward
 1. **Planning** (:func:`plan_micro_batches`). Trajectories are assigned to data-parallel ranks so that
    every rank gets about the same number of tokens (greedy longest-processing-time, LPT), then, within
    a rank, into micro-batches whose packed token count stays under ``max_tokens_per_micro_batch``
-   (first-fit decreasing, FFD). Both are deterministic: the same lengths give the same plan, ties are
+   (first-fit decreasing, FFD). Both are deterministic: the same lengths give the same layout, ties are
    broken by index. A trajectory longer than the budget is not an error: it goes alone into its own
-   micro-batch (``MicroBatchPlan.over_budget``), the smallest forward pass that can hold it, so one long
+   micro-batch (``MicroBatchMembers.over_budget``), the smallest forward pass that can hold it, so one long
    episode costs memory but never the update.
 2. **Packing** (:func:`pack_rows`, :func:`unpack_rows`). A micro-batch's rows are concatenated without
    padding into ``input_ids`` [1, N] with ``position_ids`` [1, N] restarting at 0 for every sequence and
@@ -15,11 +15,11 @@ Two independent steps turn a global batch of B trajectories into bounded forward
    with attention confined to each sequence, and :func:`unpack_rows` puts the per-token results back
    into the right-padded [S, T] layout of ``TrainBatch`` rows, so the loss code is unchanged.
 
-The plan says only which trajectories run together. The batch-global quantities of the method (the
-baseline's advantages, the 1/B or token-count normaliser) still come from the WHOLE batch, and the
-update still takes exactly one optimizer step per batch (``docs/design.md`` §1, step 6).
+The layout (``BatchLayout``: each rank's ``RankShare`` of ``MicroBatchMembers``) says only which
+trajectories run together. The batch-global quantities of the method (the baseline's advantages, the
+1/B or token-count normaliser) still come from the WHOLE batch, and the update still takes exactly one optimizer step per batch (``docs/design.md`` §1, step 6).
 
-Balance guarantees (both tested): on every plan, the most loaded rank exceeds the least loaded one by
+Balance guarantees (both tested): on every layout, the most loaded rank exceeds the least loaded one by
 at most the longest trajectory, and LPT's most loaded rank is within ``4/3 - 1/(3W)`` of the best
 possible assignment (Graham, 1969). Within a rank, at most one micro-batch is at most half full.
 """
@@ -34,10 +34,10 @@ import torch
 from flashrl.learners.batch import TrainBatch
 
 __all__ = [
-    "BatchPlan",
-    "MicroBatchPlan",
+    "BatchLayout",
+    "MicroBatchMembers",
     "PackedSequences",
-    "RankPlan",
+    "RankShare",
     "assign_to_ranks",
     "gather_rows",
     "pack_rows",
@@ -50,7 +50,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 # Planning
 @dataclass(frozen=True)
-class MicroBatchPlan:
+class MicroBatchMembers:
     """Trajectories that run in one packed forward and backward pass."""
 
     indices: tuple[int, ...]
@@ -63,7 +63,7 @@ class MicroBatchPlan:
     def __post_init__(self) -> None:
         if not self.indices or len(self.indices) != len(self.lengths):
             raise ValueError(
-                f"A MicroBatchPlan needs one length per index and at least one index; got "
+                f"MicroBatchMembers needs one length per index and at least one index; got "
                 f"{len(self.indices)} indices and {len(self.lengths)} lengths."
             )
 
@@ -78,11 +78,11 @@ class MicroBatchPlan:
 
 
 @dataclass(frozen=True)
-class RankPlan:
+class RankShare:
     """The micro-batches of one data-parallel rank."""
 
     rank: int
-    micro_batches: tuple[MicroBatchPlan, ...]
+    micro_batches: tuple[MicroBatchMembers, ...]
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -95,13 +95,13 @@ class RankPlan:
 
 
 @dataclass(frozen=True)
-class BatchPlan:
+class BatchLayout:
     """Which rank and which micro-batch every trajectory of a global batch runs in."""
 
     world_size: int
     max_tokens_per_micro_batch: int | None
     """The token budget of a micro-batch; None means one micro-batch per rank."""
-    ranks: tuple[RankPlan, ...]
+    ranks: tuple[RankShare, ...]
     """One entry per rank, ``ranks[r].rank == r``."""
 
     @property
@@ -113,7 +113,7 @@ class BatchPlan:
         """Token count of every rank."""
         return tuple(r.num_tokens for r in self.ranks)
 
-    def for_rank(self, rank: int) -> RankPlan:
+    def for_rank(self, rank: int) -> RankShare:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"Expected 0 <= rank < {self.world_size}; got rank={rank}.")
         return self.ranks[rank]
@@ -162,7 +162,7 @@ def split_into_micro_batches(
     lengths: Sequence[int] | torch.Tensor,
     indices: Sequence[int],
     max_tokens_per_micro_batch: int | None,
-) -> tuple[MicroBatchPlan, ...]:
+) -> tuple[MicroBatchMembers, ...]:
     """Group the trajectories ``indices`` (into ``lengths``) into micro-batches under the token budget.
 
     First-fit decreasing: longest first (ties: lower index), each into the first micro-batch it fits
@@ -181,7 +181,7 @@ def split_into_micro_batches(
     budget = max_tokens_per_micro_batch
     if budget is None:
         ordered = sorted(indices)
-        return (MicroBatchPlan(indices=tuple(ordered), lengths=tuple(sizes[i] for i in ordered)),)
+        return (MicroBatchMembers(indices=tuple(ordered), lengths=tuple(sizes[i] for i in ordered)),)
     bins: list[list[int]] = []
     loads: list[int] = []
     for i in sorted(indices, key=lambda j: (-sizes[j], j)):
@@ -200,7 +200,7 @@ def split_into_micro_batches(
         ordered = sorted(members)
         over = len(ordered) == 1 and sizes[ordered[0]] > budget
         plans.append(
-            MicroBatchPlan(indices=tuple(ordered), lengths=tuple(sizes[i] for i in ordered), over_budget=over)
+            MicroBatchMembers(indices=tuple(ordered), lengths=tuple(sizes[i] for i in ordered), over_budget=over)
         )
     return tuple(plans)
 
@@ -210,8 +210,8 @@ def plan_micro_batches(
     *,
     world_size: int = 1,
     max_tokens_per_micro_batch: int | None = None,
-) -> BatchPlan:
-    """The full plan for a global batch: balanced ranks, then micro-batches under the budget.
+) -> BatchLayout:
+    """The layout of a global batch: balanced ranks, then micro-batches under the budget.
 
     Args:
         lengths: ``[B]`` token count of every trajectory (``TrainBatch.attention_mask.sum(-1)``).
@@ -220,10 +220,10 @@ def plan_micro_batches(
     """
     members = assign_to_ranks(lengths, world_size)
     ranks = tuple(
-        RankPlan(rank=r, micro_batches=split_into_micro_batches(lengths, idx, max_tokens_per_micro_batch))
+        RankShare(rank=r, micro_batches=split_into_micro_batches(lengths, idx, max_tokens_per_micro_batch))
         for r, idx in enumerate(members)
     )
-    return BatchPlan(
+    return BatchLayout(
         world_size=world_size, max_tokens_per_micro_batch=max_tokens_per_micro_batch, ranks=ranks
     )
 
