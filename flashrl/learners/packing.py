@@ -27,7 +27,7 @@ possible assignment (Graham, 1969). Within a rank, at most one micro-batch is at
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -218,9 +218,10 @@ def plan_micro_batches(
         world_size: number of data-parallel ranks.
         max_tokens_per_micro_batch: packed tokens allowed in one forward pass; None for one pass per rank.
     """
-    members = assign_to_ranks(lengths, world_size)
+    sizes = _check_lengths(lengths)  # one read-back of a tensor, then plain ints for every rank
+    members = assign_to_ranks(sizes, world_size)
     ranks = tuple(
-        RankShare(rank=r, micro_batches=split_into_micro_batches(lengths, idx, max_tokens_per_micro_batch))
+        RankShare(rank=r, micro_batches=split_into_micro_batches(sizes, idx, max_tokens_per_micro_batch))
         for r, idx in enumerate(members)
     )
     return BatchLayout(
@@ -254,11 +255,15 @@ class PackedSequences:
         return int(self.input_ids.shape[1])
 
 
-def pack_rows(token_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedSequences:
+def pack_rows(
+    token_ids: torch.Tensor, attention_mask: torch.Tensor, *, lengths: Sequence[int] | None = None
+) -> PackedSequences:
     """Concatenate the real tokens of ``token_ids`` [S, T] (``attention_mask`` True) into one row.
 
     Positions count real tokens only, as ``flashrl.models.compute_token_logprobs`` does, so a right-padded
-    row gets ``0, 1, ..., n - 1``. Every row needs at least one real token.
+    row gets ``0, 1, ..., n - 1``. Every row needs at least one real token. ``lengths``: each row's real
+    token count when the caller already knows it on the host (a ``MicroBatchMembers`` does), which spares
+    reading it back from the device; it must match ``attention_mask``.
     """
     if token_ids.dim() != 2 or attention_mask.shape != token_ids.shape:
         raise ValueError(
@@ -266,18 +271,23 @@ def pack_rows(token_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedSe
             f"{tuple(attention_mask.shape)}."
         )
     mask = attention_mask.to(torch.bool)  # [S, T]
-    lengths = mask.sum(-1)  # [S]
-    if bool((lengths == 0).any()):
-        empty = (lengths == 0).nonzero().flatten().tolist()
-        raise ValueError(f"Every row to pack needs at least one real token; rows {empty} have none.")
+    row_lengths = mask.sum(-1)  # [S]
+    if lengths is None:
+        lengths = row_lengths.tolist()
+    if len(lengths) != mask.shape[0] or min(lengths) < 1:
+        empty = [i for i, n in enumerate(lengths) if n < 1]
+        raise ValueError(
+            f"Every row to pack needs at least one real token, and one length per row ({mask.shape[0]}); "
+            f"got {len(lengths)} lengths, rows {empty} with none."
+        )
     positions = mask.long().cumsum(-1) - 1  # [S, T] index among the row's real tokens
-    cu_seqlens = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32, device=token_ids.device)  # [S + 1]
-    cu_seqlens[1:] = lengths.cumsum(0)
+    cu_seqlens = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=token_ids.device)  # [S + 1]
+    cu_seqlens[1:] = row_lengths.cumsum(0)
     return PackedSequences(
         input_ids=token_ids[mask].unsqueeze(0),  # [1, N]
         position_ids=positions[mask].unsqueeze(0),  # [1, N]
         cu_seqlens=cu_seqlens,
-        max_seqlen=int(lengths.max()),
+        max_seqlen=int(max(lengths)),
         row_mask=mask,
     )
 
@@ -297,27 +307,44 @@ def unpack_rows(values: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
     return flat.new_zeros(packed.row_mask.shape).masked_scatter(packed.row_mask, flat)  # [S, T]
 
 
-def gather_rows(batch: TrainBatch, indices: Sequence[int]) -> TrainBatch:
+def gather_rows(
+    batch: TrainBatch,
+    indices: Sequence[int],
+    *,
+    index: torch.Tensor | None = None,
+    num_columns: int | None = None,
+) -> TrainBatch:
     """The rows ``indices`` of ``batch``, in that order, with padding trimmed to their longest row.
 
     ``TrainBatch.rows`` takes a contiguous slice; a micro-batch's rows are any subset. Every field is
     gathered by its layout, so a per-episode field added to ``TrainBatch`` later comes along: ``[B, T]``
     tensors by row and trimmed, ``[B]`` tensors and lists by row, ``None`` stays ``None``.
+
+    A learner gathers every micro-batch from a batch on its device and knows the rows' lengths, so it
+    may pass ``index`` (``indices`` as a long tensor on the batch's device: no host-to-device copy per
+    call) and ``num_columns`` (the longest row's length: no read-back from the device).
     """
     if len(indices) == 0:
         raise ValueError("gather_rows needs at least one row index; got none.")
     b = batch.batch_size
     if any(not 0 <= i < b for i in indices):
         raise ValueError(f"Row indices must lie in [0, {b}); got {list(indices)}.")
-    idx = torch.as_tensor(list(indices), dtype=torch.long, device=batch.token_ids.device)  # [b]
-    t = int(batch.attention_mask[idx].sum(-1).max())
+    device = batch.token_ids.device
+    if index is None:
+        index = torch.as_tensor(list(indices), dtype=torch.long, device=device)  # [b]
+    elif index.shape != (len(indices),) or index.device != device:
+        raise ValueError(
+            f"index must be the {len(indices)} indices as a [{len(indices)}] tensor on {device}; got shape "
+            f"{tuple(index.shape)} on {index.device}."
+        )
+    t = int(batch.attention_mask[index].sum(-1).max()) if num_columns is None else num_columns
     gathered = {}
     for f in fields(batch):
         value = getattr(batch, f.name)
         if isinstance(value, torch.Tensor) and value.dim() == 2:
-            gathered[f.name] = value[idx.to(value.device), :t]  # [b, t]
+            gathered[f.name] = value[index.to(value.device), :t]  # [b, t]
         elif isinstance(value, torch.Tensor) and value.dim() == 1:
-            gathered[f.name] = value[idx.to(value.device)]  # [b]
+            gathered[f.name] = value[index.to(value.device)]  # [b]
         elif isinstance(value, list):
             gathered[f.name] = [value[i] for i in indices]
-    return replace(batch, **gathered)
+    return batch.derived(**gathered)  # rows of a valid batch are valid: no re-validation (host syncs)
