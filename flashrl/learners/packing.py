@@ -277,8 +277,8 @@ def pack_rows(
     if len(lengths) != mask.shape[0] or min(lengths) < 1:
         empty = [i for i, n in enumerate(lengths) if n < 1]
         raise ValueError(
-            f"Every row to pack needs at least one real token, and one length per row ({mask.shape[0]}); "
-            f"got {len(lengths)} lengths, rows {empty} with none."
+            f"Every row to pack needs at least one real token; rows {empty} have none (expected one length "
+            f"per row, {mask.shape[0]}; got {len(lengths)})."
         )
     positions = mask.long().cumsum(-1) - 1  # [S, T] index among the row's real tokens
     cu_seqlens = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=token_ids.device)  # [S + 1]

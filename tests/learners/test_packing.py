@@ -182,6 +182,8 @@ def test_unpack_is_differentiable() -> None:
 def test_bad_packing_is_refused() -> None:
     with pytest.raises(ValueError, match=r"rows \[1\] have none"):
         pack_rows(torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 0, 0], [0, 0, 0]], dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"rows \[\] have none \(expected one length per row, 2; got 1\)"):
+        pack_rows(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool), lengths=[3])
     with pytest.raises(ValueError, match=r"\[S, T\]"):
         pack_rows(torch.ones(3, dtype=torch.long), torch.ones(3, dtype=torch.bool))
     packed = pack_rows(torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool))
