@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 
@@ -28,8 +30,10 @@ class TrainBatch:
     not shifted), so it lines up with ``flashrl.models.compute_token_logprobs``, whose column ``t`` is
     ``log p(token_ids[:, t] | token_ids[:, :t])``. Padding has ``attention_mask = loss_mask = False``.
 
-    The constructor checks shapes, dtypes and masks; finiteness is left to the learner, which skips and
-    counts a non-finite batch instead of failing. ``from_episodes`` rejects non-finite episodes outright.
+    The constructor checks shapes, dtypes and masks; finiteness is checked by ``non_finite_reason``, which
+    the learner calls once per batch to skip and count a non-finite batch instead of failing (the one
+    check of the batch's rewards and recorded log-probs). ``from_episodes`` rejects non-finite episodes
+    outright.
     """
 
     token_ids: torch.Tensor
@@ -206,7 +210,11 @@ class TrainBatch:
         return ~self.success
 
     def non_finite_reason(self) -> str | None:
-        """Why the batch must not be trained on (a non-finite reward or recorded log-prob), or None."""
+        """Why the batch must not be trained on (a non-finite reward or recorded log-prob), or None.
+
+        The one finiteness check of the data the engine and the env produced. The learner's recomputed
+        log-probs are a different quantity, checked by the learner (``non_finite_logprobs``).
+        """
         if not bool(torch.isfinite(self.rewards).all()):
             return "non_finite_rewards"
         sampled = self.behavior_logprobs[self.loss_mask]  # [N]
@@ -231,10 +239,26 @@ class TrainBatch:
         )
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        """The same batch with every tensor on ``device``."""
+        """The same batch with every tensor on ``device`` (not validated again: the values are the same)."""
         moved = {
             f.name: getattr(self, f.name).to(device)
             for f in fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
-        return replace(self, **moved)
+        return self.derived(**moved)
+
+    def derived(self, **changes: Any) -> TrainBatch:
+        """A copy with ``changes`` that the constructor does not check again.
+
+        Only for what is valid whenever this batch is: its rows (any non-empty subset, trimmed to their
+        longest) or its tensors moved to another device. The constructor's checks read values back to
+        the host, which on a GPU would be several device syncs per micro-batch.
+        """
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            names = [f.name for f in fields(self)]
+            raise TypeError(f"TrainBatch has no field(s) {sorted(unknown)}; expected some of {names}.")
+        out = copy.copy(self)
+        for name, value in changes.items():
+            setattr(out, name, value)
+        return out

@@ -6,17 +6,27 @@ of B trajectories (``docs/design.md`` §1, step 6: exactly one optimizer step pe
 
 1. ``context = loss.prepare(batch)`` on the WHOLE batch: the batch-global quantities (advantages,
    normalisers), identical on every rank.
-2. Every rank computes the same plan from the same batch (``packing.plan_micro_batches``): trajectories
+2. Every rank computes the same layout from the same batch (``packing.plan_micro_batches``): trajectories
    assigned to ranks with balanced token counts, then into micro-batches under
-   ``max_tokens_per_micro_batch`` (None: one per rank). A trajectory is never split.
+   ``max_tokens_per_micro_batch`` (None: one per rank). A trajectory is never split. The batch moves to
+   the device once; every micro-batch is gathered there.
 3. For each of this rank's micro-batches: the current log-probs and entropies (packed into one row
    without padding, or right-padded), ``loss.compute_loss``, backward at once. Gradients accumulate;
    the shares add up to the whole batch's gradient because the loss divides by global normalisers.
    With several learners (FSDP2, ``parallel.ShardedPolicy``) every backward reduce-scatters its shard
    gradients as a SUM, and every rank runs as many passes as the busiest one (an idle rank runs a pass
-   that contributes zero), because each pass is a collective.
-4. One collective agrees on a skip (a non-finite log-prob or loss on any rank); then the global
-   gradient norm, clipping, ONE optimizer step and one step of the learning-rate schedule.
+   that contributes zero), because each pass is a collective. Nothing is read back to the host in this
+   loop: the loss, the metrics and whether the pass was finite accumulate on the device.
+4. One MAX collective agrees on a skip (a non-finite recomputed log-prob or loss on any rank) and
+   reduces the metric maxima, one SUM reduces the metric sums; both come back to the host in ONE
+   transfer. Then the global gradient norm, clipping, ONE optimizer step and one step of the
+   learning-rate schedule.
+
+Finiteness is checked once per quantity: the batch's rewards and recorded log-probs by
+``TrainBatch.non_finite_reason`` before anything runs (skips ``non_finite_rewards`` and
+``non_finite_behavior_logprobs``); the learner's own recomputed log-probs and entropies, and the loss,
+on the device in step 3 (``non_finite_logprobs``, ``non_finite_loss``); the gradient by the policy's
+clipping (``non_finite_gradients``). The loss function is called without value checks.
 
 Metrics are the loss's (combined over micro-batches and ranks, ``LossMetrics``) plus the learner's:
 ``loss``, ``grad_norm`` (before clipping), ``tokens_total`` (non-padding tokens), ``episodes``,
@@ -44,7 +54,7 @@ import torch
 from flashrl.learners import distributed
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.loss import BatchContext, LossMetrics, MicroBatch
-from flashrl.learners.packing import BatchPlan, gather_rows, pack_rows, plan_micro_batches, unpack_rows
+from flashrl.learners.packing import BatchLayout, gather_rows, pack_rows, plan_micro_batches, unpack_rows
 from flashrl.learners.policies import LocalPolicy, ShardedPolicy
 from flashrl.learners.schedule import make_lr_scheduler
 from flashrl.learners.spec import LearnerSpec
@@ -59,6 +69,8 @@ STATE_FORMAT = 2
 
 _SKIP_REASONS = ("non_finite_rewards", "non_finite_behavior_logprobs", "non_finite_logprobs", "non_finite_loss",
                  "non_finite_gradients")
+_SKIP_CODES = {reason: i + 1 for i, reason in enumerate(_SKIP_REASONS)}
+"""What ranks exchange (a MAX) to agree on a skip: 0 for none."""
 
 
 class Learner:
@@ -133,17 +145,19 @@ class Learner:
         start = time.perf_counter()
         if not isinstance(batch, TrainBatch):
             raise TypeError(f"Learner.update expects a TrainBatch; got {type(batch).__name__}.")
+        # The one finiteness check of the batch's data (rewards, recorded log-probs), on the host copy.
         # Every rank holds the same batch, so every rank takes this decision identically.
         reason = batch.non_finite_reason()
         if reason is not None:
             return self._skip(reason, batch, start)
+        layout = plan_micro_batches(batch.attention_mask.sum(-1), world_size=self.world_size,
+                                    max_tokens_per_micro_batch=self.spec.max_tokens_per_micro_batch)
+        batch = batch.to(self.device)  # once per update: every micro-batch is then gathered on the device
         context = self.loss.prepare(batch)
-        plan = plan_micro_batches(batch.attention_mask.sum(-1), world_size=self.world_size,
-                                  max_tokens_per_micro_batch=self.spec.max_tokens_per_micro_batch)
         lr = float(self.optimizer.param_groups[0]["lr"])  # this update's (scheduled) learning rate
-        passes = _Passes(batch)
-        local_reason = self._accumulate(batch, plan, context, passes)
-        reason = self._agree_on_skip(local_reason)
+        passes = _Passes(batch.batch_size, self._collective_device)
+        self._accumulate(batch, layout, context, passes)
+        reason, reduced = self._reduce(passes, context)
         if reason is not None:
             self.policy.zero_grad()
             return self._skip(reason, batch, start)
@@ -153,10 +167,12 @@ class Learner:
         self.lr_scheduler.step()  # after the optimizer, as Molt (molt/trainer/fsdp/strategy.py)
         self.version += 1
 
-        metrics = self._metrics(batch, context, passes)
+        metrics = {"loss": reduced.pop("loss"), "tokens_total": float(sum(layout.rank_tokens)),
+                   "episodes": float(batch.batch_size)}
+        metrics.update(reduced)
         metrics.update(
             grad_norm=grad_norm,
-            num_micro_batches=float(max(len(r.micro_batches) for r in plan.ranks)),
+            num_micro_batches=float(max(len(r.micro_batches) for r in layout.ranks)),
             applied=1.0,
             num_skipped_batches=float(self.num_skipped_batches),
             version=float(self.version),
@@ -166,42 +182,40 @@ class Learner:
         )
         return metrics
 
-    def _accumulate(self, batch: TrainBatch, plan: BatchPlan, context: BatchContext, passes: _Passes) -> str | None:
-        """Forward and backward over this rank's micro-batches; the first local skip reason, or None.
+    def _accumulate(self, batch: TrainBatch, layout: BatchLayout, context: BatchContext, passes: _Passes) -> None:
+        """Forward and backward over this rank's micro-batches, reading nothing back to the host.
 
-        Every rank runs the same number of passes (each is a collective under FSDP2), and a pass whose
-        log-probs or loss are not finite still runs its backward (on a zero loss): the batch is then
-        skipped after the loop, once all ranks agree.
+        Every rank runs the same number of passes (each is a collective under FSDP2). Whether a pass's
+        recomputed log-probs and loss are finite is recorded on the device (``_Passes.add``); a pass
+        whose values are not still runs its backward, and the batch is then skipped after the loop,
+        once all ranks agree (its gradients are discarded, so what they hold does not matter).
         """
-        mine = plan.for_rank(self.rank).micro_batches
-        num_passes = max(len(r.micro_batches) for r in plan.ranks)
+        mine = layout.for_rank(self.rank).micro_batches
+        num_passes = max(len(r.micro_batches) for r in layout.ranks)
+        # All of this rank's row indices in one host-to-device copy; each micro-batch is a slice of it.
+        order = torch.tensor([i for mb in mine for i in mb.indices], dtype=torch.long, device=self.device)
+        offsets = [0]
+        for mb in mine:
+            offsets.append(offsets[-1] + mb.num_sequences)
         self.policy.zero_grad()
-        reason: str | None = None
         for k in range(num_passes):
-            idle = k >= len(mine)
-            indices = mine[0].indices[:1] if idle else mine[k].indices  # an idle pass: one row, weight 0
-            rows = gather_rows(batch, indices).to(self.device)
+            idle = k >= len(mine)  # an idle pass: the first row, weight 0
+            members = mine[0] if idle else mine[k]
+            indices, lengths = (members.indices[:1], members.lengths[:1]) if idle else (members.indices,
+                                                                                          members.lengths)
+            index = order[offsets[0]:offsets[0] + 1] if idle else order[offsets[k]:offsets[k + 1]]  # [b]
+            rows = gather_rows(batch, indices, index=index, num_columns=max(lengths))
             t0 = time.perf_counter()
-            logprobs, entropy = self.policy.run(self._logprobs, rows)  # [b, t], [b, t] or None
+            logprobs, entropy = self.policy.run(self._logprobs, rows, lengths)  # [b, t], [b, t] or None
             passes.forward_time_s += time.perf_counter() - t0
-            if idle or reason is not None:
+            if idle:
                 _zero_loss(logprobs, entropy).backward()
                 continue
-            if not _finite(logprobs, entropy, rows.loss_mask):
-                reason = "non_finite_logprobs"
-                _zero_loss(logprobs, entropy).backward()
-                continue
-            index = torch.as_tensor(indices, dtype=torch.long)  # [b]
             loss, metrics = self.loss.compute_loss(MicroBatch(rows, index, logprobs, entropy), context)
-            if not bool(torch.isfinite(loss.detach())):
-                reason = "non_finite_loss"
-                _zero_loss(logprobs, entropy).backward()
-                continue
             loss.backward()
-            passes.add(float(loss.detach()), metrics, index, int(rows.attention_mask.sum()))
-        return reason
+            passes.add(loss, metrics, index, logprobs_ok=_all_finite(logprobs, entropy, rows.loss_mask))
 
-    def _logprobs(self, rows: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _logprobs(self, rows: TrainBatch, lengths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Current log-probs and entropies [b, t] of ``rows`` (packed into one row, or padded)."""
         from flashrl.models import compute_packed_token_logprobs, compute_token_logprobs
 
@@ -209,20 +223,47 @@ class Learner:
                    "with_entropy": self.loss.needs_entropy}
         if not self.pack_sequences:
             return compute_token_logprobs(self.model, rows.token_ids, rows.attention_mask, **options)
-        packed = pack_rows(rows.token_ids, rows.attention_mask)
-        logprobs, entropy = compute_packed_token_logprobs(
-            self.model, packed.input_ids, packed.position_ids, **options
+        packed = pack_rows(rows.token_ids, rows.attention_mask, lengths=lengths)
+        logprobs, entropy = compute_packed_token_logprobs(  # pack_rows made the positions: no check
+            self.model, packed.input_ids, packed.position_ids, check_positions=False, **options
         )  # [1, N], [1, N]
         return unpack_rows(logprobs, packed), None if entropy is None else unpack_rows(entropy, packed)
 
-    def _agree_on_skip(self, local_reason: str | None) -> str | None:
-        """The first skip reason any rank found (all ranks must skip together or step together)."""
-        code = torch.tensor(
-            [0 if local_reason is None else _SKIP_REASONS.index(local_reason) + 1], dtype=torch.int64,
-            device=self._collective_device,
-        )
-        code = int(distributed.all_reduce_max(code))
-        return None if code == 0 else _SKIP_REASONS[code - 1]
+    def _reduce(self, passes: _Passes, context: BatchContext) -> tuple[str | None, dict[str, Any]]:
+        """The skip reason all ranks agree on, and the whole batch's loss metrics, with one read-back.
+
+        Two collectives: a SUM of this rank's loss, metric sums and per-row values packed into one
+        tensor, and a MAX of its skip code, maxima and negated minima packed into another. Both are read
+        back to the host together, the update's one transfer of its metrics (a skipped batch throws the
+        metrics away; every rank runs both collectives either way, so they stay in step).
+        """
+        m = passes.metrics
+        sum_keys, max_keys, min_keys, row_keys = sorted(m.sums), sorted(m.maxes), sorted(m.mins), sorted(passes.rows)
+        sums = torch.cat([torch.stack([passes.loss] + [m.sums[k] for k in sum_keys])]
+                         + [passes.rows[k] for k in row_keys])  # [1 + S + R * B]
+        extremes = torch.stack([passes.skip_code.to(torch.float64)] + [m.maxes[k] for k in max_keys]
+                               + [-m.mins[k] for k in min_keys])  # [1 + X + N]
+        extremes, sums = distributed.all_reduce_max(extremes), distributed.all_reduce_sum(sums)
+        # The context's tensor metrics are the same on every rank: read back, not reduced.
+        batch_keys = [k for k, v in context.metrics.items() if isinstance(v, torch.Tensor)]
+        batch_values = [context.metrics[k].detach().to(passes.device, torch.float64).reshape(1) for k in batch_keys]
+        values = torch.cat([extremes, sums, *batch_values]).tolist()  # the one read-back
+        code, extreme_values = int(values[0]), values[1:len(extremes)]
+        loss, *rest = values[len(extremes):len(values) - len(batch_keys)]
+        if code != 0:
+            return _SKIP_REASONS[code - 1], {}
+        out: dict[str, Any] = {"loss": loss}
+        out.update(zip(sum_keys, rest[:len(sum_keys)]))
+        batch_metrics = dict(zip(batch_keys, values[len(values) - len(batch_keys):]))
+        out.update({k: batch_metrics.get(k, v) for k, v in context.metrics.items()})
+        for i, key in enumerate(max_keys + min_keys):
+            value = extreme_values[i] if i < len(max_keys) else -extreme_values[i]
+            if math.isfinite(value):  # infinite: no micro-batch on any rank had a value
+                out[key] = value
+        b, row_values = passes.batch_size, rest[len(sum_keys):]
+        for j, key in enumerate(row_keys):
+            out[key] = row_values[j * b:(j + 1) * b]
+        return None, out
 
     @property
     def _collective_device(self) -> torch.device:
@@ -242,28 +283,6 @@ class Learner:
             "episodes": float(batch.batch_size),
             "update_time_s": time.perf_counter() - start,
         }
-
-    def _metrics(self, batch: TrainBatch, context: BatchContext, passes: _Passes) -> dict[str, Any]:
-        """Metrics of the whole batch: this rank's sums, maxima, minima and rows combined over ranks."""
-        m = passes.metrics
-        device = self._collective_device
-        sum_keys, max_keys, min_keys = sorted(m.sums), sorted(m.maxes), sorted(m.mins)
-        sums = torch.tensor([passes.loss, passes.tokens] + [m.sums[k] for k in sum_keys],
-                            dtype=torch.float64, device=device)
-        extremes = torch.tensor([m.maxes[k] for k in max_keys] + [-m.mins[k] for k in min_keys],
-                                dtype=torch.float64, device=device)
-        loss, tokens, *sum_values = distributed.all_reduce_sum(sums).tolist()
-        extreme_values = distributed.all_reduce_max(extremes).tolist() if len(extremes) else []
-        out: dict[str, Any] = {"loss": loss, "tokens_total": tokens, "episodes": float(batch.batch_size)}
-        out.update(zip(sum_keys, sum_values))
-        out.update(context.metrics)
-        for i, key in enumerate(max_keys + min_keys):
-            value = extreme_values[i] if i < len(max_keys) else -extreme_values[i]
-            if math.isfinite(value):  # infinite: no micro-batch on any rank had a value
-                out[key] = value
-        for key, values in sorted(passes.rows.items()):
-            out[key] = distributed.all_reduce_sum(values.to(device)).tolist()
-        return out
 
     # ------------------------------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
@@ -413,25 +432,36 @@ class Learner:
 
 # --------------------------------------------------------------------------------------------------
 class _Passes:
-    """What this rank's passes of one update added up: loss, tokens, the loss's metrics, per-row values."""
+    """What this rank's passes of one update added up, on the device: loss, metrics, rows, skip code."""
 
-    def __init__(self, batch: TrainBatch) -> None:
-        self.batch_size = batch.batch_size
-        self.loss = 0.0
-        self.tokens = 0
+    def __init__(self, batch_size: int, device: torch.device) -> None:
+        self.batch_size = batch_size
+        self.device = device
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
         self.metrics = LossMetrics()
         self.rows: dict[str, torch.Tensor] = {}
+        self.skip_code = torch.zeros((), dtype=torch.int64, device=device)
+        """0, or 1 + the index in ``_SKIP_REASONS`` of this rank's first non-finite pass."""
         self.forward_time_s = 0.0
         self._first = True
 
-    def add(self, loss: float, metrics: LossMetrics, indices: torch.Tensor, tokens: int) -> None:
-        self.loss += loss
-        self.tokens += tokens
+    def add(self, loss: torch.Tensor, metrics: LossMetrics, indices: torch.Tensor, *, logprobs_ok: torch.Tensor) -> None:
+        loss = loss.detach()
+        # The learner's own finiteness check: its recomputed log-probs (a fault of the learner, not of the
+        # data, which TrainBatch.non_finite_reason checked), then the loss. Kept on the device.
+        code = torch.where(~logprobs_ok, _SKIP_CODES["non_finite_logprobs"],
+                           torch.where(torch.isfinite(loss), 0, _SKIP_CODES["non_finite_loss"]))
+        self.skip_code = torch.where(self.skip_code == 0, code, self.skip_code)  # the first reason stays
+        self.loss = self.loss + loss.to(self.device, torch.float64)
         for key, values in metrics.rows.items():
-            full = self.rows.setdefault(key, torch.zeros(self.batch_size, dtype=torch.float64))  # [B]
-            full[indices] = values.detach().to("cpu", torch.float64)
+            full = self.rows.setdefault(key, torch.zeros(self.batch_size, dtype=torch.float64, device=self.device))
+            full.index_copy_(0, indices.to(self.device), values.detach().to(self.device, torch.float64))  # [B]
+        metrics = LossMetrics(*(
+            {k: torch.as_tensor(v).detach().to(self.device, torch.float64) for k, v in kind.items()}
+            for kind in (metrics.sums, metrics.maxes, metrics.mins)
+        ))
         if self._first:
-            self.metrics = LossMetrics(dict(metrics.sums), dict(metrics.maxes), dict(metrics.mins))
+            self.metrics = metrics
             self._first = False
         else:
             self.metrics.merge(metrics)
@@ -443,9 +473,10 @@ def _zero_loss(logprobs: torch.Tensor, entropy: torch.Tensor | None) -> torch.Te
     return loss if entropy is None else loss + (entropy * 0.0).sum()
 
 
-def _finite(logprobs: torch.Tensor, entropy: torch.Tensor | None, valid: torch.Tensor) -> bool:
-    ok = bool(torch.isfinite(logprobs.detach()[valid]).all())
-    return ok and (entropy is None or bool(torch.isfinite(entropy.detach()[valid]).all()))
+def _all_finite(logprobs: torch.Tensor, entropy: torch.Tensor | None, valid: torch.Tensor) -> torch.Tensor:
+    """0-d bool on the device: the recomputed log-probs (and entropies) are finite at every valid token."""
+    ok = (torch.isfinite(logprobs.detach()) | ~valid).all()
+    return ok if entropy is None else ok & (torch.isfinite(entropy.detach()) | ~valid).all()
 
 
 def _check_group(rank: int, world_size: int) -> None:

@@ -15,7 +15,9 @@ gradient. One optimizer step follows the last micro-batch.
 
 Metrics must add up the same way, so the hook returns them by how they combine (``LossMetrics``):
 sums (a mean is a sum divided by a GLOBAL count taken from the context), maxima, minima, and
-per-trajectory values. The learner combines them over micro-batches and ranks.
+per-trajectory values, as 0-d (or [b]) tensors on the micro-batch's device, computed without reading
+anything back to the host. The learner combines them over micro-batches and ranks on the device and
+reads them back once per update.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ class BatchContext:
 
     batch: TrainBatch
     """The whole batch of the update (the same on every rank)."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """Batch-level metrics (e.g. the reward mean), reported as they are."""
+    metrics: dict[str, float | torch.Tensor] = field(default_factory=dict)
+    """Batch-level metrics (e.g. the reward mean), reported as they are; 0-d tensors are read back with
+    the update's other metrics, in its one transfer."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,8 @@ class MicroBatch:
     rows: TrainBatch
     """[b, t] the rows, right-padded to their longest (a sub-batch of the context's batch)."""
     indices: torch.Tensor
-    """[b] long: each row's index in the whole batch (to slice batch-global [B] quantities)."""
+    """[b] long, on the rows' device: each row's index in the whole batch (to slice batch-global [B]
+    quantities)."""
     logprobs: torch.Tensor
     """[b, t] current log-probs of every token given its prefix (differentiable; 0 at padding)."""
     entropy: torch.Tensor | None
@@ -56,19 +60,24 @@ class MicroBatch:
 
 @dataclass
 class LossMetrics:
-    """A micro-batch's metrics, grouped by how they combine over micro-batches and ranks."""
+    """A micro-batch's metrics, grouped by how they combine over micro-batches and ranks.
 
-    sums: dict[str, float] = field(default_factory=dict)
+    Values are 0-d tensors (floats are accepted too), left on the device: converting them to Python
+    floats here would cost a host sync per metric per micro-batch. ``flashrl.learners.Learner`` packs
+    each kind into one tensor, reduces it over ranks and reads it back once per update.
+    """
+
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
     """Added up (divide by a global count inside the hook to report a mean)."""
-    maxes: dict[str, float] = field(default_factory=dict)
+    maxes: dict[str, torch.Tensor] = field(default_factory=dict)
     """Maximum over micro-batches and ranks (-inf: no value here)."""
-    mins: dict[str, float] = field(default_factory=dict)
+    mins: dict[str, torch.Tensor] = field(default_factory=dict)
     """Minimum over micro-batches and ranks (inf: no value here)."""
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
     """[b] per-row values, assembled into a list over the whole batch (by ``MicroBatch.indices``)."""
 
     def merge(self, other: LossMetrics) -> None:
-        """Fold ``other`` (another micro-batch's metrics, same keys) into this one, in place."""
+        """Fold ``other`` (another micro-batch's metrics, same keys) into this one, in place, on the device."""
         if (set(self.sums), set(self.maxes), set(self.mins)) != (set(other.sums), set(other.maxes), set(other.mins)):
             raise ValueError(
                 "Every micro-batch must report the same metric keys; got "
@@ -76,11 +85,11 @@ class LossMetrics:
                 f"{sorted(other.sums) + sorted(other.maxes) + sorted(other.mins)}."
             )
         for key, value in other.sums.items():
-            self.sums[key] += value
+            self.sums[key] = self.sums[key] + value
         for key, value in other.maxes.items():
-            self.maxes[key] = max(self.maxes[key], value)
+            self.maxes[key] = torch.maximum(torch.as_tensor(self.maxes[key]), torch.as_tensor(value))
         for key, value in other.mins.items():
-            self.mins[key] = min(self.mins[key], value)
+            self.mins[key] = torch.minimum(torch.as_tensor(self.mins[key]), torch.as_tensor(value))
 
 
 class Loss(ABC):

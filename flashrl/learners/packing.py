@@ -5,9 +5,9 @@ Two independent steps turn a global batch of B trajectories into bounded forward
 1. **Planning** (:func:`plan_micro_batches`). Trajectories are assigned to data-parallel ranks so that
    every rank gets about the same number of tokens (greedy longest-processing-time, LPT), then, within
    a rank, into micro-batches whose packed token count stays under ``max_tokens_per_micro_batch``
-   (first-fit decreasing, FFD). Both are deterministic: the same lengths give the same plan, ties are
+   (first-fit decreasing, FFD). Both are deterministic: the same lengths give the same layout, ties are
    broken by index. A trajectory longer than the budget is not an error: it goes alone into its own
-   micro-batch (``MicroBatchPlan.over_budget``), the smallest forward pass that can hold it, so one long
+   micro-batch (``MicroBatchMembers.over_budget``), the smallest forward pass that can hold it, so one long
    episode costs memory but never the update.
 2. **Packing** (:func:`pack_rows`, :func:`unpack_rows`). A micro-batch's rows are concatenated without
    padding into ``input_ids`` [1, N] with ``position_ids`` [1, N] restarting at 0 for every sequence and
@@ -15,11 +15,11 @@ Two independent steps turn a global batch of B trajectories into bounded forward
    with attention confined to each sequence, and :func:`unpack_rows` puts the per-token results back
    into the right-padded [S, T] layout of ``TrainBatch`` rows, so the loss code is unchanged.
 
-The plan says only which trajectories run together. The batch-global quantities of the method (the
-baseline's advantages, the 1/B or token-count normaliser) still come from the WHOLE batch, and the
-update still takes exactly one optimizer step per batch (``docs/design.md`` §1, step 6).
+The layout (``BatchLayout``: each rank's ``RankShare`` of ``MicroBatchMembers``) says only which
+trajectories run together. The batch-global quantities of the method (the baseline's advantages, the
+1/B or token-count normaliser) still come from the WHOLE batch, and the update still takes exactly one optimizer step per batch (``docs/design.md`` §1, step 6).
 
-Balance guarantees (both tested): on every plan, the most loaded rank exceeds the least loaded one by
+Balance guarantees (both tested): on every layout, the most loaded rank exceeds the least loaded one by
 at most the longest trajectory, and LPT's most loaded rank is within ``4/3 - 1/(3W)`` of the best
 possible assignment (Graham, 1969). Within a rank, at most one micro-batch is at most half full.
 """
@@ -27,17 +27,17 @@ possible assignment (Graham, 1969). Within a rank, at most one micro-batch is at
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import torch
 
 from flashrl.learners.batch import TrainBatch
 
 __all__ = [
-    "BatchPlan",
-    "MicroBatchPlan",
+    "BatchLayout",
+    "MicroBatchMembers",
     "PackedSequences",
-    "RankPlan",
+    "RankShare",
     "assign_to_ranks",
     "gather_rows",
     "pack_rows",
@@ -50,7 +50,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 # Planning
 @dataclass(frozen=True)
-class MicroBatchPlan:
+class MicroBatchMembers:
     """Trajectories that run in one packed forward and backward pass."""
 
     indices: tuple[int, ...]
@@ -63,7 +63,7 @@ class MicroBatchPlan:
     def __post_init__(self) -> None:
         if not self.indices or len(self.indices) != len(self.lengths):
             raise ValueError(
-                f"A MicroBatchPlan needs one length per index and at least one index; got "
+                f"MicroBatchMembers needs one length per index and at least one index; got "
                 f"{len(self.indices)} indices and {len(self.lengths)} lengths."
             )
 
@@ -78,11 +78,11 @@ class MicroBatchPlan:
 
 
 @dataclass(frozen=True)
-class RankPlan:
+class RankShare:
     """The micro-batches of one data-parallel rank."""
 
     rank: int
-    micro_batches: tuple[MicroBatchPlan, ...]
+    micro_batches: tuple[MicroBatchMembers, ...]
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -95,13 +95,13 @@ class RankPlan:
 
 
 @dataclass(frozen=True)
-class BatchPlan:
+class BatchLayout:
     """Which rank and which micro-batch every trajectory of a global batch runs in."""
 
     world_size: int
     max_tokens_per_micro_batch: int | None
     """The token budget of a micro-batch; None means one micro-batch per rank."""
-    ranks: tuple[RankPlan, ...]
+    ranks: tuple[RankShare, ...]
     """One entry per rank, ``ranks[r].rank == r``."""
 
     @property
@@ -113,7 +113,7 @@ class BatchPlan:
         """Token count of every rank."""
         return tuple(r.num_tokens for r in self.ranks)
 
-    def for_rank(self, rank: int) -> RankPlan:
+    def for_rank(self, rank: int) -> RankShare:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"Expected 0 <= rank < {self.world_size}; got rank={rank}.")
         return self.ranks[rank]
@@ -162,7 +162,7 @@ def split_into_micro_batches(
     lengths: Sequence[int] | torch.Tensor,
     indices: Sequence[int],
     max_tokens_per_micro_batch: int | None,
-) -> tuple[MicroBatchPlan, ...]:
+) -> tuple[MicroBatchMembers, ...]:
     """Group the trajectories ``indices`` (into ``lengths``) into micro-batches under the token budget.
 
     First-fit decreasing: longest first (ties: lower index), each into the first micro-batch it fits
@@ -181,7 +181,7 @@ def split_into_micro_batches(
     budget = max_tokens_per_micro_batch
     if budget is None:
         ordered = sorted(indices)
-        return (MicroBatchPlan(indices=tuple(ordered), lengths=tuple(sizes[i] for i in ordered)),)
+        return (MicroBatchMembers(indices=tuple(ordered), lengths=tuple(sizes[i] for i in ordered)),)
     bins: list[list[int]] = []
     loads: list[int] = []
     for i in sorted(indices, key=lambda j: (-sizes[j], j)):
@@ -200,7 +200,7 @@ def split_into_micro_batches(
         ordered = sorted(members)
         over = len(ordered) == 1 and sizes[ordered[0]] > budget
         plans.append(
-            MicroBatchPlan(indices=tuple(ordered), lengths=tuple(sizes[i] for i in ordered), over_budget=over)
+            MicroBatchMembers(indices=tuple(ordered), lengths=tuple(sizes[i] for i in ordered), over_budget=over)
         )
     return tuple(plans)
 
@@ -210,20 +210,21 @@ def plan_micro_batches(
     *,
     world_size: int = 1,
     max_tokens_per_micro_batch: int | None = None,
-) -> BatchPlan:
-    """The full plan for a global batch: balanced ranks, then micro-batches under the budget.
+) -> BatchLayout:
+    """The layout of a global batch: balanced ranks, then micro-batches under the budget.
 
     Args:
         lengths: ``[B]`` token count of every trajectory (``TrainBatch.attention_mask.sum(-1)``).
         world_size: number of data-parallel ranks.
         max_tokens_per_micro_batch: packed tokens allowed in one forward pass; None for one pass per rank.
     """
-    members = assign_to_ranks(lengths, world_size)
+    sizes = _check_lengths(lengths)  # one read-back of a tensor, then plain ints for every rank
+    members = assign_to_ranks(sizes, world_size)
     ranks = tuple(
-        RankPlan(rank=r, micro_batches=split_into_micro_batches(lengths, idx, max_tokens_per_micro_batch))
+        RankShare(rank=r, micro_batches=split_into_micro_batches(sizes, idx, max_tokens_per_micro_batch))
         for r, idx in enumerate(members)
     )
-    return BatchPlan(
+    return BatchLayout(
         world_size=world_size, max_tokens_per_micro_batch=max_tokens_per_micro_batch, ranks=ranks
     )
 
@@ -254,11 +255,15 @@ class PackedSequences:
         return int(self.input_ids.shape[1])
 
 
-def pack_rows(token_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedSequences:
+def pack_rows(
+    token_ids: torch.Tensor, attention_mask: torch.Tensor, *, lengths: Sequence[int] | None = None
+) -> PackedSequences:
     """Concatenate the real tokens of ``token_ids`` [S, T] (``attention_mask`` True) into one row.
 
     Positions count real tokens only, as ``flashrl.models.compute_token_logprobs`` does, so a right-padded
-    row gets ``0, 1, ..., n - 1``. Every row needs at least one real token.
+    row gets ``0, 1, ..., n - 1``. Every row needs at least one real token. ``lengths``: each row's real
+    token count when the caller already knows it on the host (a ``MicroBatchMembers`` does), which spares
+    reading it back from the device; it must match ``attention_mask``.
     """
     if token_ids.dim() != 2 or attention_mask.shape != token_ids.shape:
         raise ValueError(
@@ -266,18 +271,23 @@ def pack_rows(token_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedSe
             f"{tuple(attention_mask.shape)}."
         )
     mask = attention_mask.to(torch.bool)  # [S, T]
-    lengths = mask.sum(-1)  # [S]
-    if bool((lengths == 0).any()):
-        empty = (lengths == 0).nonzero().flatten().tolist()
-        raise ValueError(f"Every row to pack needs at least one real token; rows {empty} have none.")
+    row_lengths = mask.sum(-1)  # [S]
+    if lengths is None:
+        lengths = row_lengths.tolist()
+    if len(lengths) != mask.shape[0] or min(lengths) < 1:
+        empty = [i for i, n in enumerate(lengths) if n < 1]
+        raise ValueError(
+            f"Every row to pack needs at least one real token; rows {empty} have none (expected one length "
+            f"per row, {mask.shape[0]}; got {len(lengths)})."
+        )
     positions = mask.long().cumsum(-1) - 1  # [S, T] index among the row's real tokens
-    cu_seqlens = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32, device=token_ids.device)  # [S + 1]
-    cu_seqlens[1:] = lengths.cumsum(0)
+    cu_seqlens = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=token_ids.device)  # [S + 1]
+    cu_seqlens[1:] = row_lengths.cumsum(0)
     return PackedSequences(
         input_ids=token_ids[mask].unsqueeze(0),  # [1, N]
         position_ids=positions[mask].unsqueeze(0),  # [1, N]
         cu_seqlens=cu_seqlens,
-        max_seqlen=int(lengths.max()),
+        max_seqlen=int(max(lengths)),
         row_mask=mask,
     )
 
@@ -297,27 +307,44 @@ def unpack_rows(values: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
     return flat.new_zeros(packed.row_mask.shape).masked_scatter(packed.row_mask, flat)  # [S, T]
 
 
-def gather_rows(batch: TrainBatch, indices: Sequence[int]) -> TrainBatch:
+def gather_rows(
+    batch: TrainBatch,
+    indices: Sequence[int],
+    *,
+    index: torch.Tensor | None = None,
+    num_columns: int | None = None,
+) -> TrainBatch:
     """The rows ``indices`` of ``batch``, in that order, with padding trimmed to their longest row.
 
     ``TrainBatch.rows`` takes a contiguous slice; a micro-batch's rows are any subset. Every field is
     gathered by its layout, so a per-episode field added to ``TrainBatch`` later comes along: ``[B, T]``
     tensors by row and trimmed, ``[B]`` tensors and lists by row, ``None`` stays ``None``.
+
+    A learner gathers every micro-batch from a batch on its device and knows the rows' lengths, so it
+    may pass ``index`` (``indices`` as a long tensor on the batch's device: no host-to-device copy per
+    call) and ``num_columns`` (the longest row's length: no read-back from the device).
     """
     if len(indices) == 0:
         raise ValueError("gather_rows needs at least one row index; got none.")
     b = batch.batch_size
     if any(not 0 <= i < b for i in indices):
         raise ValueError(f"Row indices must lie in [0, {b}); got {list(indices)}.")
-    idx = torch.as_tensor(list(indices), dtype=torch.long, device=batch.token_ids.device)  # [b]
-    t = int(batch.attention_mask[idx].sum(-1).max())
+    device = batch.token_ids.device
+    if index is None:
+        index = torch.as_tensor(list(indices), dtype=torch.long, device=device)  # [b]
+    elif index.shape != (len(indices),) or index.device != device:
+        raise ValueError(
+            f"index must be the {len(indices)} indices as a [{len(indices)}] tensor on {device}; got shape "
+            f"{tuple(index.shape)} on {index.device}."
+        )
+    t = int(batch.attention_mask[index].sum(-1).max()) if num_columns is None else num_columns
     gathered = {}
     for f in fields(batch):
         value = getattr(batch, f.name)
         if isinstance(value, torch.Tensor) and value.dim() == 2:
-            gathered[f.name] = value[idx.to(value.device), :t]  # [b, t]
+            gathered[f.name] = value[index.to(value.device), :t]  # [b, t]
         elif isinstance(value, torch.Tensor) and value.dim() == 1:
-            gathered[f.name] = value[idx.to(value.device)]  # [b]
+            gathered[f.name] = value[index.to(value.device)]  # [b]
         elif isinstance(value, list):
             gathered[f.name] = [value[i] for i in indices]
-    return replace(batch, **gathered)
+    return batch.derived(**gathered)  # rows of a valid batch are valid: no re-validation (host syncs)

@@ -52,7 +52,7 @@ def _check_attention(model: torch.nn.Module) -> str:
     )
 
 
-def _check_packed(input_ids: torch.Tensor, position_ids: torch.Tensor) -> None:
+def _check_packed(input_ids: torch.Tensor, position_ids: torch.Tensor, *, check_positions: bool) -> None:
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or position_ids.shape != input_ids.shape:
         raise ValueError(
             f"input_ids and position_ids must both be [1, N] (sequences packed into one row); got "
@@ -61,6 +61,8 @@ def _check_packed(input_ids: torch.Tensor, position_ids: torch.Tensor) -> None:
         )
     if input_ids.shape[1] == 0:
         raise ValueError("A packed row needs at least one token; got N = 0.")
+    if not check_positions:
+        return
     pos = position_ids[0]  # [N]
     # Sequences start exactly where the position is 0, and transformers splits where a position is not
     # its predecessor + 1: the two agree only if every position is 0 or its predecessor + 1.
@@ -82,6 +84,7 @@ def compute_packed_token_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = True,
+    check_positions: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every packed token given its own sequence's prefix, and that distribution's entropy.
 
@@ -93,6 +96,9 @@ def compute_packed_token_logprobs(
         temperature: divides the logits, as the inference engine did when it sampled.
         chunk_size: rows of the output projection computed at once.
         with_entropy: also return the entropies.
+        check_positions: verify that ``position_ids`` restart at 0 and grow by 1. That reads values
+            back from the device (a host sync per call), so a caller whose positions come from
+            ``pack_rows`` (the learner) passes False; shapes are checked either way.
 
     Returns:
         ``(logprobs [1, N], entropy [1, N] or None)``, float32 (float64 for a float64 model). Column ``p``
@@ -101,7 +107,7 @@ def compute_packed_token_logprobs(
         ``flashrl.models.compute_token_logprobs``, with which they agree. Differentiable w.r.t. the
         model's parameters.
     """
-    _check_packed(input_ids, position_ids)
+    _check_packed(input_ids, position_ids, check_positions=check_positions)
     _check_plain_head(model)
     implementation = _check_attention(model)
     position_ids = position_ids.to(input_ids.device)

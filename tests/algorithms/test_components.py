@@ -152,7 +152,9 @@ def test_no_importance_sampling_uses_ratio_one_and_disables_the_gate():
     out = flash_reinforce_loss(logq, logp, rewards, mask, delta=1e-3, importance_sampling="none")
     assert out.trust_mask.tolist() == [True, True]
     assert out.drift.tolist() == [0.0, 0.0]
-    assert out.metrics["ratio_max"] == 1.0
+    # The loss's ratio is 1 (the gradient below); the ratio metrics still report q/p, the policy lag.
+    assert out.metrics["ratio_max"] == pytest.approx(math.exp(2.5))
+    assert out.metrics["ratio_min"] == 1.0 and out.metrics["accepted_fraction"] == 1.0
     out.loss.backward()
     # A = [0.5, -0.5]: d loss / d log q = -(1/2) A_i * 1
     torch.testing.assert_close(logq.grad, torch.tensor([[-0.25], [0.25]]))

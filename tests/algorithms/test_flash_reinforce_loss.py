@@ -97,6 +97,81 @@ def test_hand_computed_example():
     assert out.metrics["drift_max"] == pytest.approx(0.3680642, abs=1e-6)
 
 
+def test_hand_computed_metrics():
+    # Ratios q/p: rows 0 and 1 are 1 at their 3 valid tokens, row 2 is 0.5/0.9 = 5/9 at both of its.
+    # A = [1/3, -2/3, 1/3]: mean 0, population variance (1/9 + 4/9 + 1/9) / 3 = 2/9.
+    logq, logp, rewards, mask = _hand_batch()
+    out = flash_reinforce_loss(logq, logp, rewards, mask, delta=0.1)
+    assert all(v.dim() == 0 and v.dtype == torch.float64 and not v.requires_grad for v in out.metric_tensors.values())
+    expected = {
+        "accepted_fraction": 2 / 3, "num_rejected": 1.0, "drift_mean": 0.3680642 / 3, "drift_max": 0.3680642,
+        "ratio_mean": (3 + 2 * 5 / 9) / 5, "ratio_max": 1.0, "ratio_min": 5 / 9, "advantage_mean": 0.0,
+        "advantage_std": math.sqrt(2 / 9), "reward_mean": 2 / 3, "tokens_valid": 5.0, "tokens_kept": 3.0,
+    }
+    assert out.metrics == pytest.approx(expected, abs=1e-6)  # no entropy given: no entropy_mean
+    entropy = torch.tensor([[0.5, 1.0], [2.0, 9.0], [0.0, 1.5]])  # column 1 of row 1 is padding
+    with_entropy = flash_reinforce_loss(logq, logp, rewards, mask, delta=0.1, entropy=entropy).metrics
+    assert with_entropy["entropy_mean"] == pytest.approx(5.0 / 5)
+
+
+def test_metrics_of_row_shares_add_up_to_the_whole_batch():
+    # With the global normalisers, the means of a part are its shares: a learner adds them up.
+    logq, logp, rewards, mask = _hand_batch()
+    whole = flash_reinforce_loss(logq, logp, rewards, mask, delta=0.1)
+    parts = [
+        flash_reinforce_loss(logq[rows], logp[rows], rewards[rows], mask[rows], delta=0.1,
+                             advantages=whole.advantages[rows], num_trajectories=3, num_tokens=5).metrics
+        for rows in ([0, 1], [2])
+    ]
+    for key in ("accepted_fraction", "num_rejected", "drift_mean", "ratio_mean", "tokens_valid", "tokens_kept"):
+        assert parts[0][key] + parts[1][key] == pytest.approx(whole.metrics[key], abs=1e-12), key
+    assert max(p["drift_max"] for p in parts) == whole.metrics["drift_max"]
+    assert min(p["ratio_min"] for p in parts) == whole.metrics["ratio_min"]
+    assert parts[1]["accepted_fraction"] == 0.0 and parts[0]["accepted_fraction"] == pytest.approx(2 / 3)
+
+
+def test_a_batch_without_sampled_tokens_has_no_ratio_extremes():
+    logq = torch.tensor([[-0.5, -1.0]])
+    out = flash_reinforce_loss(logq, logq, torch.tensor([1.0]), _mask([[0, 0]]), delta=0.1)
+    m = out.metrics
+    assert (m["ratio_max"], m["ratio_min"], m["ratio_mean"], m["tokens_valid"]) == (-math.inf, math.inf, 0.0, 0.0)
+    assert m["accepted_fraction"] == 0.0  # no valid token: rejected
+
+
+def test_without_value_checks_the_loss_reads_nothing_back_to_the_host(monkeypatch):
+    # What a learner calls per micro-batch: every value check off, the normalisers given. Every
+    # conversion of a tensor to a Python value fails here, so a host sync anywhere in the loss is caught.
+    logq, logp, rewards, mask = _hand_batch()
+    entropy = torch.rand(3, 2)
+    failures = torch.tensor([True, False, True])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("host sync inside the loss")
+
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    out = flash_reinforce_loss(logq, logp, rewards, mask, delta=0.1, entropy=entropy, failures=failures,
+                               negative_token_fraction=0.5, num_trajectories=3, num_tokens=5, check_values=False)
+    out.loss.backward()
+    monkeypatch.undo()
+    # Row 0 (a failure, T = 2) keeps ceil(0.5 * 2) = 1 token, row 1 keeps its one, row 2 is rejected:
+    # loss = -(1/3) [(1/3)/2 * ln .5 + (-2/3)/1 * ln .25] = (7/18) ln .5
+    assert out.loss.item() == pytest.approx(7 / 18 * LOG_HALF, abs=1e-6)
+    assert (out.metrics["tokens_valid"], out.metrics["tokens_kept"]) == (5.0, 2.0)
+
+
+def test_without_value_checks_a_non_finite_input_gives_a_non_finite_loss_not_an_error():
+    logq, logp, rewards, mask = _hand_batch()
+    bad = logq.detach().clone()
+    bad[0, 0] = math.nan
+    with pytest.raises(ValueError, match="logprobs must be finite"):
+        flash_reinforce_loss(bad, logp, rewards, mask, delta=0.1)
+    out = flash_reinforce_loss(bad, logp, rewards, mask, delta=0.1, check_values=False)
+    assert math.isnan(out.loss.item())
+    with pytest.raises(ValueError, match="rewards must have shape"):  # shapes are checked either way
+        flash_reinforce_loss(bad, logp, rewards[:2], mask, delta=0.1, check_values=False)
+
+
 def test_importance_ratio_weights_the_gradient():
     # One trajectory pair; token of row 0 has p = 0.25, q = 0.5 -> rho = 2. delta large: accepted.
     # A = [0.5, -0.5]; d loss / d log q[0, 0] = -(1/2) * 0.5 / 1 * rho = -0.5.

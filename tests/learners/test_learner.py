@@ -61,10 +61,9 @@ def test_update_is_one_sgd_step_along_minus_the_loss_gradient(make_spec, tiny_ll
         torch.testing.assert_close(after[name], before[name] - 1e-3 * grad, rtol=1e-5, atol=1e-7)
     assert any(float(g.abs().max()) > 0 for g in grads.values())
     assert metrics["loss"] == pytest.approx(float(ref.loss.detach()), rel=1e-5)
+    # The ratio metrics are current/behavior in both, whatever importance_sampling says.
     compared = ["accepted_fraction", "drift_mean", "drift_max", "advantage_mean", "advantage_std", "tokens_valid",
-                "tokens_kept"]
-    if options.get("importance_sampling") != "none":  # the learner's ratios are always current/behavior
-        compared += ["ratio_mean", "ratio_max"]
+                "tokens_kept", "ratio_mean", "ratio_max", "ratio_min", "entropy_mean", "reward_mean"]
     for key in compared:
         assert metrics[key] == pytest.approx(ref.metrics[key], rel=1e-5, abs=1e-7), key
     assert metrics["grad_norm"] == pytest.approx(

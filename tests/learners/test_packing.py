@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from flashrl.episode import Episode
 from flashrl.learners import TrainBatch
 from flashrl.learners.packing import (
-    MicroBatchPlan,
+    MicroBatchMembers,
     assign_to_ranks,
     gather_rows,
     pack_rows,
@@ -33,8 +33,8 @@ def test_ranks_exact_lpt_plan() -> None:
     plan = plan_micro_batches([10, 9, 8, 7, 6, 5], world_size=2)
     assert plan.rank_tokens == (23, 22)
     assert [r.micro_batches for r in plan.ranks] == [
-        (MicroBatchPlan(indices=(0, 3, 4), lengths=(10, 7, 6)),),
-        (MicroBatchPlan(indices=(1, 2, 5), lengths=(9, 8, 5)),),
+        (MicroBatchMembers(indices=(0, 3, 4), lengths=(10, 7, 6)),),
+        (MicroBatchMembers(indices=(1, 2, 5), lengths=(9, 8, 5)),),
     ]
 
 
@@ -59,7 +59,7 @@ def test_over_budget_trajectory_goes_alone() -> None:
 
 def test_no_budget_is_one_micro_batch_per_rank() -> None:
     plan = plan_micro_batches(torch.tensor([5, 3, 8]), world_size=1)
-    assert plan.ranks[0].micro_batches == (MicroBatchPlan(indices=(0, 1, 2), lengths=(5, 3, 8)),)
+    assert plan.ranks[0].micro_batches == (MicroBatchMembers(indices=(0, 1, 2), lengths=(5, 3, 8)),)
     assert plan.for_rank(0) is plan.ranks[0] and plan.num_trajectories == 3
 
 
@@ -182,6 +182,8 @@ def test_unpack_is_differentiable() -> None:
 def test_bad_packing_is_refused() -> None:
     with pytest.raises(ValueError, match=r"rows \[1\] have none"):
         pack_rows(torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 0, 0], [0, 0, 0]], dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"rows \[\] have none \(expected one length per row, 2; got 1\)"):
+        pack_rows(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool), lengths=[3])
     with pytest.raises(ValueError, match=r"\[S, T\]"):
         pack_rows(torch.ones(3, dtype=torch.long), torch.ones(3, dtype=torch.bool))
     packed = pack_rows(torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool))

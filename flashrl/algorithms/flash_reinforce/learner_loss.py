@@ -22,7 +22,6 @@ diagnostic of the policy lag), ``entropy_mean``, ``tokens_valid``, ``tokens_kept
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -118,10 +117,10 @@ class FlashReinforceLoss(Loss):
         advantages = baseline(rewards, group_ids=batch.group_ids).detach()  # [B]
         return FlashReinforceContext(
             batch=batch,
-            metrics={
-                "advantage_mean": float(advantages.mean()),
-                "advantage_std": float(advantages.std(unbiased=False)),
-                "reward_mean": float(batch.rewards.mean()),
+            metrics={  # 0-d tensors: the learner reads them back with the update's other metrics
+                "advantage_mean": advantages.mean(),
+                "advantage_std": advantages.std(unbiased=False),
+                "reward_mean": batch.rewards.mean(),
             },
             advantages=advantages,
             # [B] from the env's success labels; raises (on every rank alike) when the batch has none
@@ -133,14 +132,14 @@ class FlashReinforceLoss(Loss):
     def compute_loss(
         self, micro_batch: MicroBatch, context: FlashReinforceContext
     ) -> tuple[torch.Tensor, LossMetrics]:
-        rows, idx = micro_batch.rows, micro_batch.indices.cpu()
+        rows = micro_batch.rows
         device = micro_batch.logprobs.device
-        valid = rows.loss_mask  # [b, t]
+        idx = micro_batch.indices.to(context.advantages.device)  # [b]  no copy when both are on one device
         out = flash_reinforce_loss(
             micro_batch.logprobs,
             rows.behavior_logprobs,
             rows.rewards,
-            valid,
+            rows.loss_mask,
             delta=self.delta,
             entropy=micro_batch.entropy,
             failures=context.failures[idx].to(device) if self.filter_on else None,  # [b]
@@ -152,32 +151,23 @@ class FlashReinforceLoss(Loss):
             num_trajectories=context.num_trajectories,  # the global B of the 1/B normaliser
             num_tokens=context.num_tokens,  # the global valid-token count of token_mean
             constant_length_normalizer=self.constant_length_normalizer,
+            # The learner checked the batch's rewards and behavior log-probs (TrainBatch.non_finite_reason)
+            # and checks its recomputed log-probs and entropies on the device: no host sync here.
+            check_values=False,
         )
-        return out.loss, self._metrics(micro_batch, context, out)
+        # The loss's means are shares of the global normalisers passed above, so they add up over
+        # micro-batches and ranks. Its advantage and reward metrics are this micro-batch's own (not
+        # shares): the whole batch's come from prepare.
+        m = out.metric_tensors
+        return out.loss, LossMetrics(
+            sums={key: m[key] for key in _SUMMED},
+            maxes={key: m[key] for key in ("drift_max", "ratio_max")},
+            mins={"ratio_min": m["ratio_min"]},
+            rows={"drift_values": out.drift.detach()},  # [b]
+        )
 
-    def _metrics(self, micro_batch: MicroBatch, context: FlashReinforceContext, out) -> LossMetrics:
-        with torch.no_grad():
-            rows = micro_batch.rows
-            valid = rows.loss_mask  # [b, t]
-            logq = micro_batch.logprobs.detach().float()[valid]  # [n]
-            logp = rows.behavior_logprobs[valid].clamp(max=0.0)  # [n]
-            ratio = torch.exp(logq.clamp(max=0.0) - logp)  # [n]  current / behavior
-            has = ratio.numel() > 0
-            b, n = context.num_trajectories, max(context.num_tokens, 1)
-            drift = out.drift.detach().double()  # [b]
-            entropy = micro_batch.entropy.detach().double()[valid]  # [n]
-            return LossMetrics(
-                sums={
-                    "accepted_fraction": float(out.trust_mask.sum()) / b,
-                    "num_rejected": float((~out.trust_mask).sum()),
-                    "drift_mean": float(drift.sum()) / b,
-                    "ratio_mean": float(ratio.double().sum()) / n,
-                    "entropy_mean": float(entropy.sum()) / n,
-                    "tokens_valid": float(valid.sum()),
-                    "tokens_kept": float(out.keep_mask.sum()),
-                },
-                maxes={"drift_max": float(drift.max()),
-                       "ratio_max": float(ratio.max()) if has else -math.inf},
-                mins={"ratio_min": float(ratio.min()) if has else math.inf},
-                rows={"drift_values": drift},
-            )
+
+_SUMMED = ("accepted_fraction", "num_rejected", "drift_mean", "ratio_mean", "entropy_mean", "tokens_valid",
+           "tokens_kept")
+"""The loss's metrics that add up over micro-batches (``flash_reinforce_loss``'s ``METRIC_NAMES``)."""
+

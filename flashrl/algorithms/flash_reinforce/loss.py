@@ -41,7 +41,7 @@ from flashrl.algorithms.flash_reinforce.components import (
     TrustRegion,
 )
 
-__all__ = ["FlashReinforceLossOutput", "failure_token_keep_mask", "flash_reinforce_loss"]
+__all__ = ["METRIC_NAMES", "FlashReinforceLossOutput", "failure_token_keep_mask", "flash_reinforce_loss"]
 
 # A sampled token's log-probability must be <= 0. Engines and float rounding give tiny positive
 # values (about 1e-7); those are clamped to 0. Anything larger means the caller passed something else
@@ -61,8 +61,38 @@ class FlashReinforceLossOutput:
     """[B] bool: the trajectory contributes to the loss."""
     keep_mask: torch.Tensor
     """[B, T] bool: the tokens whose term is in the loss (trusted trajectory, kept by the filter)."""
-    metrics: dict[str, float]
-    """accepted_fraction, drift_mean/max, ratio_mean/max, advantage_mean/std, tokens_valid/kept, ..."""
+    metric_tensors: dict[str, torch.Tensor]
+    """The metrics as detached float64 0-d tensors on the inputs' device, computed without a host sync
+    (``METRIC_NAMES`` says what each is; a learner combines them over micro-batches on the device)."""
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """``metric_tensors`` as Python floats (one host transfer per access)."""
+        names = list(self.metric_tensors)
+        values = torch.stack([self.metric_tensors[k] for k in names]).tolist()  # the one transfer
+        return dict(zip(names, values))
+
+
+METRIC_NAMES = {
+    "accepted_fraction": "share of the B trajectories (num_trajectories) inside the trust region",
+    "num_rejected": "trajectories of this batch outside the trust region",
+    "drift_mean": "sum of the trajectories' drift / num_trajectories",
+    "drift_max": "largest trajectory drift of this batch",
+    "ratio_mean": "sum of q/p over the sampled tokens / num_tokens (q/p whatever importance_sampling says: "
+                  "a diagnostic of the policy lag)",
+    "ratio_max": "largest q/p of a sampled token (-inf: this batch has none)",
+    "ratio_min": "smallest q/p of a sampled token (inf: this batch has none)",
+    "entropy_mean": "sum of the sampled tokens' entropies / num_tokens (only when entropy is given)",
+    "advantage_mean": "mean advantage over this batch's rows",
+    "advantage_std": "population standard deviation of this batch's advantages",
+    "reward_mean": "mean reward over this batch's rows",
+    "tokens_valid": "sampled (loss_mask) tokens of this batch",
+    "tokens_kept": "tokens whose term is in the loss (trusted trajectory, kept by the entropy filter)",
+}
+"""What each entry of ``FlashReinforceLossOutput.metric_tensors`` is. The means are sums divided by
+the global normalisers the loss itself uses (``num_trajectories``, ``num_tokens``): with those left at
+their defaults they are this batch's plain means; a micro-batch's values are its shares of the whole
+batch's means, which add up over micro-batches as the losses do."""
 
 
 def failure_token_keep_mask(
@@ -90,13 +120,14 @@ def failure_token_keep_mask(
     return torch.where(failures.unsqueeze(-1), keep_failed, loss_mask)  # [B, T]
 
 
-def _check_inputs(
+def _check_shapes(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,
     rewards: torch.Tensor,
     loss_mask: torch.Tensor,
     delta: float,
 ) -> None:
+    """Shapes, dtypes and ``delta``: metadata only, no host sync (always checked)."""
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [B, T]; got shape {tuple(logprobs.shape)}.")
     b, t = logprobs.shape
@@ -116,6 +147,16 @@ def _check_inputs(
         raise ValueError(
             f"delta must be a number >= 0 (the drift threshold; math.inf = no trust region); got {delta!r}."
         )
+
+
+def _check_values(
+    logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    rewards: torch.Tensor,
+    loss_mask: torch.Tensor,
+    entropy: torch.Tensor | None,
+) -> None:
+    """Finite rewards, finite log-probs <= 0 (and finite entropies) at valid tokens: host syncs."""
     if not bool(torch.isfinite(rewards).all()):
         bad = torch.nonzero(~torch.isfinite(rewards)).flatten().tolist()
         raise ValueError(f"rewards must be finite; trajectories {bad} have {rewards[bad].tolist()}.")
@@ -132,6 +173,8 @@ def _check_inputs(
                 f"{name} are log-probabilities and must be <= 0; got a maximum of "
                 f"{float(valid_values.max()):.4g}. Did you pass logits or probabilities?"
             )
+    if entropy is not None and not bool(torch.isfinite(entropy.detach()[loss_mask]).all()):
+        raise ValueError("entropy must be finite at every valid (loss_mask) token.")
 
 
 def _check_filter_inputs(
@@ -160,8 +203,8 @@ def _check_filter_inputs(
             f"failures must be a bool tensor of shape [{b}]; got {failures.dtype} of shape "
             f"{tuple(failures.shape)}. Use e.g. ~success.bool()."
         )
-    if not entropy.is_floating_point() or not bool(torch.isfinite(entropy.detach()[loss_mask]).all()):
-        raise ValueError("entropy must be a floating tensor, finite at every valid (loss_mask) token.")
+    if not entropy.is_floating_point():
+        raise ValueError(f"entropy must be a floating tensor; got {entropy.dtype}.")
     return True
 
 
@@ -184,6 +227,7 @@ def flash_reinforce_loss(
     num_trajectories: int | None = None,
     num_tokens: int | None = None,
     constant_length_normalizer: int | None = None,
+    check_values: bool = True,
 ) -> FlashReinforceLossOutput:
     """FlashREINFORCE loss for one batch (see the module docstring for the math).
 
@@ -210,11 +254,20 @@ def flash_reinforce_loss(
         num_tokens: the valid-token count of ``token_mean`` (global under data parallelism); default:
             this batch's.
         constant_length_normalizer: the L of ``constant_length`` (sum / (B x L)).
+        check_values: raise ``ValueError`` for non-finite rewards, log-probs or entropies at valid
+            tokens, and for log-probs > 0. These checks read values back to the host, so a caller that
+            guarantees them passes False: ``flashrl.learners.Learner`` does, having checked the batch's
+            rewards and behavior log-probs once (``TrainBatch.non_finite_reason``, a skip) and checking
+            its own recomputed log-probs and entropies on the device (a skip too). Shapes, dtypes and
+            ``delta`` are checked either way (metadata, no host sync). With False, a non-finite input
+            gives a non-finite loss, never an error.
 
     Inputs in float32 or bfloat16 are computed in float32; float64 stays float64.
     """
-    _check_inputs(logprobs, behavior_logprobs, rewards, loss_mask, delta)
+    _check_shapes(logprobs, behavior_logprobs, rewards, loss_mask, delta)
     filter_on = _check_filter_inputs(negative_token_fraction, entropy, failures, loss_mask)
+    if check_values:
+        _check_values(logprobs, behavior_logprobs, rewards, loss_mask, entropy)
     dtype = torch.float64 if logprobs.dtype == torch.float64 else torch.float32
     b = logprobs.shape[0]
     num_trajectories = b if num_trajectories is None else num_trajectories
@@ -238,9 +291,11 @@ def flash_reinforce_loss(
 
     # 2. Token importance ratios, detached: the gradient flows through log q only. The denominator is
     #    the behavior policy, or the current policy itself without behavior correction.
-    denominator = IMPORTANCE_SAMPLINGS.resolve(importance_sampling, "token")(logq_now, logp)  # [B, T]
-    denominator = torch.where(loss_mask, denominator.detach(), zeros)  # [B, T]
+    compared_with = IMPORTANCE_SAMPLINGS.resolve(importance_sampling, "token")(logq_now, logp)  # [B, T]
+    denominator = torch.where(loss_mask, compared_with.detach(), zeros)  # [B, T]
     ratio = torch.exp(logq_now - denominator)  # [B, T]
+    # The ratio metrics are always q/p (the policy lag): the loss's own ratio when it compares with p.
+    lag_ratio = ratio if compared_with is logp else torch.exp(logq_now - logp)  # [B, T]
 
     # 3. Sequence Trust Region: one decision per whole trajectory.
     decision = TRUST_REGIONS.resolve(trust_region, "bernoulli_kl")(logq_now, denominator, loss_mask, delta=delta)
@@ -261,32 +316,60 @@ def flash_reinforce_loss(
     objective = AGGREGATIONS.resolve(aggregation, "sample_mean")(token_terms, valid_counts, norm)
     loss = -objective
 
-    metrics = _metrics(ratio, loss_mask, contributes, decision.drift, trust, advantages, rewards)
+    metrics = _metrics(lag_ratio, loss_mask, contributes, decision.drift, trust, advantages, rewards, entropy,
+                       norm)
     return FlashReinforceLossOutput(
         loss=loss,
         advantages=advantages,
         drift=decision.drift,
         trust_mask=trust,
         keep_mask=contributes,
-        metrics=metrics,
+        metric_tensors=metrics,
     )
 
 
-def _metrics(ratio, loss_mask, contributes, drift, trust, advantages, rewards) -> dict[str, float]:
+def _metrics(
+    ratio: torch.Tensor,
+    loss_mask: torch.Tensor,
+    contributes: torch.Tensor,
+    drift: torch.Tensor,
+    trust: torch.Tensor,
+    advantages: torch.Tensor,
+    rewards: torch.Tensor,
+    entropy: torch.Tensor | None,
+    norm: Normalizers,
+) -> dict[str, torch.Tensor]:
+    """``METRIC_NAMES`` as float64 0-d tensors: masked reductions only, no boolean indexing, no sync."""
     with torch.no_grad():
-        valid_ratio = ratio[loss_mask]
-        has_tokens = valid_ratio.numel() > 0
-        return {
-            "accepted_fraction": float(trust.float().mean()),
-            "num_rejected": float((~trust).sum()),
-            "drift_mean": float(drift.mean()),
-            "drift_max": float(drift.max()),
-            "ratio_mean": float(valid_ratio.mean()) if has_tokens else 1.0,
-            "ratio_max": float(valid_ratio.max()) if has_tokens else 1.0,
-            "ratio_min": float(valid_ratio.min()) if has_tokens else 1.0,
-            "advantage_mean": float(advantages.mean()),
-            "advantage_std": float(advantages.std(unbiased=False)),
-            "reward_mean": float(rewards.mean()),
-            "tokens_valid": float(loss_mask.sum()),
-            "tokens_kept": float(contributes.sum()),
+        f64 = torch.float64
+        b, n = norm.num_trajectories, max(norm.num_tokens, 1)
+        ratio = ratio.detach().to(f64)  # [B, T]
+        drift = drift.detach().to(f64)  # [B]
+        zero = torch.zeros((), dtype=f64, device=ratio.device)
+        metrics = {
+            "accepted_fraction": trust.sum().to(f64) / b,
+            "num_rejected": (~trust).sum().to(f64),
+            "drift_mean": drift.sum() / b,
+            "drift_max": drift.max(),
+            "ratio_mean": torch.where(loss_mask, ratio, zero).sum() / n,
+            "ratio_max": _masked_extreme(ratio, loss_mask, torch.amax, -math.inf),
+            "ratio_min": _masked_extreme(ratio, loss_mask, torch.amin, math.inf),
         }
+        if entropy is not None:
+            metrics["entropy_mean"] = torch.where(loss_mask, entropy.detach().to(f64), zero).sum() / n
+        advantages = advantages.to(f64)  # [B]
+        metrics.update(
+            advantage_mean=advantages.mean(),
+            advantage_std=advantages.std(unbiased=False),
+            reward_mean=rewards.to(f64).mean(),
+            tokens_valid=loss_mask.sum().to(f64),
+            tokens_kept=contributes.sum().to(f64),
+        )
+        return metrics
+
+
+def _masked_extreme(values: torch.Tensor, mask: torch.Tensor, reduce, identity: float) -> torch.Tensor:
+    """``reduce`` (amax or amin) of ``values`` where ``mask``; ``identity`` (+-inf) where it has none."""
+    if values.numel() == 0:  # T = 0: the reductions refuse empty inputs (shape metadata, no sync)
+        return torch.tensor(identity, dtype=values.dtype, device=values.device)
+    return reduce(values.masked_fill(~mask, identity))
