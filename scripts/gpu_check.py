@@ -6,7 +6,7 @@ machine"). Nothing is downloaded: the model has random weights built from a conf
 is built here with the ``tokenizers`` library. Every phase writes its figures, or why it was skipped,
 into one JSON::
 
-    python scripts/gpu_check.py                          # every phase; about 2-3 minutes on one H200
+    python scripts/gpu_check.py                          # every phase; sized for 2-3 minutes on one H200
     python scripts/gpu_check.py --phase learner fsdp     # some phases
     python scripts/gpu_check.py --small                  # the same code on CPU with a tiny model (tests)
 
@@ -582,7 +582,8 @@ def phase_fsdp(ctx: Context) -> dict[str, Any]:
             grad_diff = abs(update["grad_norm"] - ctx.warmup["grad_norm"]) / max(ctx.warmup["grad_norm"], 1e-12)
             out["vs_local"] = {"local": ctx.warmup, "loss_relative_diff": loss_diff,
                                "grad_norm_relative_diff": grad_diff}
-            tol = 1e-4 if opts.dtype == "float32" else 2e-2  # bf16 compute: the two reduce in other orders
+            # bf16: the local learner accumulates micro-batch gradients in bf16, FSDP2 reduces in float32
+            tol = 1e-4 if opts.dtype == "float32" else 5e-2
             if not (loss_diff < tol and grad_diff < tol):
                 raise RuntimeError(f"FSDP2 and the local learner disagree on one batch: loss {loss_diff:.3g}, "
                                    f"grad norm {grad_diff:.3g} relative (expected < {tol})")
@@ -817,6 +818,17 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def _json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats as strings ("inf", "nan"): a figure must not lose the whole JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
     if opts.small:
@@ -824,7 +836,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(opts)
     print(table(result))
     opts.output.parent.mkdir(parents=True, exist_ok=True)
-    opts.output.write_text(json.dumps(result, indent=2, allow_nan=False))
+    opts.output.write_text(json.dumps(_json_safe(result), indent=2, allow_nan=False))
     print(f"wrote {opts.output}")
     return 0 if result["ok"] else 1
 

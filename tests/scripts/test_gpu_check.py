@@ -111,6 +111,12 @@ def test_missing_modules_names_only_the_absent() -> None:
     assert gpu_check.missing_modules(("json", "no_such_module_for_gpu_check")) == ["no_such_module_for_gpu_check"]
 
 
+def test_json_keeps_non_finite_figures_as_strings() -> None:
+    safe = gpu_check._json_safe({"a": float("inf"), "b": [1.5, float("nan")], "c": (None, "x")})
+    assert safe == {"a": "inf", "b": [1.5, "nan"], "c": [None, "x"]}
+    json.dumps(safe, allow_nan=False)  # what main writes
+
+
 def _simulated_machine_env(tmp_path: Path) -> dict[str, str]:
     site = tmp_path / "site"
     site.mkdir()
