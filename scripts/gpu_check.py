@@ -194,7 +194,8 @@ def architecture(opts: Options) -> Any:
 TOKENIZER_WORDS = (
     [str(i) for i in range(200)]
     + list("+-*/=()?.,:;!'\"")
-    + "what is the sum of and answer question think final a an it in on to".split()
+    + ["what", "is", "the", "sum", "of", "and", "answer", "question", "think", "final", "a", "an", "it", "in",
+       "on", "to"]
 )
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>")
 
@@ -436,7 +437,7 @@ def _logprob_once(method: str, n: int, opts: Options) -> dict[str, Any]:
     from flashrl.ops.logprobs import chunked_token_logprobs
 
     torch.manual_seed(0)
-    dt, dev = getattr(torch, "bfloat16"), opts.device
+    dt, dev = torch.bfloat16, opts.device
     h = torch.randn(n, opts.logprob_hidden, device=dev, dtype=dt, requires_grad=True)  # [N, H]
     w = torch.randn(opts.logprob_vocab, opts.logprob_hidden, device=dev, dtype=dt)  # [V, H]
     w = w.mul_(opts.logprob_hidden**-0.5).requires_grad_()
@@ -504,12 +505,12 @@ def phase_engine(ctx: Context) -> dict[str, Any]:
     prompts = torch.randint(0, vocab, (opts.engine_prompts, opts.prompt_tokens), generator=gen).tolist()
     sampling = SamplingConfig(temperature=1.0, max_tokens=opts.new_tokens, seed=0)
 
-    async def sample() -> list[Any]:
+    async def sample(engine: Any) -> list[Any]:
         return await asyncio.gather(*(engine.generate(p, replace(sampling, seed=i)) for i, p in enumerate(prompts)))
 
     try:
         t0 = time.perf_counter()
-        completions = asyncio.run(sample())
+        completions = asyncio.run(sample(engine))
         _sync(opts.device)
         seconds = time.perf_counter() - t0
         largest_batch = engine.largest_batch
@@ -779,8 +780,8 @@ def _machine() -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     ph = result["phases"]
-    rows: list[tuple[str, str]] = [("mode", f"{result['mode']}, python {result['machine']['python']}, "
-                                            f"torch {result['machine']['torch']}")]
+    machine = result["machine"]
+    rows = [("mode", f"{result['mode']}, python {machine['python']}, torch {machine['torch']}")]
     for name in PHASES:
         p = ph[name]
         if p["status"] != "ok":
