@@ -186,8 +186,10 @@ def architecture(opts: Options) -> Any:
     """The learner's shape: Qwen2.5-1.5B's (``flashrl/recipes/architectures.py``), or a tiny Qwen2."""
     from flashrl.recipes.architectures import ARCHITECTURES, Architecture
 
-    if opts.small:  # head_dim 64, biases on q/k/v as Qwen2; the vocabulary pads the tokenizer's
-        return Architecture("tiny-qwen2", "qwen2", 2, 128, 256, 2, 1, 64, 512, True, 512, attention_bias=True)
+    if opts.small:  # head_dim 64, biases on q/k/v as Qwen2; exactly the tokenizer's vocabulary, so that the
+        # push phase's env can decode every sampled id (the full model's padding rows are never decoded)
+        vocab = len(build_tokenizer())
+        return Architecture("tiny-qwen2", "qwen2", 2, 128, 256, 2, 1, 64, vocab, True, 512, attention_bias=True)
     return ARCHITECTURES["Qwen/Qwen2.5-Math-1.5B"]
 
 
@@ -195,9 +197,13 @@ TOKENIZER_WORDS = (
     [str(i) for i in range(200)]
     + list("+-*/=()?.,:;!'\"")
     + ["what", "is", "the", "sum", "of", "and", "answer", "question", "think", "final", "a", "an", "it", "in",
-       "on", "to"]
+       "on", "to", "system", "user", "assistant"]
 )
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>")
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>", "<unk>")
+CHAT_TEMPLATE = (  # ChatML, as Qwen2's: the push phase's env renders its prompts with it
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def build_tokenizer() -> Any:
@@ -210,11 +216,11 @@ def build_tokenizer() -> Any:
     from transformers import PreTrainedTokenizerFast
 
     vocab = {w: i for i, w in enumerate((*SPECIAL_TOKENS, *TOKENIZER_WORDS))}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(
-        tokenizer_object=core, eos_token="<|endoftext|>", pad_token="<pad>", unk_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        tokenizer_object=core, eos_token="<|endoftext|>", pad_token="<pad>", unk_token="<unk>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"], chat_template=CHAT_TEMPLATE,
     )
 
 

@@ -101,10 +101,14 @@ def test_train_flops_per_token_of_the_1p5b_shape() -> None:
 
 def test_built_tokenizer_needs_no_file_or_network() -> None:
     tokenizer = gpu_check.build_tokenizer()
-    assert len(tokenizer) == 4 + 200 + 15 + 16  # specials, 0..199, punctuation, words
-    assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (0, 3)
-    assert tokenizer("12 + 7 = 19")["input_ids"] == [16, 204, 11, 208, 23]
-    assert tokenizer("12 + x")["input_ids"] == [16, 204, 0]  # unknown words map to the end token
+    assert len(tokenizer) == 5 + 200 + 15 + 19  # specials, 0..199, punctuation, words
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id) == (0, 3, 4)
+    assert tokenizer("12 + 7 = 19")["input_ids"] == [17, 205, 12, 209, 24]
+    assert tokenizer("12 + x")["input_ids"] == [17, 205, 4]  # unknown words map to <unk>
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "what is 2 + 3 ?"}],
+                                         add_generation_prompt=True, tokenize=False)
+    assert chat == "<|im_start|>user\nwhat is 2 + 3 ?<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer(chat)["input_ids"][:3] == [1, 237, 220]  # <|im_start|>, "user" (220 + 17), "what"
 
 
 def test_missing_modules_names_only_the_absent() -> None:
