@@ -597,7 +597,8 @@ def phase_fsdp(ctx: Context) -> dict[str, Any]:
         del learner, model
         return out
     finally:
-        torch.distributed.destroy_process_group()
+        if torch.distributed.is_initialized():  # a failed start must not hide its error behind this one
+            torch.distributed.destroy_process_group()
 
 
 # ---------------------------------------------------------------------------------------------- push
