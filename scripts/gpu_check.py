@@ -804,8 +804,13 @@ def table(result: dict[str, Any]) -> str:
             if "mfu_vs_measured_matmul" in p:
                 text += f", MFU {p['mfu_vs_measured_matmul']:.1%} of matmul ({p['mfu_vs_datasheet']:.1%} datasheet)"
         elif name == "logprobs":
-            text = "; ".join(f"{r['tokens']}: memory {r['memory_ratio_naive_over_chunked'] or 0:.1f}x less, "
-                             f"time {r['time_ratio_chunked_over_naive']:.2f}x" for r in p["rows"])
+            text = "; ".join(
+                f"{r['tokens']}: "
+                + (f"memory {r['memory_ratio_naive_over_chunked']:.1f}x less, "
+                   if r["memory_ratio_naive_over_chunked"] else "")
+                + f"time {r['time_ratio_chunked_over_naive']:.2f}x, max |d logprob| {r['max_abs_logprob_diff']:.1e}"
+                for r in p["rows"]
+            )
         elif name == "engine":
             a = p["agreement"]
             text = (f"{p['tokens']} tokens, {p['tokens_per_s']:.0f} tokens/s; |recorded - recomputed| mean "
