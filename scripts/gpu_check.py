@@ -73,7 +73,7 @@ import torch
 
 # The flashrl modules the phases import are named inside each phase (and only there), so a phase
 # whose modules need what this machine lacks fails alone. The weight-sync modules that `push` uses:
-WEIGHT_SYNC_MODULES = ("flashrl.learners.weight_sync", "flashrl.engines.weight_transfer")
+WEIGHT_SYNC_MODULES = ("flashrl.weight_sync.route", "flashrl.weight_sync.vllm_push")
 
 PHASES = ("matmul", "learner", "logprobs", "engine", "fsdp", "push")
 
