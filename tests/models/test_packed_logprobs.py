@@ -118,7 +118,9 @@ def test_packed_equals_padded_float32(name: str, impl: str, temperature: float, 
         ref_lp, ref_ent = compute_token_logprobs(model, ids, mask, temperature=temperature)
     assert lp.dtype == torch.float32
     torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-5)  # measured 4e-6
-    torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-5)
+    # Entropies are about 8 nats here (float32 spacing 1e-6) and sum V terms in a kernel-dependent order:
+    # a few ulps of relative error (seen: 1.4e-6) on top of the absolute bound.
+    torch.testing.assert_close(ent, ref_ent, rtol=3e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize(("name", "impl"), [("llama", "sdpa"), ("qwen2", "sdpa"), ("qwen2", "eager")])
