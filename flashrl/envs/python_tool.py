@@ -124,6 +124,12 @@ class PythonToolEnv(MathEnv):
     answer (last ``\boxed{}``, else last number) equals the reference, else ``0.0``; plus
     ``format_reward`` for a boxed answer. Intermediate steps give ``0.0``.
 
+    ## Threads
+    Thread-safe across instances: every code block runs in a fresh sandboxed process and the answer in
+    the math verifier's shared worker pool, so many envs may step from many threads at once (checked by
+    ``benchmarks/env_concurrency.py``: 16 threads, every run printed its output); one instance serves
+    one thread at a time.
+
     ## Episode end
     Terminated when a reply carries a ``\boxed{}`` answer. Truncated after ``max_turns`` replies
     (``info["turn_limit_reached"]``); the last reply is then verified as it is and its code is not run.

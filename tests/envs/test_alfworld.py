@@ -131,7 +131,7 @@ def test_reset_order_is_seeded_and_covers_every_game(cache_dir: Path) -> None:
     first = epoch(3)
     assert sorted(first) == [0, 1, 2]
     assert epoch(3) == first
-    assert len(env._engines) == 3
+    assert sorted(env.loaded_games) == sorted(g.path for g in env.games)  # max_loaded_games=3 keeps all
     env.close()
 
 
@@ -244,6 +244,8 @@ def test_bad_configuration_errors(cache_dir: Path, tmp_path: Path) -> None:
         ALFWorldEnv(max_turns=0, cache_dir=cache_dir)
     with pytest.raises(ValueError, match="max_loaded_games must be a positive int"):
         ALFWorldEnv(max_loaded_games=0, cache_dir=cache_dir)
+    with pytest.raises(ValueError, match="worker_timeout_s must be a positive number of seconds; got 0"):
+        ALFWorldEnv(worker_timeout_s=0, cache_dir=cache_dir)
     with pytest.raises(ValueError, match="order must be"):
         ALFWorldEnv(order="backwards", cache_dir=cache_dir)
     with pytest.raises(ValueError, match="max_receptacles must be >= 4"):

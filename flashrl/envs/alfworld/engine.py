@@ -4,18 +4,45 @@ textworld's API is not Gymnasium's (``step`` returns ``(state, score, done)``); 
 turns it into small typed results. Object ids such as ``cabinet_bar__plus_00_dot_68...`` are shown
 as ``cabinet 1`` by ``AlfredDemangler(shuffle=False)``, which numbers instances in sorted-id order:
 stored walkthroughs are written in those names, so the demangler must never shuffle.
+
+**Threads.** textworld's PDDL engine is not thread-safe: its grammar and PDDL parsers are tatsu parser
+objects shared at module level (``_PARSER`` in ``textworld/envs/pddl/textgen/__init__.py`` and in
+``textworld/envs/pddl/logic/__init__.py``, textworld 1.6), and the planner (``fast_downward/interface.py``)
+rewrites ``sys.argv``. Two games loaded or stepped at once from two threads fail inside that parsing
+(``IndexError: pop from empty list``, tatsu ``FailedToken``). Every :class:`TextWorldGame` call
+therefore holds one process-wide lock (uncontended in a process that plays one game at a time) and
+restores ``sys.argv``; :class:`~flashrl.envs.alfworld.ALFWorldEnv` plays each env's games in its own
+worker process (:mod:`flashrl.envs.alfworld.host`), so envs in threads run in parallel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flashrl.envs.alfworld.assets import require_alfworld
+
+_ENGINE_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _engine_section() -> Iterator[None]:
+    """Hold the process-wide engine lock and give ``sys.argv`` back as it was (see the module doc)."""
+    with _ENGINE_LOCK:
+        argv = list(sys.argv)
+        try:
+            yield
+        finally:
+            sys.argv[:] = argv
+
 
 #: What the engine answers to a command that is not admissible (textworld's own text).
 NOTHING_HAPPENS = "Nothing happens."
@@ -75,7 +102,8 @@ class TextWorldGame:
     """
 
     def __init__(self, *, plan: bool = False) -> None:
-        self._env = _make_env(walkthrough=plan)
+        with _engine_section():
+            self._env = _make_env(walkthrough=plan)
         self._plan = plan
         self._data: dict[str, Any] | None = None
         self._last: GameStep | None = None
@@ -91,38 +119,42 @@ class TextWorldGame:
 
     def load(self, game: str | os.PathLike[str] | dict[str, Any]) -> None:
         data = copy.deepcopy(game) if isinstance(game, dict) else load_game_data(game)
-        self._env.load(data)
+        with _engine_section():
+            self._env.load(data)
         self._data = data
         self._last = None
 
     def reset(self) -> GameStep:
         if self._data is None:
             raise RuntimeError("No game loaded; call load() first.")
-        state = self._env.reset()
-        if self._plan:
-            self.walkthrough = [str(c) for c in state["extra.walkthrough"]]
-        self._last = GameStep(
-            feedback=str(state.feedback).strip(),
-            admissible_commands=tuple(state["admissible_commands"]),
-            won=bool(state["won"]),
-        )
+        with _engine_section():  # the state is read inside too: it may be computed lazily
+            state = self._env.reset()
+            if self._plan:
+                self.walkthrough = [str(c) for c in state["extra.walkthrough"]]
+            self._last = GameStep(
+                feedback=str(state.feedback).strip(),
+                admissible_commands=tuple(state["admissible_commands"]),
+                won=bool(state["won"]),
+            )
         return self._last
 
     def step(self, command: str) -> GameStep:
         if self._last is None:
             raise RuntimeError("The game was not reset; call reset() first.")
         valid = command.strip() in self._last.admissible_commands
-        state, _score, _done = self._env.step(command)
-        self._last = GameStep(
-            feedback=str(state.feedback).strip(),
-            admissible_commands=tuple(state["admissible_commands"]),
-            won=bool(state["won"]),
-            valid=valid,
-        )
+        with _engine_section():
+            state, _score, _done = self._env.step(command)
+            self._last = GameStep(
+                feedback=str(state.feedback).strip(),
+                admissible_commands=tuple(state["admissible_commands"]),
+                won=bool(state["won"]),
+                valid=valid,
+            )
         return self._last
 
     def close(self) -> None:
-        self._env.close()
+        with _engine_section():
+            self._env.close()
 
 
 def plan_walkthrough(game: str | os.PathLike[str] | dict[str, Any]) -> list[str]:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from flashrl.envs.alfworld.commands import parse_command
-from flashrl.envs.alfworld.engine import GameStep, TextWorldGame, load_game_data, plan_walkthrough
+from flashrl.envs.alfworld.engine import GameStep
 from flashrl.envs.alfworld.games import (
     GameCollection,
     GameRecord,
@@ -20,7 +19,9 @@ from flashrl.envs.alfworld.games import (
     official_games,
 )
 from flashrl.envs.alfworld.generator import GeneratorConfig
+from flashrl.envs.alfworld.host import GameHost
 from flashrl.envs.base import LanguageEnv, Messages, StepResult
+from flashrl.envs.worker_process import EnvWorkerCrashedError, EnvWorkerError, WorkerProcess
 
 #: The system message unless ``system_prompt`` says otherwise.
 DEFAULT_SYSTEM_PROMPT = (
@@ -78,6 +79,14 @@ class ALFWorldEnv(LanguageEnv):
     :meth:`walkthrough` returns winning commands for the current game, planning them when the file
     stores none.
 
+    ## Threads and processes
+    Thread-safe across instances: each env plays its games in its own worker process (started at the
+    first ``reset``, ended by ``close``), because textworld's engine shares parser state between the
+    games of one process. One instance serves one thread at a time, as any Gymnasium env. A worker
+    that crashes or does not answer within ``worker_timeout_s`` raises
+    :class:`~flashrl.envs.worker_process.EnvWorkerError` (an env error to the runner, never a hang);
+    the next ``reset`` starts a new worker.
+
     ## Reset options
     ``{"game_index": i}`` plays game ``i`` of :attr:`games`; ``{"game_file": path}`` plays that file.
 
@@ -89,10 +98,12 @@ class ALFWorldEnv(LanguageEnv):
     (default 50, as in ALFWorld's evaluation), ``show_admissible_commands``, ``system_prompt``,
     ``order`` (``shuffle`` each epoch, ``random`` with replacement, ``sequential``),
     ``max_loaded_games`` (games kept loaded in the engine; loading one takes about a second),
-    ``render_mode``.
+    ``worker_timeout_s`` (longest wait for the worker's answer to one reset or step, and for its
+    start), ``render_mode``.
 
     ## Version history
-    * v0: initial version.
+    * v0: initial version; games played in a worker process per env (same observations, infos and
+      rewards), so envs stepped from several threads at once work.
     """
 
     def __init__(
@@ -110,6 +121,7 @@ class ALFWorldEnv(LanguageEnv):
         system_prompt: str | None = None,
         order: Order = "shuffle",
         max_loaded_games: int = 4,
+        worker_timeout_s: float = 120.0,
         render_mode: str | None = None,
     ) -> None:
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
@@ -119,6 +131,8 @@ class ALFWorldEnv(LanguageEnv):
             raise ValueError(f"order must be 'shuffle', 'random' or 'sequential'; got {order!r}.")
         if not isinstance(max_loaded_games, int) or max_loaded_games < 1:
             raise ValueError(f"max_loaded_games must be a positive int; got {max_loaded_games!r}.")
+        if not isinstance(worker_timeout_s, (int, float)) or not worker_timeout_s > 0:
+            raise ValueError(f"worker_timeout_s must be a positive number of seconds; got {worker_timeout_s!r}.")
         if generator is not None and not isinstance(generator, GeneratorConfig):
             raise TypeError(f"generator must be a GeneratorConfig or None; got {type(generator).__name__}.")
         if games is None:
@@ -153,10 +167,11 @@ class ALFWorldEnv(LanguageEnv):
         self.order = order
         self.game: GameRecord | None = None
         self.max_loaded_games = max_loaded_games
-        # Loaded engines by game file, least recently used first: loading parses the grammar and
-        # translates the PDDL (the slow part), so recently played games stay loaded.
-        self._engines: OrderedDict[Path, TextWorldGame] = OrderedDict()
-        self._engine: TextWorldGame | None = None
+        self.worker_timeout_s = float(worker_timeout_s)
+        # The engines live in a worker process (see "Threads and processes"), started at first reset.
+        self._worker: WorkerProcess | None = None
+        self._stored: list[str] | None = None
+        """The current game file's stored walkthrough."""
         self._walkthroughs: dict[Path, list[str]] = {}
         self._permutation: np.ndarray | None = None
         self._cursor = 0
@@ -202,8 +217,7 @@ class ALFWorldEnv(LanguageEnv):
             else:
                 index = self._next_index()
             self.game = self.games[index]
-        self._engine = self._load(self.game.path)
-        state = self._engine.reset()
+        state, self._stored = self._call("reset", self.game.path)
         match = _TASK.search(state.feedback)
         info: dict[str, Any] = {
             "prompt_id": self.game.prompt_id,
@@ -211,7 +225,7 @@ class ALFWorldEnv(LanguageEnv):
             "task_type": self.game.task_type,
             "task": match["task"].rstrip(".") if match else "",
             "admissible_commands": list(state.admissible_commands),
-            "walkthrough": self._stored_walkthrough(),
+            "walkthrough": None if self._stored is None else list(self._stored),
         }
         if index is not None:
             info["game_index"] = index
@@ -224,9 +238,9 @@ class ALFWorldEnv(LanguageEnv):
         return messages, info
 
     def _step_action(self, action: str) -> StepResult:
-        assert self.game is not None and self._engine is not None
+        assert self.game is not None
         command = parse_command(action)
-        state = self._engine.step(command)
+        state = self._call("step", command)
         info: dict[str, Any] = {
             "prompt_id": self.game.prompt_id,
             "command": command,
@@ -240,15 +254,28 @@ class ALFWorldEnv(LanguageEnv):
         new_messages = [] if state.won else [{"role": "user", "content": self._observation(state)}]
         return new_messages, reward, state.won, False, info
 
-    def _load(self, path: Path) -> TextWorldGame:
-        engine = self._engines.pop(path, None)
-        if engine is None:
-            engine = TextWorldGame()
-            engine.load(path)
-            while len(self._engines) >= self.max_loaded_games:
-                self._engines.popitem(last=False)[1].close()
-        self._engines[path] = engine
-        return engine
+    def _call(self, method: str, *args: object, timeout_s: float | None = None) -> object:
+        """Run ``method`` of this env's :class:`~flashrl.envs.alfworld.host.GameHost` in its worker."""
+        if self._worker is None:
+            if method == "step":  # the game's state died with the worker that held it
+                raise EnvWorkerCrashedError(
+                    "ALFWorldEnv.step(): this env's game worker is gone (it failed earlier or the env was "
+                    "closed); call reset() to start a new game in a new worker."
+                )
+            self._worker = WorkerProcess(
+                GameHost, self.max_loaded_games, timeout_s=self.worker_timeout_s, name="alfworld-env-worker"
+            )
+        try:
+            return self._worker.call(method, *args, timeout_s=timeout_s)
+        except EnvWorkerError:
+            self._worker.kill()
+            self._worker = None
+            raise
+
+    @property
+    def loaded_games(self) -> list[Path]:
+        """The game files loaded in this env's worker, least recently used first."""
+        return [] if self._worker is None else list(self._call("loaded_games"))  # type: ignore[call-overload]
 
     def _observation(self, state: GameStep) -> str:
         if not self.show_admissible_commands:
@@ -256,23 +283,19 @@ class ALFWorldEnv(LanguageEnv):
         return state.feedback + "\n\nAdmissible commands:\n" + "\n".join(state.admissible_commands)
 
     # ----------------------------------------------------------------------------- plans
-    def _stored_walkthrough(self) -> list[str] | None:
-        assert self._engine is not None
-        stored = self._engine.data.get("walkthrough")
-        return [str(c) for c in stored] if stored else None
-
-    def walkthrough(self) -> list[str]:
+    def walkthrough(self, *, timeout_s: float = 600.0) -> list[str]:
         """Commands that win the current game from its start: stored in the file, else planned once.
 
-        Planning a full-size official scene can take tens of seconds; generated games store theirs.
+        Planning (in the env's worker) a full-size official scene can take tens of seconds, hence its
+        own ``timeout_s``; generated games store theirs.
         """
         if self.game is None:
             raise RuntimeError("No game yet; call reset() first.")
-        stored = self._stored_walkthrough()
-        if stored:
-            return stored
+        if self._stored:
+            return list(self._stored)
         if self.game.path not in self._walkthroughs:
-            self._walkthroughs[self.game.path] = plan_walkthrough(load_game_data(self.game.path))
+            plan = self._call("plan", self.game.path, timeout_s=timeout_s)
+            self._walkthroughs[self.game.path] = list(plan)  # type: ignore[call-overload]
         return list(self._walkthroughs[self.game.path])
 
     def _next_index(self) -> int:
@@ -289,7 +312,7 @@ class ALFWorldEnv(LanguageEnv):
         return index
 
     def close(self) -> None:
-        while self._engines:
-            self._engines.popitem()[1].close()
-        self._engine = None
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
         super().close()

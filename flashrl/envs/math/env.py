@@ -50,6 +50,12 @@ class MathEnv(LanguageEnv):
     ``format_reward`` when the answer was given in a complete ``\boxed{}``. A verification timeout or
     crash gives ``0.0``; the reason is in ``info["reason"]`` and ``self.verifier_failures`` counts it.
 
+    ## Threads
+    Thread-safe across instances: answers are compared in the verifier's worker processes, a pool shared
+    by the process behind a lock and a semaphore (:mod:`flashrl.envs.math.verifier`), so many envs may
+    step from many threads at once (checked by ``benchmarks/env_concurrency.py``: 16 threads, every
+    right answer rewarded); one instance serves one thread at a time.
+
     ## Episode end
     Terminates after one step. ``step`` after that raises
     :class:`~flashrl.envs.base.EpisodeEndedError` until the next ``reset``.
