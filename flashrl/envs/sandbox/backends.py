@@ -155,6 +155,9 @@ def bwrap_command(bwrap: str, config: SandboxConfig, cgroup_fd: int = -1) -> Lau
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
+    # The private /tmp first: an interpreter installed under /tmp (a checkout's venv there, as a CI
+    # clone may be) is bound on top of it below, not hidden by it.
+    argv += ["--size", str(config.workdir_bytes), "--tmpfs", "/tmp", "--dir", BWRAP_WORKDIR]
     for tree in SYSTEM_TREES:
         if os.path.islink(tree):
             argv += ["--symlink", os.readlink(tree), tree]
@@ -167,7 +170,6 @@ def bwrap_command(bwrap: str, config: SandboxConfig, cgroup_fd: int = -1) -> Lau
         argv += ["--ro-bind", os.path.realpath(folder), folder]
     argv += ["--ro-bind", os.path.dirname(LAUNCHER), BWRAP_LAUNCHER_DIR]
     argv += ["--dev", "/dev", "--proc", "/proc"]
-    argv += ["--size", str(config.workdir_bytes), "--tmpfs", "/tmp", "--dir", BWRAP_WORKDIR]
     argv += ["--size", str(1 << 20), "--tmpfs", "/dev/shm"]
     argv += ["--remount-ro", "/", "--chdir", BWRAP_WORKDIR, "--"]
     argv += interpreter_command(config, "bubblewrap", BWRAP_WORKDIR, cgroup_fd)
