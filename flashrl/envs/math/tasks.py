@@ -254,23 +254,9 @@ def load_parquet(
         rows = pq.read_table(path).to_pylist()
     except Exception as exc:  # pyarrow raises several unrelated types for unreadable files
         raise DatasetError(f"{path}: not a readable Parquet file ({exc}).") from exc
-    return TaskList(
-        (
-            task_from_row(
-                row,
-                where=f"{path}: row {i}",
-                default_id=f"{name}:{i}",
-                question_field=question_field,
-                answer_field=answer_field,
-                id_field=id_field,
-                answer_format=answer_format,
-                datasource_field=datasource_field,
-            )
-            for i, row in enumerate(rows, start=1)
-        ),
-        name=name,
-        allow_duplicate_ids=allow_duplicate_ids,
-    )
+    return from_records(rows, name=name, source=path, question_field=question_field, answer_field=answer_field,
+                        id_field=id_field, answer_format=answer_format, datasource_field=datasource_field,
+                        allow_duplicate_ids=allow_duplicate_ids)
 
 
 def from_records(
@@ -283,13 +269,15 @@ def from_records(
     answer_format: AnswerFormat = "plain",
     datasource_field: str | None = None,
     allow_duplicate_ids: bool = False,
+    source: str | None = None,
 ) -> TaskList:
-    """Tasks from any iterable of dict rows, e.g. a Hugging Face ``datasets.Dataset`` split."""
+    """Tasks from any iterable of dict rows, e.g. a Hugging Face ``datasets.Dataset`` split (errors name
+    ``source``, e.g. the file, or else ``name``, and the row)."""
     return TaskList(
         (
             task_from_row(
                 row,
-                where=f"{name}: row {i}",
+                where=f"{source or name}: row {i}",
                 default_id=f"{name}:{i}",
                 question_field=question_field,
                 answer_field=answer_field,
