@@ -83,5 +83,5 @@ def test_a_trajectory_over_the_budget_runs_alone_and_still_trains(make_spec, bat
 
 
 def test_the_micro_batch_budget_is_checked(make_spec):
-    with pytest.raises(ValueError, match=r"LearnerSpec\.max_tokens_per_micro_batch: expected None .+; got 0"):
+    with pytest.raises(ValueError, match=r"Invalid LearnerSpec:\n  - max_tokens_per_micro_batch: expected None .+, got 0\. Fix:"):
         make_spec(max_tokens_per_micro_batch=0)

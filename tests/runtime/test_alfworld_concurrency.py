@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flashrl.env_runners import EnvRunner, EnvRunnerSpec
+from flashrl.env_runners import EnvRunner
 
 pytestmark = pytest.mark.alfworld
 
@@ -34,7 +34,7 @@ def test_eight_alfworld_episodes_in_flight_lose_none(tiny_config, tmp_path: Path
         max_new_tokens=8,
         max_episode_tokens=2048,
     )
-    spec = EnvRunnerSpec.from_config(config)
+    spec = config.env_runner_spec()
     runner = EnvRunner(spec, runner_index=0, num_runners=1, model_path=config.model)
 
     async def scenario():

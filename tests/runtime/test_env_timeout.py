@@ -11,7 +11,6 @@ import pytest
 
 from flashrl.env_runners import EnvRunner
 from flashrl.env_runners.rollout import EnvTimeout, _in_thread
-from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import RUNNER_SKIP_REASONS, SKIP_REASONS
 
 from .conftest import ParityEnv
@@ -71,7 +70,7 @@ def test_a_call_past_the_limit_raises_env_timeout_and_the_thread_goes_on() -> No
 @pytest.mark.parametrize("env", ["flashrl-test/HangingStep-v0", "flashrl-test/HangingReset-v0"])
 def test_hung_episodes_are_dropped_counted_and_not_reused(tiny_config, env: str) -> None:
     config = tiny_config(env=env)
-    runner = EnvRunner(EnvRunnerSpec.from_config(config), runner_index=0, num_runners=1,
+    runner = EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1,
                        model_path=config.model, env_timeout_s=0.3)
 
     async def scenario():
@@ -93,5 +92,5 @@ def test_hung_episodes_are_dropped_counted_and_not_reused(tiny_config, env: str)
 def test_a_bad_time_limit_is_refused(tiny_config) -> None:
     config = tiny_config(env="flashrl-test/Parity-v0")
     with pytest.raises(ValueError, match=r"env_timeout_s must be None or > 0 seconds; got 0"):
-        EnvRunner(EnvRunnerSpec.from_config(config), runner_index=0, num_runners=1, model_path=config.model,
+        EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1, model_path=config.model,
                   env_timeout_s=0)
