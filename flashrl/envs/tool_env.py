@@ -123,6 +123,9 @@ class ToolEnv(LanguageEnv):
     * v0: initial version.
     """
 
+    finite = True
+    """The task list is finite: evaluation walks it in order (``task_index``)."""
+
     def __init__(
         self,
         tasks: Sequence[Mapping[str, Any]],
