@@ -231,7 +231,7 @@ def test_hermes_reminder_and_turn_limit(sandbox: Sandbox) -> None:
         "No tool call and no final answer found. Call the python tool to run code, or give the final "
         "answer in \\boxed{}.")}]
     assert (terminated, truncated) == (False, False)
-    obs, reward, terminated, truncated, info = env.step(call("print(403)"))  # the last turn: not run
+    obs, _, terminated, truncated, info = env.step(call("print(403)"))  # the last turn: not run
     assert (obs, terminated, truncated, info["tool_calls"]) == ([], False, True, 0)
     assert info["turn_limit_reached"]
     with pytest.raises(ValueError, match="tool_format must be one of"):

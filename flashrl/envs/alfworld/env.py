@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-
 from flashrl.envs.alfworld.commands import parse_command
 from flashrl.envs.alfworld.engine import GameStep
 from flashrl.envs.alfworld.games import (
