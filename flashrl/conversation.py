@@ -391,7 +391,7 @@ class TokenizedConversation:
             return message
         keep = ids[:limit]
         text = self._decode(keep)
-        while keep and text.endswith("\ufffd"):  # a character split across tokens: keep it whole or not at all
+        while keep and text.endswith("\ufffd"):  # a character split across tokens: whole or not at all
             keep = keep[:-1]
             text = self._decode(keep)
         self._observations_cut += 1
@@ -429,7 +429,7 @@ class TokenizedConversation:
         )
 
     def _skeleton(self, messages: list[dict[str, str]], *, generation_prompt: bool) -> tuple[list[str], str]:
-        """Placeholders for the contents, and the conversation rendered with them (the template's text only)."""
+        """Placeholders for the contents, and the conversation rendered with them (the template's text)."""
         # Private-use characters: no tokenizer has them in a special token, no content sensibly holds them.
         holders = [f"\ue000flashrl-content-{i}\ue001" for i in range(len(messages))]
         skeleton = self._render(

@@ -59,11 +59,11 @@ class EnvRunnerSpec:
     max_new_tokens: int = 256
     """Maximum tokens the model may generate in one turn."""
     max_episode_tokens: int = 2048
-    """Context budget of an episode (prompt + all turns); an episode that reaches it ends there, truncated, and is trained."""
+    """Context budget of an episode (prompt + all turns); an episode reaching it ends truncated (and is trained)."""
     max_turns: int | None = None
-    """Model turns per episode, on top of the env's own limit (env_config max_turns); then truncated. None = the env's."""
+    """Model turns per episode on top of the env's own limit (env_config max_turns), then truncated; None = none."""
     max_observation_tokens: int | None = None
-    """Longest environment message in tokens; a longer one is cut with a marker ('[... N more tokens cut]'). None = no limit."""
+    """Longest env message in tokens; a longer one is cut, ending '[... N more tokens cut]'; None = no limit."""
     restart_failed_env_runners: bool = True
     """Restart an EnvRunner actor that died (its in-flight episodes are counted as lost)."""
     max_num_env_runner_restarts: int = 100
