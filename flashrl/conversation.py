@@ -35,6 +35,22 @@ After the last model turn, :meth:`TokenizedConversation.to_episode` adds that cl
 fits), so that for templates that render message content verbatim, decoding the episode's tokens
 gives exactly ``apply_chat_template(conversation.messages)``.
 
+**Tools.** With ``tools`` (OpenAI-style function schemas, :func:`flashrl.tool_calls.function_schema`), a
+chat template that renders them gets them as ``apply_chat_template(..., tools=tools)`` on every render
+(Qwen2.5, Qwen3, Hermes: the schemas go into the system turn); for a template that ignores them
+(SmolLM2's) the same description, in the words of Qwen2.5's template
+(:func:`flashrl.tool_calls.hermes_tools_prompt`), is put into the system message instead
+(:attr:`TokenizedConversation.tools_rendered_by` says which). Tool results are messages with role
+``"tool"``, rendered by the template like any other environment turn. The model's tool calls stay in
+its reply text (``<tool_call>...</tool_call>``, its sampled tokens); they are not moved into a
+structured ``tool_calls`` field, which templates re-render differently (Qwen2.5 adds a newline and
+re-serialises the JSON), so the template delta stays a suffix of what the model saw.
+
+**Observation limit.** With ``max_observation_tokens``, each environment message longer than that
+(its content tokenised alone) keeps its first ``max_observation_tokens`` tokens (backing off to a
+whole character) and ends with the marker ``"\n[... N more tokens cut]"``; the message list keeps the
+cut text, and ``info["observations_cut"]`` counts the messages cut.
+
 **Context budget.** With ``max_tokens`` (the engine's context length, typically), the sequence never
 grows past it: a model turn longer than the room left is cut to fit (its kept tokens are still the
 sampled ones), an environment turn that does not fit with room for one more model token is not
@@ -67,6 +83,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashrl.episode import Episode
+from flashrl.tool_calls import hermes_tools_prompt, template_renders_tools
 
 
 class ChatTemplateError(ValueError):
@@ -102,6 +119,9 @@ class TokenizedConversation:
         chat_template_kwargs: Extra keyword arguments for ``tokenizer.apply_chat_template``.
         stop_token_ids: Token ids that end a model turn; by default the tokenizer's EOS token and the
             template's end-of-turn token (see :attr:`stop_token_ids`; pass them to the sampler).
+        tools: Tool schemas for the chat template (see "Tools" in the module doc); ``None`` for none.
+        max_observation_tokens: Longest environment message, in tokens of its content; longer ones are
+            cut with a marker (see "Observation limit"); ``None`` for no limit.
     """
 
     def __init__(
@@ -113,6 +133,8 @@ class TokenizedConversation:
         max_tokens: int | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         stop_token_ids: Iterable[int] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        max_observation_tokens: int | None = None,
     ) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ChatTemplateError(
@@ -121,13 +143,23 @@ class TokenizedConversation:
             )
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be None or >= 1; got {max_tokens}.")
+        if max_observation_tokens is not None and max_observation_tokens < 1:
+            raise ValueError(f"max_observation_tokens must be None or >= 1; got {max_observation_tokens}.")
         self.tokenizer = tokenizer
+        self.max_observation_tokens = max_observation_tokens
         self.prompt_id = prompt_id
         self.max_tokens = max_tokens
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._messages = _message_list(messages, "TokenizedConversation(messages=...)")
         if not self._messages:
             raise ValueError("TokenizedConversation needs at least one initial message.")
+        self.tools: list[dict[str, Any]] = [copy.deepcopy(dict(t)) for t in tools or ()]
+        """The tool schemas of this conversation (empty without tools)."""
+        self.tools_rendered_by: str | None = None
+        """``"template"`` (the chat template renders ``tools``), ``"system_prompt"`` (it does not; the
+        description is in the system message) or None without tools."""
+        if self.tools:
+            self._install_tools()
         self.stop_token_ids: frozenset[int] = (
             frozenset(stop_token_ids)
             if stop_token_ids is not None
@@ -140,7 +172,9 @@ class TokenizedConversation:
         self._versions: list[int] = []
         self._finish_reasons: list[str] = []
         self._pending_close = ""
+        self._sampled_stop = ""  # the text of the stop token that ended the last model turn, if any
         self._truncated = False
+        self._observations_cut = 0
         self._verbatim = True
         self._controls = _control_tokens(tokenizer)
         prompt = self._tokenize(*self._render_marked(self._messages, generation_prompt=True))
@@ -239,9 +273,8 @@ class TokenizedConversation:
         before = self._render(self._messages, generation_prompt=True)
         self._messages.append({"role": "assistant", "content": content})
         closing = self._closing_text(before, content)
-        if stopped:
-            stop_text = self._decode(ids[-1:])
-            closing = closing.removeprefix(stop_text)
+        self._sampled_stop = self._decode(ids[-1:]) if stopped else ""
+        closing = closing.removeprefix(self._sampled_stop)
         self._pending_close = closing
         self._ids.extend(ids)
         self._mask.extend([True] * len(ids))
@@ -269,16 +302,16 @@ class TokenizedConversation:
                 "add_env_messages got no messages; an environment returns [] only when the episode "
                 "ended, and then the conversation is finished with to_episode()."
             )
+        if self.max_observation_tokens is not None:
+            new = [self._cut_observation(m) for m in new]
         before = self._render(self._messages, generation_prompt=False)
-        after, after_controls = self._render_marked(self._messages + new, generation_prompt=True)
-        if not after.startswith(before):
-            raise ChatTemplateError(
-                "The chat template does not render the conversation as a prefix of the conversation "
-                "with the new messages (it rewrites earlier turns, e.g. drops past reasoning), so the "
-                f"new turn cannot be appended token-exactly. Rendered before: {before[-200:]!r}; "
-                f"after: {after[len(before) - 200 : len(before) + 200]!r}."
-            )
-        delta = self._tokenize(*self._delta(before, after, after_controls))
+        after = self._render(self._messages + new, generation_prompt=True)
+        if after.startswith(before):
+            _, after_controls = self._render_marked(self._messages + new, generation_prompt=True, text=after)
+            delta = self._tokenize(*self._delta(before, after, after_controls))
+        else:  # the template renders earlier turns differently once more follow (Qwen3 and reasoning)
+            delta = self._tokenize(*self._delta_after_reply(self._messages + new, after))
+            self._verbatim = False
         if self.max_tokens is not None and len(self._ids) + len(delta) >= self.max_tokens:
             self._truncated = True
             return False
@@ -319,6 +352,7 @@ class TokenizedConversation:
             finish_reasons=list(self._finish_reasons),
             context_budget_exceeded=self._truncated,
             template_verbatim=self._verbatim,
+            observations_cut=self._observations_cut,
         )
         return Episode(
             prompt_id=str(prompt_id),
@@ -333,6 +367,36 @@ class TokenizedConversation:
         )
 
     # ----------------------------------------------------------------------------- internals
+    def _install_tools(self) -> None:
+        """Give the tools to the template, or (a template that ignores them) to the system message."""
+        if "tools" in self.chat_template_kwargs:
+            raise ValueError("Give the tools once: as tools=..., not also in chat_template_kwargs.")
+        if template_renders_tools(self.tokenizer, self.tools, **self.chat_template_kwargs):
+            self.chat_template_kwargs["tools"] = self.tools
+            self.tools_rendered_by = "template"
+            return
+        prompt = hermes_tools_prompt(self.tools)
+        if self._messages[0]["role"] == "system":
+            self._messages[0]["content"] = self._messages[0]["content"] + "\n\n" + prompt
+        else:
+            self._messages.insert(0, {"role": "system", "content": prompt})
+        self.tools_rendered_by = "system_prompt"
+
+    def _cut_observation(self, message: dict[str, str]) -> dict[str, str]:
+        """``message`` with its content cut to ``max_observation_tokens`` tokens and a marker."""
+        limit = self.max_observation_tokens
+        assert limit is not None
+        ids = self._plain_ids(message["content"])
+        if len(ids) <= limit:
+            return message
+        keep = ids[:limit]
+        text = self._decode(keep)
+        while keep and text.endswith("\ufffd"):  # a character split across tokens: whole or not at all
+            keep = keep[:-1]
+            text = self._decode(keep)
+        self._observations_cut += 1
+        return {"role": message["role"], "content": f"{text}\n[... {len(ids) - len(keep)} more tokens cut]"}
+
     def _append(self, ids: list[int], *, mask: bool) -> None:
         self._ids.extend(ids)
         self._mask.extend([mask] * len(ids))
@@ -344,19 +408,41 @@ class TokenizedConversation:
         )
 
     def _render_marked(
-        self, messages: list[dict[str, str]], *, generation_prompt: bool
+        self, messages: list[dict[str, str]], *, generation_prompt: bool, text: str | None = None
     ) -> tuple[str, list[tuple[int, int]]]:
-        """The rendered text and the spans of the control tokens the template (not a content) put there."""
-        text = self._render(messages, generation_prompt=generation_prompt)
+        """The rendered text (``text`` if already rendered) and the spans of the control tokens the
+        template (not a content) put there."""
+        if text is None:
+            text = self._render(messages, generation_prompt=generation_prompt)
         if not any(self._controls.spans(m["content"]) for m in messages):
             return text, self._controls.spans(text)  # every control token's text is the template's
         # Render a skeleton with placeholders for the contents; its control tokens are the template's.
+        holders, skeleton = self._skeleton(messages, generation_prompt=generation_prompt)
+        filled = self._fill(skeleton, holders, messages, lambda rebuilt: rebuilt == text)
+        if filled is not None:
+            return filled
+        raise ChatTemplateError(
+            "A message's content holds the text of a control token (one of the tokenizer's special tokens) "
+            "and the chat template does not render contents verbatim, so the template's own control tokens "
+            "cannot be told apart from the content's. Use a template that renders contents as given (or "
+            f"only trims them); rendered: {text[:300]!r}."
+        )
+
+    def _skeleton(self, messages: list[dict[str, str]], *, generation_prompt: bool) -> tuple[list[str], str]:
+        """Placeholders for the contents, and the conversation rendered with them (the template's text)."""
         # Private-use characters: no tokenizer has them in a special token, no content sensibly holds them.
         holders = [f"\ue000flashrl-content-{i}\ue001" for i in range(len(messages))]
         skeleton = self._render(
             [{"role": m["role"], "content": h} for m, h in zip(messages, holders)],
             generation_prompt=generation_prompt,
         )
+        return holders, skeleton
+
+    def _fill(
+        self, skeleton: str, holders: list[str], messages: list[dict[str, str]], accept: Any
+    ) -> tuple[str, list[tuple[int, int]]] | None:
+        """``skeleton`` with the contents put back (verbatim, else trimmed) that ``accept`` takes, and
+        the spans of the template's control tokens in it; None if neither is accepted."""
         pieces = re.split("(" + "|".join(map(re.escape, holders)) + ")", skeleton)
         for rendered_content in (lambda c: c, str.strip):  # verbatim, or a template that trims
             rebuilt, spans = "", []
@@ -366,14 +452,40 @@ class TokenizedConversation:
                 else:
                     spans += [(len(rebuilt) + a, len(rebuilt) + b) for a, b in self._controls.spans(piece)]
                     rebuilt += piece
-            if rebuilt == text:
-                return text, spans
-        raise ChatTemplateError(
-            "A message's content holds the text of a control token (one of the tokenizer's special tokens) "
-            "and the chat template does not render contents verbatim, so the template's own control tokens "
-            "cannot be told apart from the content's. Use a template that renders contents as given (or "
-            f"only trims them); rendered: {text[:300]!r}."
-        )
+            if accept(rebuilt):
+                return rebuilt, spans
+        return None
+
+    def _delta_after_reply(
+        self, messages: list[dict[str, str]], after: str
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """What the template renders after the last model reply's content, less the stop token it sampled.
+
+        For a template that renders an earlier turn differently once later messages follow (Qwen3 drops
+        a reply's empty or past reasoning block), the whole conversation is not a prefix of its
+        extension; the model's tokens stay as sampled, and the new turn is the template's text from
+        the end of the reply's content on: its closing, the new messages and the generation prompt.
+        """
+        holders, skeleton = self._skeleton(messages, generation_prompt=True)
+        reply = holders[len(self._messages) - 1]
+        if skeleton.count(reply) != 1:
+            raise ChatTemplateError(
+                "The chat template does not render the conversation as a prefix of the conversation with "
+                "the new messages, and does not render the last reply's content once either, so the new "
+                f"turn cannot be appended token-exactly. Rendered after: {after[-400:]!r}."
+            )
+        tail_skeleton = skeleton[skeleton.index(reply) + len(reply) :]
+        filled = self._fill(tail_skeleton, holders, messages, after.endswith)
+        if filled is None:
+            raise ChatTemplateError(
+                "The chat template does not render the conversation as a prefix of the conversation with "
+                "the new messages (it rewrites earlier turns), and the text after the last reply could not "
+                f"be told apart from the contents, so the new turn cannot be appended token-exactly. "
+                f"Rendered after: {after[-400:]!r}."
+            )
+        tail, spans = filled
+        cut = len(self._sampled_stop) if self._sampled_stop and tail.startswith(self._sampled_stop) else 0
+        return tail[cut:], [(a - cut, b - cut) for a, b in spans if a >= cut]
 
     def _delta(
         self, before: str, after: str, after_controls: list[tuple[int, int]]

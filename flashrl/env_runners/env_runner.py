@@ -420,6 +420,8 @@ class EnvRunner:
                 reset_options=evaluation_reset_options(env, index) if stream == EVAL_STREAM else None,
                 keep_reset_info=(datasource,) if stream == EVAL_STREAM and datasource else (),
                 env_timeout_s=self.env_timeout_s,
+                max_turns=self.spec.max_turns,
+                max_observation_tokens=self.spec.max_observation_tokens,
             )
         except EnvTimeout as err:
             logger.warning("EnvRunner %d: episode %d dropped: %s", self.runner_index, index, err)

