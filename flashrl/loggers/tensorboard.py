@@ -16,7 +16,7 @@ __all__ = ["TensorBoardLogger"]
 class TensorBoardLogger(ResultLogger):
     """Writes flat metric dicts as scalars (key = tag) and named value lists as histograms."""
 
-    def __init__(self, log_dir: str | os.PathLike[str], **_: Any) -> None:
+    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = os.fspath(log_dir)
