@@ -142,3 +142,28 @@ def test_with_restarts_off_a_killed_learner_stops_the_run_naming_the_cause(ray_s
         assert algo.learner_group.failure.startswith(CAUSE)
     finally:
         algo.stop()
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # two gloo ranks set up twice, sharded checkpoints: minutes on a shared 2-core host
+def test_two_sharded_learners_restart_together_when_one_is_killed(ray_session, tiny_config, tmp_path):
+    """One rank of two (gloo, FSDP2) dies: the group stops both, and a new pair resumes the checkpoint."""
+    config = tiny_config(
+        num_learners=2,
+        num_cpus_per_learner=0.5,
+        tensorboard=False,
+        checkpoint_frequency=1,
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+    )
+    algo = config.build_algo()
+    try:
+        algo.train()
+        algo.train()
+        algo.learner_group.kill(1)
+        r = algo.train()
+        assert (r["training_iteration"], r["learners/version"]) == (3, 3)
+        assert r["learners/num_restarts_lifetime"] == 1
+        assert r["learners/num_lost_updates_lifetime"] == 0  # checkpoint_000002 had every update
+        assert algo.learner_group.num_learners == 2 and algo.learner_group.failure is None
+    finally:
+        algo.stop()
