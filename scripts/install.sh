@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs flashrl and what its CPU path and its tests need into the active Python environment
-# (use a virtual environment). Usage: bash scripts/install.sh [extras]   (default: cpu,alfworld,test)
+# (use a virtual environment). Usage: bash scripts/install.sh [extras]   (default: cpu,alfworld,loggers,test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-cpu,alfworld,test}"
+extras="${1:-cpu,alfworld,loggers,test}"
 
 # torch first, pinned: vLLM's CPU build needs exactly 2.13.0 (+cpu), and an unpinned torch pulls a
 # multi-GB CUDA build on a CPU machine.

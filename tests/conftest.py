@@ -19,6 +19,8 @@ import pytest
 OPTIONAL_COMPONENTS: dict[str, tuple[tuple[str, ...], str]] = {
     "vllm": (("vllm",), "pip install -e '.[cpu]' (vLLM's CPU build) or '.[gpu]'"),
     "alfworld": (("alfworld", "textworld"), "pip install -e '.[alfworld]'"),
+    "wandb": (("wandb",), "pip install -e '.[loggers]'"),
+    "mlflow": (("mlflow",), "pip install -e '.[loggers]'"),
 }
 """Marker -> (modules the marked tests need, how to install them)."""
 

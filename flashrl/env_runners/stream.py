@@ -351,17 +351,27 @@ class EpisodeStream:
                 f"EpisodeStream.set_state: expected the keys of state() in the checkpoint's algorithm state, "
                 f"missing {missing} (got {sorted(state)}). Fix: restore from a checkpoint this flashrl wrote."
             )
+        if self.group.streaming:
+            self.restart_runners()
         group = self.group
-        if group.streaming:
-            group.stop()
-            group = self.group = EnvRunnerGroup(group.spec, model_path=group.model_path)
-            group.setup()
         group.set_counters(state["runner_cursors"])
         group.num_lost_episodes = int(state.get("num_lost_episodes", 0))
         group.num_restarts = int(state.get("num_restarts", 0))
         self.pending.clear()
         self.cursor = int(state["sync_cursor"])
         self.totals = Counter(state.get("totals", {}))
+
+    def restart_runners(self) -> None:
+        """Replace the runners by a fresh group (same spec and model) serving the initial policy.
+
+        A restore whose weights are older than those the runners serve needs it: a runner never goes
+        back to an older version (`EnvRunner.set_weights` ignores one). The old group's episodes are
+        discarded with it; the caller then sets the books and loads the weights (`set_state`).
+        """
+        group = self.group
+        group.stop()
+        self.group = EnvRunnerGroup(group.spec, model_path=group.model_path)
+        self.group.setup()
 
     def stop(self) -> None:
         """Stop the runners."""

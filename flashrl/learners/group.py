@@ -9,7 +9,9 @@ the trajectories and the backward passes reduce-scatter the gradients (see
 policy gathers the shards, so those calls go to every actor; rank 0 returns the result.
 
 A dead actor is fatal for the group (its process group is broken): the call raises
-``LearnerGroupError`` naming the rank, the other actors are stopped, and later calls raise too.
+``LearnerGroupError`` naming the rank, the other actors are stopped, and later calls raise too
+(``failure`` says why). The group never restarts itself: the algorithm builds a new one and restores
+the last checkpoint (``FlashReinforce``'s ``restart_failed_learners``).
 """
 
 from __future__ import annotations
@@ -357,6 +359,24 @@ class LearnerGroup:
         self._local = None
         if self._broken is None:
             self._broken = "it was shut down"
+
+    @property
+    def failure(self) -> str | None:
+        """Why the group cannot be used any more (an actor died or timed out, replicas disagree, it was
+        shut down); None while it is usable."""
+        return self._broken
+
+    def kill(self, rank: int) -> None:
+        """Kill learner actor ``rank`` (fault injection for tests and drills): the next call fails."""
+        if not 0 <= rank < len(self._actors):
+            raise ValueError(
+                f"kill: expected the rank of a running learner actor, one of {list(range(len(self._actors)))}, "
+                f"got {rank}. Fix: pass a rank below num_learners (an in-process learner, local=True, or a "
+                "stopped group has no actor)."
+            )
+        import ray
+
+        ray.kill(self._actors[rank], no_restart=True)
 
     def __enter__(self) -> Self:
         return self

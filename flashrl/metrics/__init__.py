@@ -1,5 +1,10 @@
-"""Metrics of a run: an iteration's metrics, statistics helpers, TensorBoard output, the console line."""
+"""Metrics of a run: an iteration's metrics, statistics helpers, the console line.
 
+Where they are written (TensorBoard, CSV, JSON lines, trackers) is `flashrl.loggers`; `TensorBoardLogger`
+is re-exported here for the code that imports it from this package.
+"""
+
+from flashrl.loggers.tensorboard import TensorBoardLogger
 from flashrl.metrics.console import progress_line
 from flashrl.metrics.iteration import (
     TOKEN_RATE_WINDOW,
@@ -9,7 +14,6 @@ from flashrl.metrics.iteration import (
     iteration_histograms,
 )
 from flashrl.metrics.stats import LAG_BUCKETS, Window, lag_histogram, mean, policy_lags
-from flashrl.metrics.tensorboard import TensorBoardLogger
 
 __all__ = [
     "LAG_BUCKETS",

@@ -92,6 +92,21 @@ for _env_id, _cls in TEST_ENVS.items():
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+@pytest.fixture
+def exact_sync_group() -> dict[str, Any]:
+    """tiny_config overrides under which a run is exact on CPU (sync_group, one episode at a time on the
+    torch engine, mixed rewards): the same checkpoint and data cursors give the same next update, to the bit."""
+    return {
+        "env": PARITY_ENV,
+        "rollout_mode": "sync_group",
+        "group_size": 1,
+        "baseline": "batch_mean",
+        "episodes_in_flight_per_env_runner": 1,
+        "tensorboard": False,
+        "lr": 1e-2,
+    }
+
+
 @pytest.fixture(scope="session")
 def ray_session(ray_cluster):
     """The session's Ray cluster (see tests/conftest.py)."""

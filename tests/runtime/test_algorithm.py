@@ -125,17 +125,9 @@ def test_resources_beyond_the_cluster_fail_before_any_actor(ray_session, tiny_co
         config.build_algo()
 
 
-def test_resume_gives_the_same_next_update(ray_session, tiny_config, tmp_path):
+def test_resume_gives_the_same_next_update(ray_session, tiny_config, exact_sync_group, tmp_path):
     """Interrupted after 2 iterations and resumed from the checkpoint == uninterrupted, to the bit."""
-    config = tiny_config(
-        env="flashrl-test/Parity-v0",
-        rollout_mode="sync_group",
-        group_size=1,
-        baseline="batch_mean",
-        episodes_in_flight_per_env_runner=1,
-        tensorboard=False,
-        lr=1e-2,
-    )
+    config = tiny_config(**exact_sync_group)
     algo = config.build_algo()
     try:
         before = {k: v.clone() for k, v in algo.learner_group.get_weights().items()}

@@ -12,6 +12,9 @@ owns the batches, the admission budget and staleness bound, the books and the ev
 `flashrl.metrics.IterationMetrics` builds each iteration's metrics. `rollout_mode="sync_group"` is
 the GRPO-style comparison: B/G prompts x G rollouts, wait for all, a group-mean baseline, weights
 loaded before the next round.
+
+A learner actor that dies or hangs breaks the learner group; with ``restart_failed_learners`` the
+driver starts a new group and resumes from the run's newest checkpoint (``learner_faults``).
 """
 
 from __future__ import annotations
@@ -26,13 +29,15 @@ from ray.tune import Trainable
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
+from flashrl.algorithms.flash_reinforce.learner_faults import LearnerRestarts
 from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
 from flashrl.env_runners import EnvRunnerGroup, EpisodeStream, RunnerReport
 from flashrl.episode import Episode
+from flashrl.learners import LearnerGroupError
+from flashrl.loggers import ResultLogger, build_loggers
 from flashrl.metrics import (
     IterationMetrics,
     IterationTimes,
-    TensorBoardLogger,
     iteration_histograms,
     policy_lags,
     progress_line,
@@ -64,7 +69,6 @@ class FlashReinforce(Trainable):
         return PlacementGroupFactory(algo_config.resource_bundles(), strategy="PACK")
 
     def setup(self, config: dict[str, Any]) -> None:
-        from flashrl.learners import LearnerGroup
         from flashrl.models import resolve_model
         from flashrl.ray_utils import check_resources, init_or_join
 
@@ -78,16 +82,8 @@ class FlashReinforce(Trainable):
         _check_envs(cfg)
         init_or_join()
         check_resources(self.algo_config)
-        # Every LearnerSpec field the config also has, by name; the loss is the config's FlashReinforceLoss.
-        spec = cfg.learner_spec(model=self.model_path)
         self.stream: EpisodeStream | None = None
-        self.learner_group = LearnerGroup(
-            spec,
-            num_learners=max(1, cfg.num_learners),
-            num_cpus_per_learner=cfg.num_cpus_per_learner,
-            num_gpus_per_learner=cfg.num_gpus_per_learner,
-            local=cfg.num_learners == 0,
-        )
+        self.learner_group = self._new_learner_group()
         self.stream = EpisodeStream(
             EnvRunnerGroup(cfg.env_runner_spec(), model_path=self.model_path),
             rollout_mode=cfg.rollout_mode,
@@ -100,14 +96,41 @@ class FlashReinforce(Trainable):
         self.pad_token_id = int(facts["pad_token_id"])
         # The route the runners' engines resolved (shm, or a GPU push route formed here, so that a
         # rendezvous failure surfaces at setup); sync_group waits for every runner to load.
-        self._weight_sync = route_for(facts, wait_for_load=cfg.rollout_mode == "sync_group")
+        self._weight_sync = self._new_weight_sync()
         self._weight_sync.setup(self.learner_group, self.env_runner_group)
+        self._learner_restarts = LearnerRestarts(
+            restart=cfg.restart_failed_learners,
+            max_restarts=cfg.max_num_learner_restarts,
+            start_state={"iteration": self.iteration, **self.stream.state()},
+        )
         self.iteration_metrics = IterationMetrics(
             smoothing_window=cfg.metrics_num_episodes_for_smoothing, max_lag=cfg.async_queue_size
         )
-        self._tensorboard: TensorBoardLogger | None = None
-        if cfg.tensorboard:
-            self._tensorboard = TensorBoardLogger(cfg.log_dir or os.path.join(self.logdir, "tensorboard"))
+        # progress.csv, progress.jsonl, TensorBoard and the trackers named by `loggers` (flashrl.loggers).
+        self._loggers: list[ResultLogger] = build_loggers(
+            cfg.results_dir or os.path.join(self.logdir, "results"),
+            names=cfg.loggers,
+            options=cfg.logger_options,
+            tensorboard_dir=(cfg.log_dir or os.path.join(self.logdir, "tensorboard")) if cfg.tensorboard else None,
+            config=cfg.to_dict(),
+            run_name=os.path.basename(os.path.normpath(self.logdir)),
+        )
+
+    def _new_learner_group(self) -> Any:
+        from flashrl.learners import LearnerGroup
+
+        cfg = self.algo_config
+        # Every LearnerSpec field the config also has, by name; the loss is the config's FlashReinforceLoss.
+        return LearnerGroup(
+            cfg.learner_spec(model=self.model_path),
+            num_learners=max(1, cfg.num_learners),
+            num_cpus_per_learner=cfg.num_cpus_per_learner,
+            num_gpus_per_learner=cfg.num_gpus_per_learner,
+            local=cfg.num_learners == 0,
+        )
+
+    def _new_weight_sync(self) -> Any:
+        return route_for(self.env_runner_group.facts, wait_for_load=self.algo_config.rollout_mode == "sync_group")
 
     @property
     def env_runner_group(self) -> EnvRunnerGroup | None:
@@ -120,7 +143,18 @@ class FlashReinforce(Trainable):
         return self.stream.last_evaluation
 
     def step(self) -> dict[str, Any]:
-        """One iteration: collect a batch, one learner update, send the new weights."""
+        """One iteration: collect a batch, one learner update, send the new weights.
+
+        A learner fault (`LearnerGroupError`) restarts the learner group from the newest checkpoint
+        and runs the iteration after it; or stops the run (see `learner_faults`).
+        """
+        while True:
+            try:
+                return self._step()
+            except LearnerGroupError as error:
+                self._restart_learners(error)
+
+    def _step(self) -> dict[str, Any]:
         at_start = self._evaluate_at_start()
         start = time.perf_counter()
         version_before = self.learner_group.version
@@ -155,22 +189,76 @@ class FlashReinforce(Trainable):
             times=times,
         )
         metrics.update(at_start)
+        metrics.update(self._learner_restarts.metrics())
         if self.stream.evaluation_due(self.iteration + 1):
             metrics.update(self.evaluate())  # after the update: the policy of version iteration + 1
         self._report(metrics, episodes, lags, learner_metrics)
         return metrics
 
+    def _restart_learners(self, error: LearnerGroupError) -> None:
+        """A new learner group, resumed from the newest checkpoint of this run (or its start); or raise.
+
+        A restart that fails in turn (a new actor dies while it loads) counts as another one.
+        """
+        while True:
+            failed = self.learner_group
+            if failed is None or failed.local or failed.failure is None:
+                raise error  # not a fault of the learner actors: an error to fix, not to restart
+            restarts = self._learner_restarts
+            restarts.begin(failed.failure, error)  # raises when the run stops instead
+            path = restarts.resume_point()
+            logger.warning(
+                "The learner group failed (%s); restarting it from %s (restart %d of at most %d).",
+                failed.failure, path or "the start of the run", restarts.num_restarts, restarts.max_restarts,
+            )
+            try:
+                self._resume_learners(failed, path)
+                return
+            except LearnerGroupError as again:
+                error = again
+
+    def _resume_learners(self, failed: Any, path: str | None) -> None:
+        """Replace the failed learner group (and the runners) and resume from ``path`` (None: the start).
+
+        The runners are replaced too: they serve a newer version than the restored one and never go
+        back. The updates after the resume point are lost (counted) and redone from its data cursors.
+        """
+        start = time.perf_counter()
+        restarts = self._learner_restarts
+        try:
+            self._weight_sync.stop()
+        except LearnerGroupError:
+            pass  # the learners' side of a transfer group died with them
+        failed.shutdown()
+        lost_from, books = failed.version, restarts.state()
+        self.stream.restart_runners()  # serves the initial policy (version 0)
+        self.learner_group = self._new_learner_group()
+        self._weight_sync = self._new_weight_sync()
+        if path is not None:
+            self.restore_from_path(path)  # the checkpoint's weights on every runner, its cursors and books
+        else:
+            self.stream.set_state(restarts.start_state)
+            self._iteration = int(restarts.start_state["iteration"])
+        self._weight_sync.setup(self.learner_group, self.env_runner_group)
+        lost = max(0, lost_from - self.learner_group.version)
+        restarts.set_state(books)  # this run's books, not the checkpoint's
+        restarts.num_lost_updates += lost
+        logger.warning(
+            "Learner group restarted in %.0f s at version %d (iteration %d); %d update(s) lost.",
+            time.perf_counter() - start, self.learner_group.version, self.iteration, lost,
+        )
+
     def _evaluate_at_start(self) -> dict[str, float]:
         """`evaluation_at_start`: evaluate the initial policy once, before the first update of a fresh run.
 
         As in Molt (`eval.eval_at_start`), a resumed run does not evaluate again. The result goes to
-        TensorBoard at step 0 and into the first iteration's result, where an evaluation after that
+        the loggers at step 0 and into the first iteration's result, where an evaluation after that
         iteration's update (`evaluation_interval=1`) overrides it (`evaluation/learner_version` says
         which policy a result scored).
         """
         metrics = self.stream.evaluate_at_start(self.iteration, self.learner_group.version)
-        if metrics and self._tensorboard is not None:
-            self._tensorboard.log(0, metrics)
+        for output in self._loggers if metrics else ():
+            output.log(0, metrics)
         return metrics
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
@@ -182,6 +270,9 @@ class FlashReinforce(Trainable):
         self.restore_from_path(checkpoint)
 
     def cleanup(self) -> None:
+        for output in getattr(self, "_loggers", ()):  # first: a tracker's run ends even if a stop fails
+            output.close()
+        self._loggers = []
         if getattr(self, "_weight_sync", None) is not None:
             try:
                 self._weight_sync.stop()
@@ -194,9 +285,6 @@ class FlashReinforce(Trainable):
         if getattr(self, "learner_group", None) is not None:
             self.learner_group.shutdown()
             self.learner_group = None
-        if getattr(self, "_tensorboard", None) is not None:
-            self._tensorboard.close()
-            self._tensorboard = None
 
     # ------------------------------------------------------------------------------------------
     # evaluation and reporting
@@ -214,11 +302,12 @@ class FlashReinforce(Trainable):
     def _report(
         self, metrics: dict[str, Any], episodes: list[Episode], lags: list[int], learner_metrics: dict[str, Any]
     ) -> None:
-        """TensorBoard, the console line and the periodic checkpoint of the iteration just done."""
+        """The loggers, the console line and the periodic checkpoint of the iteration just done."""
         cfg = self.algo_config
         iteration = self.iteration + 1
-        if self._tensorboard is not None:
-            self._tensorboard.log(iteration, metrics, iteration_histograms(episodes, lags, learner_metrics))
+        histograms = iteration_histograms(episodes, lags, learner_metrics)
+        for output in self._loggers:
+            output.log(iteration, metrics, histograms)
         if cfg.console_every and iteration % cfg.console_every == 0:
             print(progress_line(iteration, metrics), flush=True)
         if cfg.checkpoint_frequency and iteration % cfg.checkpoint_frequency == 0:
@@ -249,10 +338,13 @@ class FlashReinforce(Trainable):
             "iteration": iterations_done,
             "learner_version": self.learner_group.version,
             **self.stream.state(),
+            **self._learner_restarts.state(),
         }
-        return write_checkpoint(
+        path = write_checkpoint(
             path, config=self.algo_config.to_dict(), learner_group=self.learner_group, algorithm_state=state
         )
+        self._learner_restarts.checkpoint = path  # where a learner restart resumes
+        return path
 
     def restore_from_path(self, path: str | os.PathLike[str]) -> None:
         """Load a checkpoint into this algorithm: learner state, weights on every runner, cursors."""
@@ -264,6 +356,8 @@ class FlashReinforce(Trainable):
         group = self.env_runner_group
         self._weight_sync.after_restore(self.learner_group, group)  # every runner loads them; waits
         self._iteration = int(state["iteration"])
+        self._learner_restarts.set_state(state)
+        self._learner_restarts.checkpoint = os.path.abspath(os.fspath(path))
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike[str], **config_overrides: Any) -> FlashReinforce:

@@ -47,6 +47,7 @@ from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 from flashrl.env_runners.env_check import env_config_problems
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.learners.spec import LearnerSpec
+from flashrl.loggers import logger_problems
 from flashrl.validation import DERIVED, SECTION, Checks, SpecError, is_int, is_number, setting
 
 ROLLOUT_MODES = ("async", "sync_group")
@@ -88,6 +89,13 @@ class FlashReinforceSettings:
     """Write TensorBoard scalars each iteration and histograms of drift, lengths and policy lag."""
     log_dir: str | None = setting(None, section="reporting")
     """TensorBoard folder; None = the algorithm's log folder (the Tune trial folder under Tune)."""
+    results_dir: str | None = setting(None, section="reporting")
+    """Folder of `progress.csv` and `progress.jsonl` (one row per iteration, always written); None =
+    `<algo.logdir>/results`. The optional loggers' local files go there too."""
+    loggers: list[str] = setting(default_factory=list, section="reporting")
+    """Experiment trackers besides CSV, JSON lines and TensorBoard: 'wandb', 'mlflow' (the loggers extra)."""
+    logger_options: dict[str, dict[str, Any]] = setting(default_factory=dict, section="reporting")
+    """Per tracker, its options, e.g. {'wandb': {'project': 'math', 'mode': 'offline'}} (see flashrl.loggers)."""
     console_every: int = setting(1, section="reporting")
     """Print a one-line progress summary every this many iterations; 0 = silent."""
     checkpoint_frequency: int = setting(0, section="checkpointing")
@@ -96,6 +104,11 @@ class FlashReinforceSettings:
     """Where periodic checkpoints go (`<dir>/checkpoint_<iteration>`); None = `<algo.logdir>/checkpoints`."""
     num_checkpoints_to_keep: int | None = setting(None, section="checkpointing")
     """Keep only the newest this many periodic checkpoints; None = keep all."""
+    restart_failed_learners: bool = setting(True, section="learners")
+    """When a learner actor dies or times out, start a new learner group and resume from the run's newest
+    checkpoint (or its start); False stops the run with the cause (see docs/runtime.md, Faults)."""
+    max_num_learner_restarts: int = setting(3, section="learners")
+    """Stop the run (raise) instead of restarting the learner group more than this many times in one run."""
     num_cpus_for_main_process: float = setting(0.5, section="resources")
     """Logical CPUs the algorithm's own process reserves under Ray Tune (the driver)."""
 
@@ -110,13 +123,17 @@ class FlashReinforceSettings:
         check.expect(interval is None or (is_int(interval) and interval >= 1), "evaluation_interval",
                      "None or an integer >= 1", interval, "use None to disable evaluation")
         check.integers(self, ("evaluation_num_samples_per_prompt", "metrics_num_episodes_for_smoothing"), 1)
-        check.integers(self, ("console_every", "checkpoint_frequency"), 0)
+        check.integers(self, ("console_every", "checkpoint_frequency", "max_num_learner_restarts"), 0)
         check.expect(isinstance(self.evaluation_at_start, bool), "evaluation_at_start", "a bool",
                      self.evaluation_at_start, "use True to evaluate the initial policy")
         keep = self.num_checkpoints_to_keep
         check.expect(keep is None or (is_int(keep) and keep >= 1), "num_checkpoints_to_keep",
                      "None or an integer >= 1", keep, "use None to keep all")
+        check.expect(isinstance(self.restart_failed_learners, bool), "restart_failed_learners", "a bool",
+                     self.restart_failed_learners, "use False to stop the run when a learner actor dies")
         check.numbers(self, ("num_cpus_for_main_process",), positive=False)
+        for problem in logger_problems(self.loggers, self.logger_options):
+            check.add(problem)
         check.done()
 
 
@@ -160,7 +177,7 @@ def _defaults(part: str) -> dict[str, Any]:
 
 def _normalized(name: str, value: Any) -> Any:
     """The builder's and from_dict's own copy of a value (dicts copied, betas a tuple)."""
-    if name in ("env_config", "engine_options", "evaluation_env_config") and (value is None or isinstance(value, Mapping)):
+    if name in ("env_config", "engine_options", "evaluation_env_config", "logger_options") and (value is None or isinstance(value, Mapping)):
         return dict(value or {})
     if name == "evaluation_splits" and (value is None or isinstance(value, Mapping)):
         return {str(k): dict(v) if isinstance(v, Mapping) else v for k, v in (value or {}).items()}
@@ -249,7 +266,7 @@ class FlashReinforceConfig(_TuneConfig):
         return self._section("evaluation", settings)
 
     def reporting(self, **settings: Any) -> FlashReinforceConfig:
-        """Metrics smoothing, TensorBoard and the console progress line."""
+        """Metrics smoothing, the result files, TensorBoard, experiment trackers and the console progress line."""
         return self._section("reporting", settings)
 
     def checkpointing(self, **settings: Any) -> FlashReinforceConfig:

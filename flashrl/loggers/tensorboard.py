@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from flashrl.loggers.base import ResultLogger, finite_scalars
 
-class TensorBoardLogger:
+__all__ = ["TensorBoardLogger"]
+
+
+class TensorBoardLogger(ResultLogger):
     """Writes flat metric dicts as scalars (key = tag) and named value lists as histograms."""
 
     def __init__(self, log_dir: str | os.PathLike[str]) -> None:
@@ -20,11 +24,10 @@ class TensorBoardLogger:
         self._writer = SummaryWriter(self.log_dir)
 
     def log(
-        self, step: int, scalars: Mapping[str, float], histograms: Mapping[str, Sequence[float]] | None = None
+        self, step: int, scalars: Mapping[str, Any], histograms: Mapping[str, Sequence[float]] | None = None
     ) -> None:
-        for key, value in scalars.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                self._writer.add_scalar(key, float(value), global_step=step)
+        for key, value in finite_scalars(scalars).items():
+            self._writer.add_scalar(key, value, global_step=step)
         for key, values in (histograms or {}).items():
             array = np.asarray(list(values), dtype=np.float64)
             array = array[np.isfinite(array)]
