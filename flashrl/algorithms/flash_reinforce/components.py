@@ -1,7 +1,9 @@
-"""Pluggable pieces of the FlashREINFORCE loss: baselines, importance sampling, trust regions, aggregations.
+"""Pluggable pieces of the FlashREINFORCE loss: baselines, importance sampling, trust regions, aggregations
+and token masks.
 
-Each piece is a small callable object, registered under a name. The loss takes either a name or an
-object, so an ablation is a config string and a new idea is a few lines::
+Each piece is a small callable object, registered under a name. The loss takes a name, a
+``"package.module:name"`` import path or an object, so an ablation is a config string and a new idea
+is a few lines (``docs/extending.md``)::
 
     class MedianBaseline:
         def __call__(self, rewards, *, group_ids=None):
@@ -9,6 +11,10 @@ object, so an ablation is a config string and a new idea is a few lines::
 
     flash_reinforce_loss(..., baseline=MedianBaseline())
     BASELINES.register("median")(MedianBaseline)   # now also reachable as baseline="median"
+
+``Registry.problem`` is the check ``validate()`` runs: the component shipped by value and unpacked as
+the learner actors receive it (``flashrl.user_code``), constructed once, its signature compared with
+the kind's.
 
 Values taken from the method's public release are cited by their path in repository
 ``yifanzhang-pro/FlashREINFORCE`` (the reference loss) or in NVIDIA Molt (``molt-rl``, its GPU runtime).

@@ -12,6 +12,11 @@ FlashREINFORCE's own (``docs/design.md`` §1):
   trajectory, and a trajectory is never split over micro-batches, so the shares add up exactly to the
   loss of the whole batch, and their gradients to its gradient.
 
+The components (baseline, importance sampling, trust region, aggregation, token mask) may be names,
+``"module:name"`` paths or objects; the loss travels to the learner actors with each component's factory
+pickled by value (``flashrl.user_code``), so a user's component works where its module does not import,
+and each process builds its components once.
+
 Metrics are returned as sums over global counts, maxima and minima (``flashrl.learners.LossMetrics``),
 so the learner's combination over micro-batches and ranks gives the metrics of the whole batch:
 ``accepted_fraction``, ``num_rejected``, ``drift_mean``, ``drift_max``, ``ratio_mean``, ``ratio_min``,
@@ -63,7 +68,7 @@ class FlashReinforceContext(BatchContext):
     advantages: torch.Tensor | None = None
     """[B] the baseline's advantages over the whole batch."""
     failures: torch.Tensor | None = None
-    """[B] bool failure labels (only with the entropy filter on)."""
+    """[B] bool failure labels (None when the batch has none; the entropy filter then raises in prepare)."""
     num_trajectories: int = 0
     """B of the 1/B normaliser (the whole batch, rejected trajectories included)."""
     num_tokens: int = 0

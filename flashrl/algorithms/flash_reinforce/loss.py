@@ -12,12 +12,14 @@ Per batch of B finished trajectories, one per prompt:
 5. Optional failure-token entropy filter: with negative_token_fraction = q < 1, a trajectory labelled a
    failure (explicit labels, not the sign of A_i) keeps (keep_it = 1) only its ceil(q * T_i) tokens of
    highest current-policy entropy, ties broken by position; T_i and B stay the original denominators.
+   The filter is one token mask (``components.FailureTokenEntropyMask``); ``token_mask=`` plugs in another.
 
 These are the semantics of the method's public reference loss (repository
 ``yifanzhang-pro/FlashREINFORCE``, ``flashreinforce/loss.py``), written anew. Where flashrl differs it
 says so: a trajectory without valid tokens is rejected (the reference raises), and the components of
-``components.py`` (baseline, importance sampling, trust region, aggregation) swap in the ablations of
-the reference's experiment settings and the GRPO comparison.
+``components.py`` (baseline, importance sampling, trust region, aggregation, token mask) swap in the
+ablations of the reference's experiment settings and the GRPO comparison, or a user's own (a name, a
+``"module:name"`` path or an object; ``docs/extending.md``).
 
 No clipping, no critic, no reference model. The caller takes exactly one optimizer step on ``.loss``.
 """
