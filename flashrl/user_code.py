@@ -25,10 +25,12 @@ actors (they run in the same environment), as Ray assumes.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
 import sysconfig
+import threading
 import types
 from typing import Any
 
@@ -100,7 +102,17 @@ def is_user_module(module: types.ModuleType) -> bool:
     file = getattr(module, "__file__", None)
     if not isinstance(file, str):
         return False  # built-in, frozen or namespace packages
-    return not os.path.realpath(file).startswith(_INSTALLED)
+    return not _installed_file(file)
+
+
+@functools.lru_cache(maxsize=None)
+def _installed_file(file: str) -> bool:
+    return os.path.realpath(file).startswith(_INSTALLED)
+
+
+_DUMPS_LOCK = threading.RLock()
+"""cloudpickle's by-value registry is process-wide: one dumps at a time registers and unregisters
+(re-entrant: a Shipped inside a shipped object pickles itself with a nested dumps)."""
 
 
 def dumps(obj: Any) -> bytes:
@@ -109,6 +121,12 @@ def dumps(obj: Any) -> bytes:
     Ray's own copy of cloudpickle (``ray.cloudpickle``), imported here: the loss modules import without Ray.
     """
     from ray import cloudpickle
+
+    with _DUMPS_LOCK:
+        return _dumps(obj, cloudpickle)
+
+
+def _dumps(obj: Any, cloudpickle: Any) -> bytes:
     registered = []
     already = cloudpickle.list_registry_pickle_by_value()
     for key, module in list(sys.modules.items()):

@@ -151,6 +151,11 @@ class FlashReinforceLoss(Loss):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _built={})
 
+    def __copy__(self) -> FlashReinforceLoss:
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__, _built={})
+        return new
+
     def __deepcopy__(self, memo: dict[int, Any]) -> FlashReinforceLoss:
         new = object.__new__(type(self))
         memo[id(self)] = new
