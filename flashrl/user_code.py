@@ -105,7 +105,7 @@ def is_user_module(module: types.ModuleType) -> bool:
     return not _installed_file(file)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _installed_file(file: str) -> bool:
     return os.path.realpath(file).startswith(_INSTALLED)
 

@@ -20,23 +20,23 @@ import gymnasium as gym
 import pytest
 import torch
 
-USER_MODULE = "flashrl_test_user_code_script"
-sys.modules[USER_MODULE] = sys.modules[__name__]
-__name__ = USER_MODULE  # noqa: A001 - the classes below get this module name, importable nowhere else
-
-from flashrl.algorithms import FlashReinforceConfig  # noqa: E402
-from flashrl.algorithms.flash_reinforce.components import (  # noqa: E402
+from flashrl.algorithms import FlashReinforceConfig
+from flashrl.algorithms.flash_reinforce.components import (
     BASELINES,
     FailureTokenEntropyMask,
     Normalizers,
 )
-from flashrl.algorithms.flash_reinforce.config import ConfigError  # noqa: E402
-from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss  # noqa: E402
-from flashrl.algorithms.flash_reinforce.loss import flash_reinforce_loss  # noqa: E402
-from flashrl.envs.base import LanguageEnv  # noqa: E402
-from flashrl.env_runners.env_check import runner_env_spec, runner_spec  # noqa: E402
-from flashrl.learners.spec import LearnerSpec  # noqa: E402
-from flashrl.user_code import Shipped, describe, import_path  # noqa: E402
+from flashrl.algorithms.flash_reinforce.config import ConfigError
+from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+from flashrl.algorithms.flash_reinforce.loss import flash_reinforce_loss
+from flashrl.env_runners.env_check import runner_env_spec, runner_spec
+from flashrl.envs.base import LanguageEnv
+from flashrl.learners.spec import LearnerSpec
+from flashrl.user_code import Shipped, describe, import_path
+
+USER_MODULE = "flashrl_test_user_code_script"
+sys.modules[USER_MODULE] = sys.modules[__name__]
+__name__ = USER_MODULE  # noqa: A001 - the classes below get this module name, importable nowhere else
 
 REPO = Path(__file__).resolve().parents[1]
 SHIFT = 0.125
