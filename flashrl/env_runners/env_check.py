@@ -7,7 +7,11 @@ restarted over and over, each time starting an engine again. So the driver check
 - ``env_config_problems``: every key of an ``env_config`` against the signature of the env's entry
   point (cheap; no env is built), with the closest valid name;
 - ``build_env_once``: makes one env with the given ``env_config``, resets it once and closes it, and
-  turns any error into an ``EnvCheckError`` that names the env, the settings and the cause.
+  turns any error into an ``EnvCheckError`` that names the env, the settings and the cause;
+- ``env_code_problems``: the user code of the env (its entry point; constructor arguments the env
+  declares as code in ``code_arguments``, such as Math's ``reward_fn``) shipped and unpacked as the
+  runners receive it (``runner_env_spec``, ``runner_spec``: paths imported in the driver, objects
+  pickled by value, ``flashrl.user_code``), so a module the runners cannot import is no problem.
 
 Both read the Gymnasium EnvSpec registered in this process (the runners make their envs from the
 same spec), so the core never imports the env modules themselves.
@@ -15,6 +19,7 @@ same spec), so the core never imports the env modules themselves.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import inspect
@@ -23,7 +28,19 @@ from typing import Any
 
 import gymnasium as gym
 
-__all__ = ["EnvCheckError", "build_env_once", "env_config_problems"]
+from flashrl.env_runners.spec import EnvRunnerSpec
+from flashrl.user_code import (
+    UserCodeError,
+    describe,
+    import_path,
+    is_description,
+    is_path,
+    is_user_module,
+    roundtrip,
+)
+
+__all__ = ["EnvCheckError", "build_env_once", "env_code_problems", "env_config_problems", "runner_env_spec",
+           "runner_spec"]
 
 
 class EnvCheckError(ValueError):
@@ -88,3 +105,87 @@ def build_env_once(env_id: str, env_config: Mapping[str, Any], *, what: str = "e
         ) from err
     finally:
         env.close()
+
+
+def code_arguments(env_id: str) -> tuple[str, ...]:
+    """The constructor arguments the env takes as user code (its class's ``code_arguments``)."""
+    entry = _entry_point(env_id)
+    return tuple(getattr(entry, "code_arguments", ()))
+
+
+def _resolved(env_config: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """``env_config`` with each code argument given as a ``"module:name"`` path imported (in the driver)."""
+    return {key: import_path(value) if key in names and is_path(value) else value for key, value in env_config.items()}
+
+
+def runner_spec(spec: EnvRunnerSpec) -> EnvRunnerSpec:
+    """The spec the runners get: code arguments of every env config given as paths imported here.
+
+    Wrapped in ``flashrl.user_code.Shipped`` it reaches the runners with that code by value.
+    """
+    names = code_arguments(spec.env) if spec.env else ()
+    if not names:
+        return spec
+    return dataclasses.replace(
+        spec,
+        env_config=_resolved(spec.env_config, names),
+        evaluation_env_config=_resolved(spec.evaluation_env_config, names),
+        evaluation_splits={split: _resolved(overrides, names) for split, overrides in spec.evaluation_splits.items()},
+    )
+
+
+def runner_env_spec(env_id: str) -> Any:
+    """The driver's Gymnasium EnvSpec of ``env_id`` with a user-code ``"module:Class"`` entry point imported.
+
+    flashrl's own entry points stay strings (every runner imports flashrl); a user's is imported in the
+    driver, so that, shipped by value, it makes the env where its module does not import.
+    """
+    env_spec = gym.spec(env_id)
+    entry = env_spec.entry_point
+    if isinstance(entry, str) and ":" in entry:
+        module = entry.partition(":")[0]
+        if not (module == "flashrl" or module.startswith("flashrl.")):
+            loaded = import_path(entry)
+            if is_user_module(importlib.import_module(module)):
+                return dataclasses.replace(env_spec, entry_point=loaded)
+    return env_spec
+
+
+def env_code_problems(spec: EnvRunnerSpec) -> list[str]:
+    """The env's user code as the runners receive it: every problem as ``expected, got, Fix``."""
+    if not spec.env:
+        return []
+    problems = []
+    try:
+        roundtrip(runner_env_spec(spec.env))
+    except gym.error.Error:
+        return []  # an unregistered id is reported where the id is checked
+    except UserCodeError as err:
+        problems.append(f"env: expected an entry point that the env runners can receive (imported in the driver "
+                        f"and pickled by value), got {gym.spec(spec.env).entry_point!r}: {err}. Fix: register the "
+                        "env with an importable 'module:Class' entry point or a class defined at module level")
+    names = code_arguments(spec.env)
+    configs = {"env_config": spec.env_config, "evaluation_env_config": spec.evaluation_env_config,
+               **{f"evaluation_splits[{split!r}]": o for split, o in spec.evaluation_splits.items()}}
+    for where, env_config in configs.items():
+        for key in names:
+            if key in env_config and env_config[key] is not None:
+                problem = _code_problem(env_config[key])
+                if problem:
+                    problems.append(f"{where}[{key!r}]: expected a callable or its 'module:name' path (user code of "
+                                    f"{spec.env}), got {describe(env_config[key])!r}: {problem}")
+    return problems
+
+
+def _code_problem(value: Any) -> str | None:
+    if is_description(value):
+        return ("the text to_dict() writes for an object, not the object. Fix: pass the function again (e.g. "
+                "an override of from_checkpoint), or configure it by its 'module:name' path")
+    try:
+        target = import_path(value) if isinstance(value, str) else value
+        if not callable(target):
+            return "it is not callable. Fix: pass a function or a 'module:name' path to one"
+        roundtrip(target)
+    except UserCodeError as err:
+        return f"{err}. Fix: pass a function defined at module level, or fix the path"
+    return None

@@ -18,9 +18,11 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from flashrl.env_runners.env_check import runner_env_spec, runner_spec
 from flashrl.env_runners.env_runner import EnvRunner
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import RunnerReport
+from flashrl.user_code import Shipped
 
 logger = logging.getLogger("flashrl.env_runners")
 
@@ -77,6 +79,7 @@ class EnvRunnerGroup:
             max_restarts=0,
         )(EnvRunner)
         self._env_spec = _driver_env_spec(spec.env)
+        self._runner_spec = runner_spec(spec)  # user code of the env configs imported here, shipped by value
         self.generation = 0
         """Runner actors created so far: it changes whenever a runner is replaced (a push route's
         transfer group is then formed again)."""
@@ -101,12 +104,12 @@ class EnvRunnerGroup:
     def _new_actor(self, index: int, start_counter: int) -> Any:
         self.generation += 1
         return self._actor_cls.options(name=None).remote(
-            self.spec,
+            Shipped(self._runner_spec),
             runner_index=index,
             num_runners=self.num_runners,
             model_path=self.model_path,
             start_counter=start_counter,
-            env_spec=self._env_spec,
+            env_spec=Shipped(self._env_spec),
         )
 
     def _get(self, refs: Any, what: str, timeout_s: float | None = None) -> Any:
@@ -449,13 +452,14 @@ def _driver_env_spec(env_id: str) -> Any:
 
     The id is registered where the run is built (the algorithm's config registers the flashrl/* ids
     when it validates; a user's own id is registered by the user's script), so the actors need not
-    import the module that registered it: a "module:Class" entry point is imported when the env is
-    made, and a class object travels by value (Ray pickles `__main__` classes that way).
+    import the module that registered it, nor the env's own module: a user's "module:Class" entry point
+    is imported here and the class travels by value (`env_check.runner_env_spec`, `flashrl.user_code`);
+    flashrl's own entry points are imported by the runners.
     """
     import gymnasium as gym
 
     try:
-        return gym.spec(env_id)
+        return runner_env_spec(env_id)
     except gym.error.Error as err:
         raise ValueError(
             f"env: expected an id registered with Gymnasium in this process, got {env_id!r} ({err}). Fix: "

@@ -36,7 +36,7 @@ what a subclass returns lies in the declared spaces (with an error that says wha
 from __future__ import annotations
 
 import copy
-from typing import Any, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 import gymnasium as gym
 
@@ -84,6 +84,10 @@ class LanguageEnv(gym.Env[Messages, str]):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}
+    code_arguments: ClassVar[tuple[str, ...]] = ()
+    """Constructor arguments that take user code (a function or its ``"module:name"`` path, e.g. Math's
+    ``reward_fn``): the driver imports a path and ships the code to the env runners by value, so its
+    module need not import there; ``validate()`` checks it the way the runners receive it."""
 
     def __init__(
         self,

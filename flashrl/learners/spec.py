@@ -147,7 +147,9 @@ class LearnerSpec:
         out["betas"] = tuple(self.betas)
         if self.loss is not None:
             cls = type(self.loss)
-            out["loss"] = {"type": f"{cls.__module__}:{cls.__qualname__}", **asdict(self.loss)}
+            # A loss's own to_dict (when it has one) writes its user code as text (flashrl.user_code).
+            settings = self.loss.to_dict() if hasattr(self.loss, "to_dict") else asdict(self.loss)
+            out["loss"] = {"type": f"{cls.__module__}:{cls.__qualname__}", **settings}
         return out
 
     @classmethod

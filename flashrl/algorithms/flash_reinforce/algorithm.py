@@ -55,6 +55,9 @@ class FlashReinforce(Trainable):
     """
 
     def __init__(self, config: FlashReinforceConfig | dict[str, Any] | None = None, **kwargs: Any) -> None:
+        # Tune's Trainable takes a dict; the config object itself is kept for setup() because its to_dict()
+        # writes user code objects (a baseline object, a reward function) as text.
+        self._given_config = config.copy() if isinstance(config, FlashReinforceConfig) else None
         if isinstance(config, FlashReinforceConfig):
             config = config.to_dict()
         super().__init__(config=dict(config or {}), **kwargs)
@@ -72,7 +75,9 @@ class FlashReinforce(Trainable):
         from flashrl.models import resolve_model
         from flashrl.ray_utils import check_resources, init_or_join
 
-        self.algo_config = _as_config(config)
+        given = self._given_config
+        plain = {k: v for k, v in config.items() if not k.startswith("__")}
+        self.algo_config = given if given is not None and given.to_dict() == plain else _as_config(config)
         self.algo_config.validate()
         logging.getLogger("flashrl").setLevel(self.algo_config.log_level)
         cfg = self.algo_config

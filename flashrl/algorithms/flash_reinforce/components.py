@@ -1,7 +1,9 @@
-"""Pluggable pieces of the FlashREINFORCE loss: baselines, importance sampling, trust regions, aggregations.
+"""Pluggable pieces of the FlashREINFORCE loss: baselines, importance sampling, trust regions, aggregations
+and token masks.
 
-Each piece is a small callable object, registered under a name. The loss takes either a name or an
-object, so an ablation is a config string and a new idea is a few lines::
+Each piece is a small callable object, registered under a name. The loss takes a name, a
+``"package.module:name"`` import path or an object, so an ablation is a config string and a new idea
+is a few lines (``docs/extending.md``)::
 
     class MedianBaseline:
         def __call__(self, rewards, *, group_ids=None):
@@ -10,18 +12,25 @@ object, so an ablation is a config string and a new idea is a few lines::
     flash_reinforce_loss(..., baseline=MedianBaseline())
     BASELINES.register("median")(MedianBaseline)   # now also reachable as baseline="median"
 
+``Registry.problem`` is the check ``validate()`` runs: the component shipped by value and unpacked as
+the learner actors receive it (``flashrl.user_code``), constructed once, its signature compared with
+the kind's.
+
 Values taken from the method's public release are cited by their path in repository
 ``yifanzhang-pro/FlashREINFORCE`` (the reference loss) or in NVIDIA Molt (``molt-rl``, its GPU runtime).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
+
+from flashrl.user_code import UserCodeError, describe, import_path, is_description, is_path, roundtrip
 
 T = TypeVar("T")
 
@@ -31,24 +40,38 @@ __all__ = [
     "BERNOULLI_KL_CLAMP",
     "GROUP_NORM_EPS",
     "IMPORTANCE_SAMPLINGS",
+    "TOKEN_MASKS",
     "TRUST_REGIONS",
     "Aggregation",
     "Baseline",
+    "FailureTokenEntropyMask",
     "ImportanceSampling",
     "Normalizers",
+    "Recipe",
     "Registry",
+    "TokenMask",
     "TrustDecision",
     "TrustRegion",
     "bernoulli_kl",
     "bernoulli_kl_clamped",
+    "failure_token_keep_mask",
 ]
 
 
 class Registry(Generic[T]):
-    """Name -> factory of a component kind; unknown names list the known ones."""
+    """Name -> factory of a component kind; unknown names list the known ones.
 
-    def __init__(self, kind: str) -> None:
+    A component is given as a registered name, a ``"package.module:name"`` import path or an object.
+    A path or an object that is a class is constructed with no arguments (as a registered factory is
+    called); any other callable is the component itself. ``positional`` and ``keywords`` are the
+    arguments every component of the kind is called with: an object whose signature does not take
+    them is not a component of this kind (:meth:`problem`).
+    """
+
+    def __init__(self, kind: str, *, positional: int = 1, keywords: tuple[str, ...] = ()) -> None:
         self.kind = kind
+        self.positional = positional
+        self.keywords = keywords
         self._factories: dict[str, Callable[[], T]] = {}
 
     def register(self, name: str) -> Callable[[Callable[[], T]], Callable[[], T]]:
@@ -67,22 +90,90 @@ class Registry(Generic[T]):
         return name in self._factories
 
     def build(self, name: str) -> T:
-        if name not in self._factories:
-            raise ValueError(
-                f"Unknown {self.kind} {name!r}; expected one of {self.names()}. Register your own with "
-                f"@{self.kind.upper()}S.register('name') or pass an object instead of a name."
-            )
-        return self._factories[name]()
+        return self.factory(name)()
+
+    def factory(self, value: str | Any) -> Recipe:
+        """A zero-argument factory of the component ``value`` gives (name, path or object), picklable."""
+        if isinstance(value, str) and not is_path(value):
+            if value not in self._factories:
+                raise ValueError(
+                    f"Unknown {self.kind} {value!r}; expected one of {self.names()}. Register your own with "
+                    f"@{self.kind.upper()}S.register('name'), or pass an object or a 'module:name' path."
+                )
+            return Recipe(self._factories[value], construct=True)
+        target = import_path(value) if isinstance(value, str) else value
+        if not callable(target):
+            raise TypeError(f"A {self.kind} must be a registered name, a 'module:name' path or a callable; got "
+                            f"{describe(target)}.")
+        return Recipe(target, construct=isinstance(target, type))
 
     def resolve(self, value: str | T | None, default: str) -> T:
-        """A name, an object (used as is) or None (the default)."""
-        if value is None:
-            return self.build(default)
-        if isinstance(value, str):
-            return self.build(value)
-        if not callable(value):
-            raise TypeError(f"A {self.kind} must be a registered name or a callable; got {type(value)!r}.")
-        return value
+        """A name, a path, an object (a class is constructed) or None (the default)."""
+        return self.factory(default if value is None else value)()
+
+    def problem(self, value: Any) -> tuple[str, Any, str] | None:
+        """Why ``value`` is not a usable component of this kind, as (expected, actual, fix); None if it is.
+
+        Checks it where it will run: the factory is shipped by value and unpacked (as the actors
+        receive it), then constructed once and its call signature compared with the kind's.
+        """
+        expected = f"one of {self.names()}, a 'module:name' path or a {self.kind} object"
+        if isinstance(value, str) and not is_path(value) and value in self._factories:
+            if getattr(self._factories[value], "__module__", "").startswith("flashrl."):
+                return None  # flashrl's own: imported by name in the actors
+        elif isinstance(value, str) and not is_path(value):
+            fix = ("the object itself cannot be stored as text: pass it again (e.g. as an override of "
+                   "from_checkpoint), or configure it by its 'module:name' path" if is_description(value) else
+                   f"use a registered name, or register yours with @{self.kind.upper()}S.register('name')")
+            return expected, value, fix
+        try:
+            recipe = self.factory(value)
+        except UserCodeError as err:
+            return expected, describe(value), f"{err}; fix the path (the module must import in this process)"
+        except TypeError:
+            return expected, describe(value), (f"pass a callable {self.kind} ({self._call_text()}; its protocol is in "
+                                               "flashrl.algorithms.flash_reinforce.components)")
+        try:
+            component = roundtrip(recipe)()
+        except UserCodeError as err:
+            return ("an object that can be pickled (it is shipped to the actors by value)", describe(value),
+                    (f"{err}; keep unpicklable state (locks, open files, CUDA tensors) out of it, or create it "
+                     "lazily on first call"))
+        except Exception as err:  # noqa: BLE001 - the user's constructor
+            return (f"a {self.kind} class that constructs with no arguments", describe(value),
+                    f"constructing it raised {type(err).__name__}: {err}; pass an instance instead")
+        signature = self.signature_problem(component)
+        if signature:
+            return f"a {self.kind}: {self._call_text()}", describe(value), signature
+        return None
+
+    def signature_problem(self, component: Any) -> str | None:
+        """Why ``component`` cannot be called as this kind's components are, or None."""
+        if not callable(component):
+            return f"it is not callable; give it a __call__({self._call_text()})"
+        try:
+            signature = inspect.signature(component)
+        except (TypeError, ValueError):
+            return None  # a builtin without a signature: it is tried when it runs
+        try:
+            signature.bind(*range(self.positional), **dict.fromkeys(self.keywords))
+        except TypeError as err:
+            return f"its signature {signature} does not take ({self._call_text()}): {err}"
+        return None
+
+    def _call_text(self) -> str:
+        return ", ".join([f"<{self.positional} positional>"] + [f"{k}=" for k in self.keywords])
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to make a component where it runs: call ``target`` (a class or factory) or use it as it is."""
+
+    target: Any
+    construct: bool
+
+    def __call__(self) -> Any:
+        return self.target() if self.construct else self.target
 
 
 # --------------------------------------------------------------------------------------------------
@@ -94,7 +185,7 @@ class Baseline(Protocol):
         """Return the advantages ``A`` [B] of rewards [B] (``group_ids`` [B]: which prompt each answers)."""
 
 
-BASELINES: Registry[Baseline] = Registry("baseline")
+BASELINES: Registry[Baseline] = Registry("baseline", positional=1, keywords=("group_ids",))
 
 
 @BASELINES.register("batch_mean")
@@ -189,7 +280,7 @@ class ImportanceSampling(Protocol):
         """Return the log-probs [B, T] the current ones are compared with (ratio and trust region)."""
 
 
-IMPORTANCE_SAMPLINGS: Registry[ImportanceSampling] = Registry("importance_sampling")
+IMPORTANCE_SAMPLINGS: Registry[ImportanceSampling] = Registry("importance_sampling", positional=2)
 
 
 @IMPORTANCE_SAMPLINGS.register("token")
@@ -241,7 +332,7 @@ class TrustRegion(Protocol):
         """
 
 
-TRUST_REGIONS: Registry[TrustRegion] = Registry("trust_region")
+TRUST_REGIONS: Registry[TrustRegion] = Registry("trust_region", positional=3, keywords=("delta",))
 
 BERNOULLI_KL_CLAMP = 1e-6
 """p and q of the gate's Bernoulli KL are clamped to [1e-6, 1 - 1e-6], as the reference
@@ -367,7 +458,7 @@ class Aggregation(Protocol):
         """
 
 
-AGGREGATIONS: Registry[Aggregation] = Registry("aggregation")
+AGGREGATIONS: Registry[Aggregation] = Registry("aggregation", positional=3)
 
 
 @AGGREGATIONS.register("sample_mean")
@@ -408,3 +499,72 @@ class ConstantLength:
                 f"sum / (B x L)); got {norm.constant_length!r}. Set it, e.g. 6144 as the reference does."
             )
         return token_terms.sum() / (norm.num_trajectories * norm.constant_length)
+
+
+# --------------------------------------------------------------------------------------------------
+# Token masks: which valid tokens of each trajectory keep their loss term.
+
+
+class TokenMask(Protocol):
+    def __call__(
+        self, loss_mask: torch.Tensor, *, entropy: torch.Tensor | None, failures: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Return a bool [B, T] mask, a subset of ``loss_mask`` [B, T]: the tokens whose term is in the loss.
+
+        ``entropy`` [B, T] holds the current policy's token entropies, ``failures`` [B] the env's failure
+        labels (None when the batch has none). Decide each row from that row alone: the learner calls
+        the mask on micro-batches, whose losses must add up to the whole batch's. The denominators
+        (``T_i``, B) stay the full counts.
+        """
+
+
+TOKEN_MASKS: Registry[TokenMask] = Registry("token_mask", positional=1, keywords=("entropy", "failures"))
+
+
+@TOKEN_MASKS.register("all")
+class AllTokens:
+    """Every valid token keeps its term (no filter)."""
+
+    def __call__(self, loss_mask, *, entropy=None, failures=None) -> torch.Tensor:
+        return loss_mask
+
+
+def failure_token_keep_mask(
+    entropy: torch.Tensor,
+    loss_mask: torch.Tensor,
+    failures: torch.Tensor,
+    fraction: float,
+) -> torch.Tensor:
+    """Which valid tokens keep their loss term under the failure-token entropy filter.
+
+    A trajectory with ``failures[i]`` keeps exactly ``ceil(fraction * T_i)`` of its ``T_i`` valid
+    tokens: those of highest ``entropy``, ties broken by position (the earlier token first, a stable
+    descending sort, as the reference ``flashreinforce/loss.py``). Other trajectories keep every valid
+    token. Returns a bool [B, T] mask (a subset of ``loss_mask``).
+    """
+    b, t = loss_mask.shape
+    lengths = loss_mask.sum(-1)  # [B]  T_i
+    # Python's float product, as math.ceil(q * T_i) in the reference: float64 gives the same rounding.
+    counts = torch.ceil(fraction * lengths.to(torch.float64))  # [B]
+    scores = entropy.masked_fill(~loss_mask, -math.inf)  # [B, T]  padding sorts last
+    order = scores.argsort(dim=-1, descending=True, stable=True)  # [B, T]
+    positions = torch.arange(t, device=loss_mask.device).expand(b, t)  # [B, T]
+    rank = torch.empty_like(order).scatter_(1, order, positions)  # [B, T]  rank of each token
+    keep_failed = loss_mask & (rank < counts.unsqueeze(-1))  # [B, T]
+    return torch.where(failures.unsqueeze(-1), keep_failed, loss_mask)  # [B, T]
+
+
+@dataclass(frozen=True)
+class FailureTokenEntropyMask:
+    """The failure-token entropy filter as a token mask: a failed trajectory keeps its ``ceil(fraction *
+    T_i)`` highest-entropy tokens (:func:`failure_token_keep_mask`); ``negative_token_fraction`` < 1
+    selects it."""
+
+    fraction: float
+
+    def __call__(self, loss_mask, *, entropy=None, failures=None) -> torch.Tensor:
+        if entropy is None or failures is None:
+            missing = " and ".join(n for n, v in (("entropy", entropy), ("failures", failures)) if v is None)
+            raise ValueError(f"FailureTokenEntropyMask needs the token entropies and the failure labels; {missing} "
+                             "is None (the env must put a bool info['success'] in every step's info).")
+        return failure_token_keep_mask(entropy, loss_mask, failures, self.fraction)

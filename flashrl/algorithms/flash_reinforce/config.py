@@ -44,10 +44,11 @@ from typing import Any, ClassVar
 from ray.tune.tune import _Config as _TuneConfig  # Tune takes any `_Config` as a `param_space`, as RLlib's
 
 from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
-from flashrl.env_runners.env_check import env_config_problems
+from flashrl.env_runners.env_check import env_code_problems, env_config_problems
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.learners.spec import LearnerSpec
 from flashrl.loggers import logger_problems
+from flashrl.user_code import describe
 from flashrl.validation import DERIVED, SECTION, Checks, SpecError, is_int, is_number, setting
 
 ROLLOUT_MODES = ("async", "sync_group")
@@ -177,13 +178,33 @@ def _defaults(part: str) -> dict[str, Any]:
 
 def _normalized(name: str, value: Any) -> Any:
     """The builder's and from_dict's own copy of a value (dicts copied, betas a tuple)."""
-    if name in ("env_config", "engine_options", "evaluation_env_config", "logger_options") and (value is None or isinstance(value, Mapping)):
-        return dict(value or {})
+    if name in ("env_config", "engine_options", "evaluation_env_config", "logger_options") and (
+        value is None or isinstance(value, Mapping)
+    ):
+        return _copied(dict(value or {}))
     if name == "evaluation_splits" and (value is None or isinstance(value, Mapping)):
-        return {str(k): dict(v) if isinstance(v, Mapping) else v for k, v in (value or {}).items()}
+        return {str(k): _copied(dict(v)) if isinstance(v, Mapping) else v for k, v in (value or {}).items()}
     if name == "betas" and isinstance(value, list):
         return tuple(value)
-    return copy.deepcopy(value)
+    return _copied(value)
+
+
+def _copied(value: Any) -> Any:
+    """A deep copy in which user code (a callable: a component, a reward function, a class) is kept as it is."""
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(v) for v in value)
+    return value if callable(value) else copy.deepcopy(value)
+
+
+def _plain(value: Any) -> Any:
+    """``to_dict``'s form of a value: tuples as lists, user code (callables) as ``describe`` says."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return describe(value) if callable(value) else copy.deepcopy(value)
 
 
 class FlashReinforceConfig(_TuneConfig):
@@ -308,8 +329,8 @@ class FlashReinforceConfig(_TuneConfig):
         return FlashReinforceSettings(**self._values["algorithm"])
 
     @property
-    def effective_baseline(self) -> str:
-        """The baseline actually used (None resolves by rollout mode)."""
+    def effective_baseline(self) -> Any:
+        """The baseline actually used: the setting (a name, a path or an object); None resolves by rollout mode."""
         if self.baseline is not None:
             return self.baseline
         return "group_mean" if self.rollout_mode == "sync_group" else "batch_mean"
@@ -472,13 +493,14 @@ class FlashReinforceConfig(_TuneConfig):
     # (de)serialisation
     # ------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """A plain dict of every setting by its flat name (JSON-friendly: tuples become lists)."""
-        out = {}
-        for values in self._values.values():
-            for name, value in values.items():
-                value = copy.deepcopy(value)
-                out[name] = list(value) if isinstance(value, tuple) else value
-        return out
+        """A plain dict of every setting by its flat name (JSON-friendly: tuples become lists).
+
+        User code given as an object (a loss component, a reward function in ``env_config``) is written
+        ``"<object module:qualname>"``: the object itself is not data. ``from_dict`` of such a dict fails
+        at ``validate()`` until the object is given again (``FlashReinforce.from_checkpoint(path,
+        baseline=MyBaseline())``); a component configured by its ``"module:name"`` path round-trips.
+        """
+        return {name: _plain(value) for values in self._values.values() for name, value in values.items()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FlashReinforceConfig:
@@ -493,14 +515,16 @@ class FlashReinforceConfig(_TuneConfig):
         return cls(**data)
 
     def copy(self) -> FlashReinforceConfig:
+        """A deep copy (user code objects are shared, not copied)."""
         new = type(self)()
-        object.__setattr__(new, "_values", copy.deepcopy(self._values))
+        object.__setattr__(new, "_values", _copied(self._values))
         return new
 
     def update_from_dict(self, data: Mapping[str, Any]) -> FlashReinforceConfig:
-        """Set the given settings (same checks as `from_dict`)."""
-        new = type(self).from_dict(self.to_dict() | dict(data))
-        object.__setattr__(self, "_values", new._values)
+        """Set the given settings (same checks as `from_dict`; the other settings keep their values)."""
+        type(self).from_dict(data)  # unknown keys are an error
+        for name, value in data.items():
+            setattr(self, name, _normalized(name, value))
         return self
 
 
@@ -528,12 +552,13 @@ def _bundle(cpus: float, gpus: float) -> dict[str, float]:
 
 
 def _env_config_problems(spec: EnvRunnerSpec) -> list[str]:
-    """Keys of the env configs (training, evaluation overrides, each split's) the env's constructor does not take."""
+    """Keys of the env configs (training, evaluation overrides, each split's) the env's constructor does not
+    take, and user code among them (or the entry point) that cannot reach the runners."""
     problems = env_config_problems(spec.env, spec.env_config)
     problems += env_config_problems(spec.env, spec.evaluation_env_config, name="evaluation_env_config")
     for split, overrides in spec.evaluation_splits.items():
         problems += env_config_problems(spec.env, overrides, name=f"evaluation_splits[{split!r}]")
-    return problems
+    return problems + env_code_problems(spec)
 
 
 def _env_problem(env_id: str) -> str | None:

@@ -12,6 +12,11 @@ FlashREINFORCE's own (``docs/design.md`` §1):
   trajectory, and a trajectory is never split over micro-batches, so the shares add up exactly to the
   loss of the whole batch, and their gradients to its gradient.
 
+The components (baseline, importance sampling, trust region, aggregation, token mask) may be names,
+``"module:name"`` paths or objects; the loss travels to the learner actors with each component's factory
+pickled by value (``flashrl.user_code``), so a user's component works where its module does not import,
+and each process builds its components once.
+
 Metrics are returned as sums over global counts, maxima and minima (``flashrl.learners.LossMetrics``),
 so the learner's combination over micro-batches and ranks gives the metrics of the whole batch:
 ``accepted_fraction``, ``num_rejected``, ``drift_mean``, ``drift_max``, ``ratio_mean``, ``ratio_min``,
@@ -22,7 +27,8 @@ diagnostic of the policy lag), ``entropy_mean``, ``tokens_valid``, ``tokens_kept
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import copy
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -31,12 +37,26 @@ from flashrl.algorithms.flash_reinforce.components import (
     AGGREGATIONS,
     BASELINES,
     IMPORTANCE_SAMPLINGS,
+    TOKEN_MASKS,
     TRUST_REGIONS,
+    Registry,
 )
 from flashrl.algorithms.flash_reinforce.loss import flash_reinforce_loss
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.loss import BatchContext, Loss, LossMetrics, MicroBatch
+from flashrl.user_code import Shipped, describe
 from flashrl.validation import Checks, is_int, is_number
+
+COMPONENTS: dict[str, tuple[Registry, str | None]] = {
+    "baseline": (BASELINES, "batch_mean"),
+    "importance_sampling": (IMPORTANCE_SAMPLINGS, "token"),
+    "trust_region": (TRUST_REGIONS, "bernoulli_kl"),
+    "aggregation": (AGGREGATIONS, "sample_mean"),
+    "token_mask": (TOKEN_MASKS, None),
+}
+"""The loss's pluggable settings: each a registered name, a ``"module:name"`` path or an object
+(``components.py``), with the default a None stands for (token_mask None: the failure filter of
+negative_token_fraction, or every token)."""
 
 __all__ = ["FlashReinforceContext", "FlashReinforceLoss"]
 
@@ -48,7 +68,7 @@ class FlashReinforceContext(BatchContext):
     advantages: torch.Tensor | None = None
     """[B] the baseline's advantages over the whole batch."""
     failures: torch.Tensor | None = None
-    """[B] bool failure labels (only with the entropy filter on)."""
+    """[B] bool failure labels (None when the batch has none; the entropy filter then raises in prepare)."""
     num_trajectories: int = 0
     """B of the 1/B normaliser (the whole batch, rejected trajectories included)."""
     num_tokens: int = 0
@@ -61,15 +81,20 @@ class FlashReinforceLoss(Loss):
 
     delta: float = 0.01
     """Sequence trust region: a trajectory whose mean token drift exceeds it is dropped; inf = no trust region."""
-    baseline: str | None = None
-    """Advantage baseline: batch_mean, none, leave_one_out, group_mean, group_norm (GRPO); None = batch_mean,
-    or group_mean with rollout_mode='sync_group' (the config resolves it)."""
-    importance_sampling: str = "token"
-    """'token' (rho = q / p, the behavior correction) or 'none' (rho = 1: the reference's no_is)."""
-    trust_region: str = "bernoulli_kl"
-    """'bernoulli_kl' (p, q clamped to [1e-6, 1 - 1e-6], as published), 'bernoulli_kl_exact', 'tv' or 'none'."""
-    aggregation: str = "sample_mean"
-    """'sample_mean' (every trajectory weighs 1/B), 'token_mean' or 'constant_length' (sum / (B x L))."""
+    baseline: str | Any | None = None
+    """Advantage baseline: batch_mean, none, leave_one_out, group_mean, group_norm (GRPO), a 'module:name' path
+    or a Baseline object; None = batch_mean, or group_mean with rollout_mode='sync_group' (the config resolves it)."""
+    importance_sampling: str | Any = "token"
+    """'token' (rho = q / p, the behavior correction), 'none' (rho = 1: the reference's no_is), a path or an object."""
+    trust_region: str | Any = "bernoulli_kl"
+    """'bernoulli_kl' (p, q clamped to [1e-6, 1 - 1e-6], as published), 'bernoulli_kl_exact', 'tv', 'none', a path
+    or an object."""
+    aggregation: str | Any = "sample_mean"
+    """'sample_mean' (every trajectory weighs 1/B), 'token_mean', 'constant_length' (sum / (B x L)), a path or an
+    object."""
+    token_mask: str | Any | None = None
+    """Which valid tokens keep their term: 'all', a path or a TokenMask object; None = the failure filter of
+    negative_token_fraction (off at 1.0)."""
     constant_length_normalizer: int | None = None
     """The L of aggregation='constant_length' (the reference: 6144)."""
     negative_token_fraction: float = 1.0
@@ -92,19 +117,57 @@ class FlashReinforceLoss(Loss):
         elif self.aggregation == "constant_length" and length is None:
             check.expect(False, "constant_length_normalizer", "an integer >= 1 with aggregation='constant_length'",
                          length, "set constant_length_normalizer, e.g. 6144 as the reference does")
-        for name, registry in (
-            ("baseline", BASELINES), ("importance_sampling", IMPORTANCE_SAMPLINGS),
-            ("trust_region", TRUST_REGIONS), ("aggregation", AGGREGATIONS),
-        ):
+        for name, (registry, _) in COMPONENTS.items():
             value = getattr(self, name)
-            if name == "baseline" and value is None:
-                continue
-            check.expect(isinstance(value, str) and value in registry, name, f"one of {registry.names()}", value,
-                         "use a registered name, or register yours in flashrl.algorithms.flash_reinforce.components")
+            if value is not None or name not in ("baseline", "token_mask"):
+                problem = registry.problem(value)
+                if problem:
+                    check.expect(False, name, *problem)
+        if self.token_mask is not None and is_number(q) and q < 1:
+            check.expect(False, "token_mask", f"None with negative_token_fraction={q} (the failure filter is the token "
+                         "mask)", describe(self.token_mask), "set negative_token_fraction=1.0, or token_mask=None")
         check.done()
+        self._recipes = {name: registry.factory(default if getattr(self, name) is None else getattr(self, name))
+                         for name, (registry, default) in COMPONENTS.items()
+                         if getattr(self, name) is not None or default is not None}
+        self._built: dict[str, Any] = {}
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The settings as plain data: a component object as ``"<object module:qualname>"``."""
+        return {f.name: describe(getattr(self, f.name)) if f.name in COMPONENTS else getattr(self, f.name)
+                for f in fields(self)}
+
+    # Shipping: the learner actors get each component's factory by value (``flashrl.user_code``), so a
+    # component (or a registered name) defined in the user's own module works where that module does not
+    # import; each process constructs its components once, on first use.
+    def __getstate__(self) -> dict[str, Any]:
+        state = {key: value for key, value in self.__dict__.items() if key != "_built"}
+        for name in COMPONENTS:
+            if not isinstance(state[name], str) and state[name] is not None:
+                state[name] = Shipped(state[name])
+        state["_recipes"] = {name: Shipped(recipe) for name, recipe in self._recipes.items()}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _built={})
+
+    def __copy__(self) -> FlashReinforceLoss:
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__, _built={})
+        return new
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FlashReinforceLoss:
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "_built"}, memo), _built={})
+        return new
+
+    def component(self, name: str) -> Any:
+        """The component ``name`` (a key of ``COMPONENTS``) built in this process, or None (token_mask unset)."""
+        if name not in self._built:
+            recipe = self._recipes.get(name)
+            self._built[name] = None if recipe is None else recipe()
+        return self._built[name]
 
     @property
     def filter_on(self) -> bool:
@@ -113,8 +176,7 @@ class FlashReinforceLoss(Loss):
     # ------------------------------------------------------------------------------------------
     def prepare(self, batch: TrainBatch) -> FlashReinforceContext:
         rewards = batch.rewards.to(torch.float32)  # [B]
-        baseline = BASELINES.build(self.baseline or "batch_mean")
-        advantages = baseline(rewards, group_ids=batch.group_ids).detach()  # [B]
+        advantages = self.component("baseline")(rewards, group_ids=batch.group_ids).detach()  # [B]
         return FlashReinforceContext(
             batch=batch,
             metrics={  # 0-d tensors: the learner reads them back with the update's other metrics
@@ -124,7 +186,7 @@ class FlashReinforceLoss(Loss):
             },
             advantages=advantages,
             # [B] from the env's success labels; raises (on every rank alike) when the batch has none
-            failures=batch.failures if self.filter_on else None,
+            failures=batch.failures if self.filter_on else None if batch.success is None else ~batch.success,
             num_trajectories=batch.batch_size,
             num_tokens=batch.num_loss_tokens,
         )
@@ -142,11 +204,12 @@ class FlashReinforceLoss(Loss):
             rows.loss_mask,
             delta=self.delta,
             entropy=micro_batch.entropy,
-            failures=context.failures[idx].to(device) if self.filter_on else None,  # [b]
+            failures=None if context.failures is None else context.failures[idx].to(device),  # [b]
             negative_token_fraction=self.negative_token_fraction,
-            importance_sampling=self.importance_sampling,
-            trust_region=self.trust_region,
-            aggregation=self.aggregation,
+            importance_sampling=self.component("importance_sampling"),
+            trust_region=self.component("trust_region"),
+            aggregation=self.component("aggregation"),
+            token_mask=self.component("token_mask"),
             advantages=context.advantages[idx].to(device),  # [b] slice of the WHOLE batch's advantages
             num_trajectories=context.num_trajectories,  # the global B of the 1/B normaliser
             num_tokens=context.num_tokens,  # the global valid-token count of token_mean

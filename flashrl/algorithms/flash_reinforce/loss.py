@@ -12,12 +12,14 @@ Per batch of B finished trajectories, one per prompt:
 5. Optional failure-token entropy filter: with negative_token_fraction = q < 1, a trajectory labelled a
    failure (explicit labels, not the sign of A_i) keeps (keep_it = 1) only its ceil(q * T_i) tokens of
    highest current-policy entropy, ties broken by position; T_i and B stay the original denominators.
+   The filter is one token mask (``components.FailureTokenEntropyMask``); ``token_mask=`` plugs in another.
 
 These are the semantics of the method's public reference loss (repository
 ``yifanzhang-pro/FlashREINFORCE``, ``flashreinforce/loss.py``), written anew. Where flashrl differs it
 says so: a trajectory without valid tokens is rejected (the reference raises), and the components of
-``components.py`` (baseline, importance sampling, trust region, aggregation) swap in the ablations of
-the reference's experiment settings and the GRPO comparison.
+``components.py`` (baseline, importance sampling, trust region, aggregation, token mask) swap in the
+ablations of the reference's experiment settings and the GRPO comparison, or a user's own (a name, a
+``"module:name"`` path or an object; ``docs/extending.md``).
 
 No clipping, no critic, no reference model. The caller takes exactly one optimizer step on ``.loss``.
 """
@@ -33,12 +35,15 @@ from flashrl.algorithms.flash_reinforce.components import (
     AGGREGATIONS,
     BASELINES,
     IMPORTANCE_SAMPLINGS,
+    TOKEN_MASKS,
     TRUST_REGIONS,
     Aggregation,
     Baseline,
     ImportanceSampling,
     Normalizers,
+    TokenMask,
     TrustRegion,
+    failure_token_keep_mask,
 )
 
 __all__ = ["METRIC_NAMES", "FlashReinforceLossOutput", "failure_token_keep_mask", "flash_reinforce_loss"]
@@ -93,31 +98,6 @@ METRIC_NAMES = {
 the global normalisers the loss itself uses (``num_trajectories``, ``num_tokens``): with those left at
 their defaults they are this batch's plain means; a micro-batch's values are its shares of the whole
 batch's means, which add up over micro-batches as the losses do."""
-
-
-def failure_token_keep_mask(
-    entropy: torch.Tensor,
-    loss_mask: torch.Tensor,
-    failures: torch.Tensor,
-    fraction: float,
-) -> torch.Tensor:
-    """Which valid tokens keep their loss term under the failure-token entropy filter.
-
-    A trajectory with ``failures[i]`` keeps exactly ``ceil(fraction * T_i)`` of its ``T_i`` valid
-    tokens: those of highest ``entropy``, ties broken by position (the earlier token first, a stable
-    descending sort, as the reference ``flashreinforce/loss.py``). Other trajectories keep every valid
-    token. Returns a bool [B, T] mask (a subset of ``loss_mask``).
-    """
-    b, t = loss_mask.shape
-    lengths = loss_mask.sum(-1)  # [B]  T_i
-    # Python's float product, as math.ceil(q * T_i) in the reference: float64 gives the same rounding.
-    counts = torch.ceil(fraction * lengths.to(torch.float64))  # [B]
-    scores = entropy.masked_fill(~loss_mask, -math.inf)  # [B, T]  padding sorts last
-    order = scores.argsort(dim=-1, descending=True, stable=True)  # [B, T]
-    positions = torch.arange(t, device=loss_mask.device).expand(b, t)  # [B, T]
-    rank = torch.empty_like(order).scatter_(1, order, positions)  # [B, T]  rank of each token
-    keep_failed = loss_mask & (rank < counts.unsqueeze(-1))  # [B, T]
-    return torch.where(failures.unsqueeze(-1), keep_failed, loss_mask)  # [B, T]
 
 
 def _check_shapes(
@@ -222,6 +202,7 @@ def flash_reinforce_loss(
     importance_sampling: str | ImportanceSampling | None = None,
     trust_region: str | TrustRegion | None = None,
     aggregation: str | Aggregation | None = None,
+    token_mask: str | TokenMask | None = None,
     group_ids: torch.Tensor | None = None,
     advantages: torch.Tensor | None = None,
     num_trajectories: int | None = None,
@@ -246,6 +227,10 @@ def flash_reinforce_loss(
             (ratio 1, the reference's ``no_is``; the trust region then sees no drift).
         trust_region: name in ``TRUST_REGIONS`` or a callable; default ``"bernoulli_kl"``.
         aggregation: name in ``AGGREGATIONS`` or a callable; default ``"sample_mean"``.
+        token_mask: name in ``TOKEN_MASKS``, a ``"module:name"`` path or a callable (``loss_mask``,
+            ``entropy=``, ``failures=`` -> the bool [B, T] tokens that keep their term); default: the
+            failure-token entropy filter when ``negative_token_fraction`` < 1, else every valid token.
+            Give one or the other: a mask with ``negative_token_fraction`` < 1 is an error.
         group_ids: [B] prompt ids for the group baselines (``group_mean``, ``group_norm``).
         advantages: [B] precomputed advantages (data-parallel shards compute them on the global batch);
             when given, ``rewards`` and ``baseline`` are only used for metrics.
@@ -266,6 +251,11 @@ def flash_reinforce_loss(
     """
     _check_shapes(logprobs, behavior_logprobs, rewards, loss_mask, delta)
     filter_on = _check_filter_inputs(negative_token_fraction, entropy, failures, loss_mask)
+    if filter_on and token_mask is not None:
+        raise ValueError(
+            f"token_mask={token_mask!r} and negative_token_fraction={negative_token_fraction} both choose the "
+            "kept tokens; give one: the filter is the mask FailureTokenEntropyMask(fraction)."
+        )
     if check_values:
         _check_values(logprobs, behavior_logprobs, rewards, loss_mask, entropy)
     dtype = torch.float64 if logprobs.dtype == torch.float64 else torch.float32
@@ -305,6 +295,13 @@ def flash_reinforce_loss(
     keep = loss_mask  # [B, T]
     if filter_on:
         keep = failure_token_keep_mask(entropy.detach().to(dtype), loss_mask, failures, negative_token_fraction)
+    elif token_mask is not None:
+        mask = TOKEN_MASKS.resolve(token_mask, "all")
+        chosen = mask(loss_mask, entropy=None if entropy is None else entropy.detach().to(dtype), failures=failures)
+        if chosen.shape != loss_mask.shape or chosen.dtype != torch.bool:
+            raise ValueError(f"token_mask must return a bool tensor of shape {tuple(loss_mask.shape)}; got "
+                             f"{chosen.dtype} of shape {tuple(chosen.shape)}.")
+        keep = chosen & loss_mask  # [B, T]  never a token the policy did not sample
     contributes = keep & trust.unsqueeze(-1)  # [B, T]
 
     # 4. Sample-Mean Optimization of the detached-ratio surrogate.

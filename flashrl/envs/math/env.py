@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -12,7 +12,8 @@ from flashrl.envs.base import LanguageEnv, Messages, StepResult
 from flashrl.envs.math.generators import ArithmeticGenerator, WordProblemGenerator
 from flashrl.envs.math.tasks import DATASOURCE_FIELDS, AnswerFormat, MathTask, TaskSource, load_tasks
 from flashrl.envs.math.templates import PromptTemplate, resolve_template
-from flashrl.envs.math.verifier import verify_answer
+from flashrl.envs.math.verifier import VerifyResult, verify_answer
+from flashrl.user_code import import_path
 
 #: Built-in task presets: name -> (task source factory, default template name).
 PRESETS: dict[str, tuple[Any, str]] = {
@@ -50,6 +51,13 @@ class MathEnv(LanguageEnv):
     ``format_reward`` when the answer was given in a complete ``\boxed{}``. A verification timeout or
     crash gives ``0.0``; the reason is in ``info["reason"]`` and ``self.verifier_failures`` counts it.
 
+    ``reward_fn`` replaces the verifier: a function ``reward_fn(reply, task) -> float | VerifyResult``
+    (``task`` a :class:`~flashrl.envs.math.tasks.MathTask`) or its ``"module:name"`` path. A float is
+    the reward (``correct`` and ``success`` are then reward > 0, ``extracted`` None); a
+    :class:`~flashrl.envs.math.verifier.VerifyResult` is used as the verifier's is. It runs in the env
+    runners' threads, so it must be thread-safe; defined in the user's script or in a module the
+    runners cannot import, it reaches them by value (``code_arguments``).
+
     ## Threads
     Thread-safe across instances: answers are compared in the verifier's worker processes, a pool shared
     by the process behind a lock and a semaphore (:mod:`flashrl.envs.math.verifier`), so many envs may
@@ -80,12 +88,14 @@ class MathEnv(LanguageEnv):
     row has one),
     ``template`` (name in ``TEMPLATES``, a format string with ``{question}``, or a
     ``PromptTemplate``), ``system_prompt`` (overrides the template's), ``format_reward``,
-    ``verify_timeout_s``, ``order`` (finite sources: ``shuffle`` each epoch, ``random`` with
-    replacement, or ``sequential``), ``render_mode`` (``None`` or ``"ansi"``).
+    ``verify_timeout_s``, ``reward_fn`` (see Reward), ``order`` (finite sources: ``shuffle`` each epoch,
+    ``random`` with replacement, or ``sequential``), ``render_mode`` (``None`` or ``"ansi"``).
 
     ## Version history
     * v0: initial version.
     """
+
+    code_arguments = ("reward_fn",)
 
     def __init__(
         self,
@@ -102,6 +112,7 @@ class MathEnv(LanguageEnv):
         system_prompt: str | None = None,
         format_reward: float = 0.0,
         verify_timeout_s: float = 5.0,
+        reward_fn: Callable[[str, MathTask], float | VerifyResult] | str | None = None,
         order: Order = "shuffle",
         render_mode: str | None = None,
     ) -> None:
@@ -140,6 +151,12 @@ class MathEnv(LanguageEnv):
             raise ValueError(f"verify_timeout_s must be > 0; got {verify_timeout_s}.")
         if format_reward < 0:
             raise ValueError(f"format_reward must be >= 0; got {format_reward}.")
+        if isinstance(reward_fn, str):
+            reward_fn = import_path(reward_fn)
+        if reward_fn is not None and not callable(reward_fn):
+            raise TypeError(f"reward_fn must be a callable (reply, task) -> float or its 'module:name' path; got "
+                            f"{reward_fn!r}.")
+        self.reward_fn = reward_fn
         self.order = order
         self.format_reward = float(format_reward)
         self.verify_timeout_s = float(verify_timeout_s)
@@ -207,7 +224,10 @@ class MathEnv(LanguageEnv):
 
     def _step_action(self, action: str) -> StepResult:
         assert self.task is not None
-        result = verify_answer(action, self.task.answer, timeout_s=self.verify_timeout_s)
+        if self.reward_fn is None:
+            result = verify_answer(action, self.task.answer, timeout_s=self.verify_timeout_s)
+        else:
+            result = _user_result(self.reward_fn(action, self.task))
         if result.failed:
             self.verifier_failures += 1
         reward = result.reward + (self.format_reward if result.boxed else 0.0)
@@ -223,6 +243,16 @@ class MathEnv(LanguageEnv):
             "verifier_failed": result.failed,
         }
         return [], reward, True, False, info
+
+
+def _user_result(value: Any) -> VerifyResult:
+    """A user reward function's return value as the verifier's result (a float: success = reward > 0)."""
+    if isinstance(value, VerifyResult):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"reward_fn must return a float or a VerifyResult; got {value!r:.200}.")
+    reward = float(value)
+    return VerifyResult(reward=reward, correct=reward > 0, extracted=None, reason="reward_fn")
 
 
 def _as_task(task: Any) -> MathTask:
