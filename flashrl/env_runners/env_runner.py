@@ -28,6 +28,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from flashrl.env_runners.data_passes import DataPasses
 from flashrl.env_runners.evaluation import split_env_config
 from flashrl.env_runners.rollout import (
     DEFAULT_ENV_TIMEOUT_S,
@@ -105,6 +106,8 @@ class EnvRunner:
         self._accounts = _Accounts()  # the stream's, since the last poll
         self._start_limit: int | None = None
         """No training episode starts once the data cursor reaches it (None = no limit)."""
+        self._passes: DataPasses | None = None
+        """The training set's passes (a finite task list; `flashrl.env_runners.data_passes`), set by setup."""
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -131,6 +134,11 @@ class EnvRunner:
                 seed=stream_seed(self.spec.seed, 7, self.runner_index),
                 **options,
             )
+            env = self._make_env(TRAIN_STREAM)
+            self._pools[(TRAIN_STREAM, None)].append(env)
+            self._passes = DataPasses.for_env(
+                finite_task_count(env), max_samples=self.spec.max_samples, seed=self.spec.seed
+            )
         self._context = min(self.spec.max_episode_tokens, int(self._engine.max_model_len))
         tok = self._engine.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -142,6 +150,8 @@ class EnvRunner:
             # GPU was started with a push route ("nccl" / "ipc", driven by the learner)
             "weight_sync": str(getattr(self._engine, "weight_sync", "shm")),
             "num_transfer_workers": int(getattr(self._engine, "num_transfer_workers", 1)),
+            # tasks in one training pass (None: the env draws tasks by seed from an infinite source)
+            "train_size": self._passes.size if self._passes is not None else None,
         }
 
     async def start(
@@ -407,6 +417,12 @@ class EnvRunner:
         pool = self._pools[(stream, split)]
         env = pool.pop() if pool else self._make_env(stream, split)
         datasource = self.spec.evaluation_datasource_key
+        reset_options, data = None, {}
+        if stream == EVAL_STREAM:
+            reset_options = evaluation_reset_options(env, index)
+        elif self._passes is not None:  # the training set's passes: the task by the same reset options
+            data = {"data_pass": self._passes.position(index)[0], "task_index": self._passes.task_index(index)}
+            reset_options = evaluation_reset_options(env, data["task_index"])
         start = time.perf_counter()
         try:
             episode = await play_episode(
@@ -417,7 +433,7 @@ class EnvRunner:
                 sampling=sampling,
                 max_episode_tokens=self._context,
                 executor=self._executor,
-                reset_options=evaluation_reset_options(env, index) if stream == EVAL_STREAM else None,
+                reset_options=reset_options,
                 keep_reset_info=(datasource,) if stream == EVAL_STREAM and datasource else (),
                 env_timeout_s=self.env_timeout_s,
             )
@@ -455,6 +471,7 @@ class EnvRunner:
                 "replica": replica,
                 "runner_index": self.runner_index,
                 "duration_s": time.perf_counter() - start,
+                **data,
             }
         )
         return _Outcome(episode, None, tokens, turns)

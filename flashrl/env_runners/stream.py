@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashrl.env_runners.batching import BatchAssembler
+from flashrl.env_runners.data_passes import DataPasses
 from flashrl.env_runners.evaluation import run_evaluation
 from flashrl.env_runners.group import EnvRunnerGroup, EnvRunnerGroupError
 from flashrl.env_runners.spec import EnvRunnerSpec
@@ -324,12 +325,28 @@ class EpisodeStream:
             pending=len(self.pending),
         )
 
+    @property
+    def data_passes(self) -> DataPasses | None:
+        """The training set's passes (`flashrl.env_runners.data_passes`); None for an infinite source."""
+        size = self.group.facts.get("train_size")
+        return DataPasses(int(size), int(self.spec.seed)) if size else None
+
+    def data_progress(self) -> dict[str, Any] | None:
+        """Where the passes stand (tasks per pass, passes completed, position): from the data cursors."""
+        passes = self.data_passes
+        if passes is None:
+            return None
+        cursors = [self.cursor] if self.rollout_mode == "sync_group" else self.group.started_counters
+        return passes.progress(cursors)
+
     def state(self) -> dict[str, Any]:
         """The stream's part of a checkpoint (plain values, JSON-ready)."""
         group = self.group
         return {
             "sync_cursor": self.cursor,
             "runner_cursors": group.started_counters,
+            # the passes are a function of the cursors; saved to check that a resume has the same set
+            "data_passes": self.data_progress(),
             "totals": dict(self.totals),
             # A resumed run restarts the prompt stream after the last started episode: what is in
             # flight or waiting for a batch now is never trained on, so the books count it as lost.
@@ -356,6 +373,8 @@ class EpisodeStream:
             group.stop()
             group = self.group = EnvRunnerGroup(group.spec, model_path=group.model_path)
             group.setup()
+        if self.data_passes is not None:
+            self.data_passes.check_resume(state.get("data_passes"))
         group.set_counters(state["runner_cursors"])
         group.num_lost_episodes = int(state.get("num_lost_episodes", 0))
         group.num_restarts = int(state.get("num_restarts", 0))

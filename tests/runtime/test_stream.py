@@ -40,6 +40,7 @@ class ScriptedGroup:
         self.num_restarts = 0
         self.in_flight = 0
         self.started_counters = [0] * num_env_runners
+        self.facts: dict = {}  # the runners' setup facts: no "train_size", an infinite task source
         self.samples: list[tuple] = []
         self.stopped = False
 
@@ -194,6 +195,7 @@ def test_state_round_trips_the_books_and_counts_what_is_unsaved_as_lost():
     assert state == {
         "sync_cursor": 0,
         "runner_cursors": [11],
+        "data_passes": None,  # an infinite task source has no passes
         "totals": {"skipped/over_long": 1, "episodes": 2, "generated_tokens": 9, "env_steps": 3},
         "num_lost_episodes": 2 + 4 + 1,  # lost + in flight + the pending "x"
         "num_restarts": 1,
