@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import difflib
 import importlib
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
@@ -120,6 +121,11 @@ class FlashReinforceSettings:
                      epochs, "use None and set total_updates, or e.g. num_epochs=3")
         check.expect(isinstance(self.evaluation_at_start, bool), "evaluation_at_start", "a bool",
                      self.evaluation_at_start, "use True to evaluate the initial policy")
+        for name in ("log_dir", "checkpoint_dir"):  # written with os / torch: a URI would become a local folder
+            value = getattr(self, name)
+            check.expect(not (isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value)),
+                         name, "None or a local folder (one every node mounts, on a multi-node cluster)", value,
+                         "give a URI to a tuned example's --output (the driver uploads there), or mount the storage")
         keep = self.num_checkpoints_to_keep
         check.expect(keep is None or (is_int(keep) and keep >= 1), "num_checkpoints_to_keep",
                      "None or an integer >= 1", keep, "use None to keep all")
