@@ -107,7 +107,10 @@ class EnvRunner:
         self._start_limit: int | None = None
         """No training episode starts once the data cursor reaches it (None = no limit)."""
         self._passes: DataPasses | None = None
-        """The training set's passes (a finite task list; `flashrl.env_runners.data_passes`), set by setup."""
+        """The training set's passes (a finite task list; `flashrl.env_runners.data_passes`); None for an
+        infinite source. Read from the first training env (an evaluation-only runner, `flashrl eval`,
+        never builds one)."""
+        self._passes_read = False
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -134,11 +137,6 @@ class EnvRunner:
                 seed=stream_seed(self.spec.seed, 7, self.runner_index),
                 **options,
             )
-            env = self._make_env(TRAIN_STREAM)
-            self._pools[(TRAIN_STREAM, None)].append(env)
-            self._passes = DataPasses.for_env(
-                finite_task_count(env), max_samples=self.spec.max_samples, seed=self.spec.seed
-            )
         self._context = min(self.spec.max_episode_tokens, int(self._engine.max_model_len))
         tok = self._engine.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -150,8 +148,6 @@ class EnvRunner:
             # GPU was started with a push route ("nccl" / "ipc", driven by the learner)
             "weight_sync": str(getattr(self._engine, "weight_sync", "shm")),
             "num_transfer_workers": int(getattr(self._engine, "num_transfer_workers", 1)),
-            # tasks in one training pass (None: the env draws tasks by seed from an infinite source)
-            "train_size": self._passes.size if self._passes is not None else None,
         }
 
     async def start(
@@ -410,6 +406,14 @@ class EnvRunner:
             env_config = dict(self.spec.env_config)
         return gym.make(self._env_spec if self._env_spec is not None else self.spec.env, **env_config)
 
+    def _training_passes(self, env: gym.Env) -> DataPasses | None:
+        if not self._passes_read:
+            self._passes = DataPasses.for_env(
+                finite_task_count(env), max_samples=self.spec.max_samples, seed=self.spec.seed
+            )
+            self._passes_read = True
+        return self._passes
+
     async def _play(
         self, index: int, stream: int, replica: int, sampling: dict[str, Any], split: str | None = None
     ) -> _Outcome:
@@ -420,7 +424,7 @@ class EnvRunner:
         reset_options, data = None, {}
         if stream == EVAL_STREAM:
             reset_options = evaluation_reset_options(env, index)
-        elif self._passes is not None:  # the training set's passes: the task by the same reset options
+        elif self._training_passes(env) is not None:  # the training set's passes: the task by reset options
             data = {"data_pass": self._passes.position(index)[0], "task_index": self._passes.task_index(index)}
             reset_options = evaluation_reset_options(env, data["task_index"])
         start = time.perf_counter()

@@ -71,6 +71,8 @@ class EpisodeStream:
         evaluation_interval: evaluate after every N-th iteration; None = never.
         evaluation_at_start: evaluate the initial policy once before the first update of a fresh run.
         wait_slice_s: longest single wait on the runners (a shorter one notices a stall sooner).
+        train_size: the training env's finite task count (`build_env_once`; the runners read the same
+            env), for the checkpoint's data passes; None = an infinite source.
 
     The batch size B, ``async_queue_size``, ``sample_timeout_s`` and the evaluation settings are the
     group's `EnvRunnerSpec`'s.
@@ -86,6 +88,7 @@ class EpisodeStream:
         evaluation_interval: int | None = None,
         evaluation_at_start: bool = False,
         wait_slice_s: float = WAIT_SLICE_S,
+        train_size: int | None = None,
     ) -> None:
         if rollout_mode not in ROLLOUT_MODES:
             raise ValueError(
@@ -105,6 +108,7 @@ class EpisodeStream:
         self.evaluation_interval = evaluation_interval
         self.evaluation_at_start = bool(evaluation_at_start)
         self.wait_slice_s = float(wait_slice_s)
+        self.train_size = train_size
         self.pending: deque[Episode] = deque()
         """Delivered episodes that could not join a batch (their prompt was in it, or it was full)."""
         self.totals: Counter[str] = Counter()
@@ -328,8 +332,7 @@ class EpisodeStream:
     @property
     def data_passes(self) -> DataPasses | None:
         """The training set's passes (`flashrl.env_runners.data_passes`); None for an infinite source."""
-        size = self.group.facts.get("train_size")
-        return DataPasses(int(size), int(self.spec.seed)) if size else None
+        return DataPasses.for_env(self.train_size, max_samples=self.spec.max_samples, seed=int(self.spec.seed))
 
     def data_progress(self) -> dict[str, Any] | None:
         """Where the passes stand (tasks per pass, passes completed, position): from the data cursors."""

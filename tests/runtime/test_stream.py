@@ -40,7 +40,6 @@ class ScriptedGroup:
         self.num_restarts = 0
         self.in_flight = 0
         self.started_counters = [0] * num_env_runners
-        self.facts: dict = {}  # the runners' setup facts: no "train_size", an infinite task source
         self.samples: list[tuple] = []
         self.stopped = False
 

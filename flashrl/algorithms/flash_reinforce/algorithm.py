@@ -97,6 +97,7 @@ class FlashReinforce(Trainable):
             evaluation_num_samples_per_prompt=cfg.evaluation_num_samples_per_prompt,
             evaluation_interval=cfg.evaluation_interval,
             evaluation_at_start=cfg.evaluation_at_start,
+            train_size=train_size,
         )
         facts = self.env_runner_group.setup()
         self.pad_token_id = int(facts["pad_token_id"])
