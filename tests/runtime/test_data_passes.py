@@ -139,7 +139,8 @@ def test_two_runners_play_one_pass_exactly_once(ray_session, tiny_config, tmp_pa
 
 
 @pytest.mark.ray
-@pytest.mark.timeout(600)
+@pytest.mark.slow  # two algorithms with two runners each: 70 s on a quiet 2-core machine, minutes under load
+@pytest.mark.timeout(900)
 def test_a_resumed_run_continues_its_pass(ray_session, tiny_config, tmp_path):
     from flashrl.algorithms import FlashReinforce
     from flashrl.checkpoints import read_checkpoint
