@@ -87,8 +87,15 @@ def env_config_problems(env_id: str, env_config: Mapping[str, Any], *, name: str
     return problems
 
 
-def build_env_once(env_id: str, env_config: Mapping[str, Any], *, what: str = "env_config", seed: int = 0) -> None:
-    """Make, reset and close one env; an error in any of them is an ``EnvCheckError``."""
+def build_env_once(
+    env_id: str, env_config: Mapping[str, Any], *, what: str = "env_config", seed: int = 0
+) -> int | None:
+    """Make, reset and close one env; an error in any of them is an ``EnvCheckError``.
+
+    Returns the env's finite task count (`finite_task_count`: what the data passes walk), or None.
+    """
+    from flashrl.env_runners.rollout import finite_task_count
+
     try:
         env = gym.make(env_id, **dict(env_config))
     except Exception as err:  # noqa: BLE001 - any constructor error is the user's setting to fix
@@ -98,6 +105,7 @@ def build_env_once(env_id: str, env_config: Mapping[str, Any], *, what: str = "e
         ) from err
     try:
         env.reset(seed=seed)
+        return finite_task_count(env)
     except Exception as err:  # noqa: BLE001 - as above, for the first reset
         raise EnvCheckError(
             f"{what}: expected an env that resets, got {env_id} with {dict(env_config)!r}, whose reset raised "

@@ -28,6 +28,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from flashrl.env_runners.data_passes import DataPasses
 from flashrl.env_runners.evaluation import split_env_config
 from flashrl.env_runners.rollout import (
     DEFAULT_ENV_TIMEOUT_S,
@@ -105,6 +106,11 @@ class EnvRunner:
         self._accounts = _Accounts()  # the stream's, since the last poll
         self._start_limit: int | None = None
         """No training episode starts once the data cursor reaches it (None = no limit)."""
+        self._passes: DataPasses | None = None
+        """The training set's passes (a finite task list; `flashrl.env_runners.data_passes`); None for an
+        infinite source. Read from the first training env (an evaluation-only runner, `flashrl eval`,
+        never builds one)."""
+        self._passes_read = False
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -400,6 +406,14 @@ class EnvRunner:
             env_config = dict(self.spec.env_config)
         return gym.make(self._env_spec if self._env_spec is not None else self.spec.env, **env_config)
 
+    def _training_passes(self, env: gym.Env) -> DataPasses | None:
+        if not self._passes_read:
+            self._passes = DataPasses.for_env(
+                finite_task_count(env), max_samples=self.spec.max_samples, seed=self.spec.seed
+            )
+            self._passes_read = True
+        return self._passes
+
     async def _play(
         self, index: int, stream: int, replica: int, sampling: dict[str, Any], split: str | None = None
     ) -> _Outcome:
@@ -407,6 +421,12 @@ class EnvRunner:
         pool = self._pools[(stream, split)]
         env = pool.pop() if pool else self._make_env(stream, split)
         datasource = self.spec.evaluation_datasource_key
+        reset_options, data = None, {}
+        if stream == EVAL_STREAM:
+            reset_options = evaluation_reset_options(env, index)
+        elif self._training_passes(env) is not None:  # the training set's passes: the task by reset options
+            data = {"data_pass": self._passes.position(index)[0], "task_index": self._passes.task_index(index)}
+            reset_options = evaluation_reset_options(env, data["task_index"])
         start = time.perf_counter()
         try:
             episode = await play_episode(
@@ -417,7 +437,7 @@ class EnvRunner:
                 sampling=sampling,
                 max_episode_tokens=self._context,
                 executor=self._executor,
-                reset_options=evaluation_reset_options(env, index) if stream == EVAL_STREAM else None,
+                reset_options=reset_options,
                 keep_reset_info=(datasource,) if stream == EVAL_STREAM and datasource else (),
                 env_timeout_s=self.env_timeout_s,
                 max_turns=self.spec.max_turns,
@@ -457,6 +477,7 @@ class EnvRunner:
                 "replica": replica,
                 "runner_index": self.runner_index,
                 "duration_s": time.perf_counter() - start,
+                **data,
             }
         )
         return _Outcome(episode, None, tokens, turns)

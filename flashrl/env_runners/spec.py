@@ -32,6 +32,8 @@ class EnvRunnerSpec:
     """Gymnasium id of the language environment, e.g. 'flashrl/Math-v0' (required)."""
     env_config: dict[str, Any] = setting(default_factory=dict, section="environment")
     """Keyword arguments passed to `gymnasium.make(env, **env_config)` in every env runner."""
+    max_samples: int | None = setting(None, section="environment")
+    """Training tasks used: the first max_samples of a finite training set (Molt's data.max_samples); None = all."""
 
     # --- the actors -------------------------------------------------------------------------------
     num_env_runners: int = 1
@@ -149,6 +151,9 @@ def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
     buffered = spec.max_buffered_episodes_per_env_runner
     check.expect(buffered is None or (is_int(buffered) and buffered >= 1), "max_buffered_episodes_per_env_runner",
                  "None or an integer >= 1", buffered, "use None (= K)")
+    cut = spec.max_samples
+    check.expect(cut is None or (is_int(cut) and cut >= 1), "max_samples", "None or an integer >= 1", cut,
+                 "use None for the whole training set")
     queue = spec.async_queue_size
     check.expect(queue is None or (is_int(queue) and queue >= 1), "async_queue_size",
                  "None or an integer >= 1 (batches ahead of the learner)", queue,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashrl.env_runners.batching import BatchAssembler
+from flashrl.env_runners.data_passes import DataPasses
 from flashrl.env_runners.evaluation import run_evaluation
 from flashrl.env_runners.group import EnvRunnerGroup, EnvRunnerGroupError
 from flashrl.env_runners.spec import EnvRunnerSpec
@@ -70,6 +71,8 @@ class EpisodeStream:
         evaluation_interval: evaluate after every N-th iteration; None = never.
         evaluation_at_start: evaluate the initial policy once before the first update of a fresh run.
         wait_slice_s: longest single wait on the runners (a shorter one notices a stall sooner).
+        train_size: the training env's finite task count (`build_env_once`; the runners read the same
+            env), for the checkpoint's data passes; None = an infinite source.
 
     The batch size B, ``async_queue_size``, ``sample_timeout_s`` and the evaluation settings are the
     group's `EnvRunnerSpec`'s.
@@ -85,6 +88,7 @@ class EpisodeStream:
         evaluation_interval: int | None = None,
         evaluation_at_start: bool = False,
         wait_slice_s: float = WAIT_SLICE_S,
+        train_size: int | None = None,
     ) -> None:
         if rollout_mode not in ROLLOUT_MODES:
             raise ValueError(
@@ -104,6 +108,7 @@ class EpisodeStream:
         self.evaluation_interval = evaluation_interval
         self.evaluation_at_start = bool(evaluation_at_start)
         self.wait_slice_s = float(wait_slice_s)
+        self.train_size = train_size
         self.pending: deque[Episode] = deque()
         """Delivered episodes that could not join a batch (their prompt was in it, or it was full)."""
         self.totals: Counter[str] = Counter()
@@ -324,12 +329,27 @@ class EpisodeStream:
             pending=len(self.pending),
         )
 
+    @property
+    def data_passes(self) -> DataPasses | None:
+        """The training set's passes (`flashrl.env_runners.data_passes`); None for an infinite source."""
+        return DataPasses.for_env(self.train_size, max_samples=self.spec.max_samples, seed=int(self.spec.seed))
+
+    def data_progress(self) -> dict[str, Any] | None:
+        """Where the passes stand (tasks per pass, passes completed, position): from the data cursors."""
+        passes = self.data_passes
+        if passes is None:
+            return None
+        cursors = [self.cursor] if self.rollout_mode == "sync_group" else self.group.started_counters
+        return passes.progress(cursors)
+
     def state(self) -> dict[str, Any]:
         """The stream's part of a checkpoint (plain values, JSON-ready)."""
         group = self.group
         return {
             "sync_cursor": self.cursor,
             "runner_cursors": group.started_counters,
+            # the passes are a function of the cursors; saved to check that a resume has the same set
+            "data_passes": self.data_progress(),
             "totals": dict(self.totals),
             # A resumed run restarts the prompt stream after the last started episode: what is in
             # flight or waiting for a batch now is never trained on, so the books count it as lost.
@@ -354,6 +374,8 @@ class EpisodeStream:
         if self.group.streaming:
             self.restart_runners()
         group = self.group
+        if self.data_passes is not None:
+            self.data_passes.check_resume(state.get("data_passes"))
         group.set_counters(state["runner_cursors"])
         group.num_lost_episodes = int(state.get("num_lost_episodes", 0))
         group.num_restarts = int(state.get("num_restarts", 0))

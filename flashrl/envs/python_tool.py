@@ -201,6 +201,9 @@ class PythonToolEnv(MathEnv):
         verify_timeout_s: float = 5.0,
         order: Order = "shuffle",
         render_mode: str | None = None,
+        prompt_probs: Sequence[float] | None = None,
+        blend_seed: int = 42,
+        max_samples_per_source: int | None = None,
     ) -> None:
         if tasks is None and preset is None and difficulty is None:
             preset = "arithmetic"
@@ -214,6 +217,7 @@ class PythonToolEnv(MathEnv):
             answer_field=answer_field, id_field=id_field, answer_format=answer_format,
             template=template or default_template, system_prompt=system_prompt, format_reward=format_reward,
             verify_timeout_s=verify_timeout_s, order=order, render_mode=render_mode,
+            prompt_probs=prompt_probs, blend_seed=blend_seed, max_samples_per_source=max_samples_per_source,
         )
         if not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be an int >= 1; got {max_turns!r}.")

@@ -34,6 +34,7 @@ from flashrl.recipes.args import (
 )
 from flashrl.recipes.plan import EXIT_INVALID_CONFIG, dry_run_report
 from flashrl.recipes.preset import Preset
+from flashrl.recipes.storage import RemoteOutput, StorageError, is_uri
 
 __all__ = ["TrainSummary", "build_config", "run_built", "run_preset", "train"]
 
@@ -57,6 +58,12 @@ def build_config(
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)
+    args.upload_to = None
+    if is_uri(args.output):  # shared storage: written into a local staging folder, uploaded by the driver
+        if getattr(args, "resume", None):
+            parser.exit(EXIT_INVALID_CONFIG, f"{parser.prog}: error: --resume with --output {args.output!r}: "
+                        "expected a local or mounted run folder. Fix: download the checkpoint and pass its path\n")
+        args.upload_to, args.output = args.output, default_output(preset.name)
     if getattr(args, "resume", None) and not args.dry_run and find_resume_checkpoint:
         try:
             checkpoint, run = find_checkpoint(args.resume, args.output, preset.name)
@@ -111,10 +118,14 @@ def run_built(preset: Preset, config: Any, args: argparse.Namespace) -> int:
         report = dry_run_report(preset, config, node_plan_from_args(args), data_paths=data_paths)
         print(report.render(strict=args.strict), flush=True)
         return report.exit_code(strict=args.strict)
-    summary = train(
-        config, preset, stop_iters=args.stop_iters, stop_reward=args.stop_reward, output=args.output,
-        resume=getattr(args, "resume", None),
-    )
+    try:
+        summary = train(
+            config, preset, stop_iters=args.stop_iters, stop_reward=args.stop_reward, output=args.output,
+            resume=getattr(args, "resume", None), upload_to=getattr(args, "upload_to", None),
+        )
+    except StorageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
     if args.as_test and not summary.reached:
         print(
             f"--as-test FAILED: {preset.success_metric} = {summary.value:.4f} < {args.stop_reward} after "
@@ -164,9 +175,17 @@ class TrainSummary:
 
 
 def train(
-    config: Any, preset: Preset, *, stop_iters: int, stop_reward: float, output: str, resume: str | None = None
+    config: Any,
+    preset: Preset,
+    *,
+    stop_iters: int,
+    stop_reward: float,
+    output: str,
+    resume: str | None = None,
+    upload_to: str | None = None,
 ) -> TrainSummary:
-    """Train until `stop_iters` updates or `preset.success_metric >= stop_reward`.
+    """Train until `stop_iters` updates (at most the horizon of `num_epochs` passes over the real training
+    set, when set) or `preset.success_metric >= stop_reward`.
 
     Writes into `output`: TensorBoard logs (`tensorboard/`), one JSON line of metrics per iteration
     (`progress.jsonl`), the final checkpoint (`checkpoint_final/`), the reward / evaluation curve
@@ -177,17 +196,38 @@ def train(
     optimizer, schedule, RNG), the data cursors, the iteration and the policy version are the
     checkpoint's; `stop_iters` counts from the run's start, the logs are appended to (a row
     ``{"resumed_from_iteration": N}`` marks the seam), and no evaluation is repeated before training.
+
+    ``output`` may be a `pyarrow.fs` URI (or ``upload_to`` one): the run then writes into a local staging
+    folder and uploads to it, each periodic checkpoint as it is written and everything at the end, also
+    after a failure (`flashrl.recipes.storage`).
     """
+    if is_uri(output):
+        upload_to, output = output, default_output(preset.name)
+    remote = RemoteOutput.resolve(upload_to) if upload_to else None
     out = Path(output).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    print(f"outputs: {out}", flush=True)
+    print(f"outputs: {out}" + (f" (uploaded to {remote.uri})" if remote else ""), flush=True)
     config = config.copy()
     if config.tensorboard and not config.log_dir:
         config.reporting(log_dir=str(out / "tensorboard"))
     if config.checkpoint_frequency and not config.checkpoint_dir:
         config.checkpointing(checkpoint_dir=str(out / "checkpoints"))
     evaluating = config.evaluation_interval is not None
+
+    def after_iteration() -> None:
+        """With a URI output: upload each new checkpoint (and the logs up to it) as soon as it is written."""
+        folder = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+        new = remote is not None and folder is not None and folder.is_dir() and remote.sync_checkpoints(folder)
+        for name in ("tensorboard", "progress.jsonl") if new else ():
+            if (out / name).exists():
+                remote.upload(out / name, name)
+
     algo = config.build_algo()
+    if config.num_epochs is not None and algo.total_updates < stop_iters:
+        # the horizon of num_epochs passes over the real set: the run ends with its last pass, as Molt's does
+        print(f"stopping after {algo.total_updates} updates: {config.num_epochs} passes over the training set "
+              f"(--stop-iters {stop_iters} assumed a larger set)", flush=True)
+        stop_iters = algo.total_updates
     history: list[dict[str, float]] = []
     latest: dict[str, float] = {}
     before = after = None
@@ -202,7 +242,9 @@ def train(
             latest.update(before)
             print(f"evaluation before training: {_eval_line(before)}", flush=True)
             history.append({"training_iteration": 0.0, **before})
-        iterations = _train_loop(algo, preset.success_metric, stop_iters, stop_reward, out, history, latest)
+        iterations = _train_loop(
+            algo, preset.success_metric, stop_iters, stop_reward, out, history, latest, after_iteration
+        )
         if evaluating:
             last = history[-1]
             reused = "evaluation/episode_return_mean" in last and last.get("training_iteration") == iterations
@@ -214,6 +256,13 @@ def train(
             latest.update(after)
             print(f"evaluation after {iterations} updates: {_eval_line(after)}", flush=True)
         checkpoint = algo.save_to_path(str(out / "checkpoint_final"))
+    except BaseException:
+        if remote is not None:  # what the failed run wrote is not lost with this node
+            try:
+                remote.upload_run(out)
+            except Exception:  # noqa: BLE001 - the run's own error is the one to raise
+                print(f"uploading {out} to {remote.uri} failed too", file=sys.stderr)
+        raise
     finally:
         algo.stop()
     value = float(latest.get(preset.success_metric, math.nan))
@@ -222,6 +271,9 @@ def train(
     )
     plot_curves(history, out / "curves.png", title=preset.name)
     (out / "result.json").write_text(json.dumps(summary.to_dict(), indent=2), encoding="utf-8")
+    if remote is not None:
+        remote.upload_run(out)
+        print(f"uploaded to {remote.uri}", flush=True)
     if before and after:
         key = "evaluation/episode_return_mean"
         print(f"held-out {key}: {before.get(key, math.nan):.3f} -> {after.get(key, math.nan):.3f}")
@@ -237,8 +289,10 @@ def _train_loop(
     out: Path,
     history: list[dict[str, float]],
     latest: dict[str, float],
+    after_iteration: Callable[[], None] = lambda: None,
 ) -> int:
-    """`algo.train()` until `stop_iters` or `metric >= stop_reward`; one JSON line per iteration."""
+    """`algo.train()` until `stop_iters` or `metric >= stop_reward`; one JSON line per iteration, then
+    `after_iteration()` (the uploads of a URI output)."""
     iterations = start = int(algo.iteration)
     with open(out / "progress.jsonl", "a" if start else "w", encoding="utf-8") as log:
         if start:
@@ -255,6 +309,7 @@ def _train_loop(
             latest.update(row)
             log.write(json.dumps(row) + "\n")
             log.flush()
+            after_iteration()
             if latest.get(metric, -math.inf) >= stop_reward:
                 print(f"{metric} = {latest[metric]:.4f} >= {stop_reward}: stopping.")
                 break

@@ -93,9 +93,7 @@ TRANSLATION: Mapping[str, Translation] = {
         None, "flashrl envs always render the model's chat template", implied=(True,)
     ),
     "data.max_samples": Translation(
-        None,
-        "training prompts used; with train.num_episodes it gives "
-        "total_updates (a dataset of this many prompts is expected)",
+        "max_samples", "training prompts used: the first max_samples of the training set (Molt cuts it so)"
     ),
     "data.max_len": Translation("max_episode_tokens", "total context of an episode (prompt + all turns)"),
     # --- rollout ---------------------------------------------------------------------------------------
@@ -129,7 +127,9 @@ TRANSLATION: Mapping[str, Translation] = {
         "flashrl never re-evaluates an old policy: the ratio's numerator is the current policy",
         implied=(True,),
     ),
-    "train.num_episodes": Translation(None, "dataset passes; gives total_updates with data.max_samples"),
+    "train.num_episodes": Translation(
+        "num_epochs", "passes over the training set; the horizon total_updates follows from the real set size"
+    ),
     "train.async_queue_size": Translation(
         "async_queue_size", "finished batches allowed ahead of the learner (the staleness bound)"
     ),
@@ -285,13 +285,6 @@ def flashrl_fields(
         env["max_turns"] = setting.max_agent_turns
         out.sources["env_config.max_turns"] = f"{setting.source}: max_agent_turns"
     out.values["env_config"] = env  # its data arguments come from the command line (--data, ...)
-    horizon = "Molt 0.2.1's schedule horizon, molt/trainer/rl_trainer.py"
-    out.set(
-        "total_updates",
-        resolved.total_updates,
-        f"ceil(data.max_samples / rollout.batch_size) x train.num_episodes "
-        f"({resolved.origin['train.num_episodes']}; {horizon})",
-    )
     _choices(resolved, out)
     _evaluation_data(resolved, out)
     return out

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from flashrl.algorithms import FlashReinforceConfig
 from flashrl.cli import main
 from flashrl.recipes.plan import _first_fit
 from flashrl.recipes.preset import NodePlan
@@ -81,7 +82,11 @@ def test_print_config_resolves_every_field(
     config = printed["flashrl_config"]
     assert config["train_batch_size"] == resolved.flags["train.batch_size"]
     assert config["max_episode_tokens"] == resolved.flags["data.max_len"]
-    assert config["total_updates"] == resolved.total_updates
+    # the horizon follows the real set; over a set of exactly data.max_samples it is Molt's
+    assert (config["max_samples"], config["num_epochs"]) == (
+        resolved.flags["data.max_samples"], resolved.flags["train.num_episodes"])
+    horizon = FlashReinforceConfig().update_from_dict(config).schedule_horizon(resolved.flags["data.max_samples"])
+    assert horizon == resolved.total_updates
     assert set(config) <= set(printed["flashrl_sources"]) | {
         "env_config",
         "evaluation_env_config",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from flashrl.algorithms import FlashReinforceConfig
 from flashrl.recipes.settings import (
     COMMON,
     FLASHRL_CHOICE,
@@ -161,7 +162,8 @@ def test_every_flag_of_every_setting_translates(name: str, variant: str | None) 
         "max_episode_tokens",
         "temperature",
         "async_queue_size",
-        "total_updates",
+        "max_samples",
+        "num_epochs",
         "evaluation_num_samples_per_prompt",
         "evaluation_temperature",
         "evaluation_top_p",
@@ -202,7 +204,11 @@ def test_translated_values_of_the_qwen7b_tool_setting() -> None:
         "adamw",
     )
     assert (values["betas"], values["adam_eps"]) == ((0.9, 0.95), 1e-8)  # Molt 0.2.1's defaults
-    assert values["total_updates"] == 59 * 68  # ceil(7500 / 128) rounds x 68 dataset passes
+    assert (values["max_samples"], values["num_epochs"]) == (7500, 68)
+    assert "total_updates" not in values  # the horizon follows the real set: ceil(N / 128) rounds x 68 passes
+    config = FlashReinforceConfig().update_from_dict({k: v for k, v in values.items() if k != "engine_options"})
+    assert config.schedule_horizon(10_000) == 59 * 68  # a set larger than max_samples: ceil(7500 / 128) x 68
+    assert config.schedule_horizon(1000) == 8 * 68  # a set of 1,000 prompts: ceil(1000 / 128) x 68
     constant = flashrl_fields(resolved("qwen7b_tool", "constant_length")).values
     assert (constant["aggregation"], constant["constant_length_normalizer"]) == ("constant_length", 6144)
     no_is = flashrl_fields(resolved("qwen3_tool_ablation", "no_is")).values

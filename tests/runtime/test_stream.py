@@ -194,6 +194,7 @@ def test_state_round_trips_the_books_and_counts_what_is_unsaved_as_lost():
     assert state == {
         "sync_cursor": 0,
         "runner_cursors": [11],
+        "data_passes": None,  # an infinite task source has no passes
         "totals": {"skipped/over_long": 1, "episodes": 2, "generated_tokens": 9, "env_steps": 3},
         "num_lost_episodes": 2 + 4 + 1,  # lost + in flight + the pending "x"
         "num_restarts": 1,

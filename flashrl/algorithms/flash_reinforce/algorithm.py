@@ -84,9 +84,12 @@ class FlashReinforce(Trainable):
         # Deterministic errors fail here, in seconds, before Ray or any engine starts: the model name,
         # and one env built and reset with every env config the run will use.
         self.model_path = resolve_model(cfg.model)
-        _check_envs(cfg)
+        train_size = _check_envs(cfg)
         init_or_join()
         check_resources(self.algo_config)
+        # With num_epochs, the horizon follows the training set's real size (kept for learner restarts).
+        self.train_size = train_size
+        self.total_updates = cfg.learner_spec(model=self.model_path, train_size=train_size).total_updates
         self.stream: EpisodeStream | None = None
         self.learner_group = self._new_learner_group()
         self.stream = EpisodeStream(
@@ -96,6 +99,7 @@ class FlashReinforce(Trainable):
             evaluation_num_samples_per_prompt=cfg.evaluation_num_samples_per_prompt,
             evaluation_interval=cfg.evaluation_interval,
             evaluation_at_start=cfg.evaluation_at_start,
+            train_size=train_size,
         )
         facts = self.env_runner_group.setup()
         self.pad_token_id = int(facts["pad_token_id"])
@@ -125,9 +129,10 @@ class FlashReinforce(Trainable):
         from flashrl.learners import LearnerGroup
 
         cfg = self.algo_config
-        # Every LearnerSpec field the config also has, by name; the loss is the config's FlashReinforceLoss.
+        # Every LearnerSpec field the config also has, by name; the loss is the config's FlashReinforceLoss;
+        # with num_epochs, the horizon follows the training set's real size.
         return LearnerGroup(
-            cfg.learner_spec(model=self.model_path),
+            cfg.learner_spec(model=self.model_path, train_size=self.train_size),
             num_learners=max(1, cfg.num_learners),
             num_cpus_per_learner=cfg.num_cpus_per_learner,
             num_gpus_per_learner=cfg.num_gpus_per_learner,
@@ -380,17 +385,27 @@ class FlashReinforce(Trainable):
         super().stop()
 
 
-def _check_envs(config: FlashReinforceConfig) -> None:
-    """Build and reset one env of each config the run uses (training; evaluation if it evaluates)."""
+def _check_envs(config: FlashReinforceConfig) -> int | None:
+    """Build and reset one env of each config the run uses (training; evaluation if it evaluates).
+
+    Returns the training env's finite task count (None: an infinite source; max_samples needs a finite one).
+    """
+    from flashrl.algorithms.flash_reinforce.config import ConfigError
     from flashrl.env_runners.env_check import build_env_once
     from flashrl.env_runners.evaluation import evaluation_splits
 
     spec = config.env_runner_spec()
-    build_env_once(spec.env, spec.env_config, seed=spec.seed)
+    train_size = build_env_once(spec.env, spec.env_config, seed=spec.seed)
+    if train_size is None and spec.max_samples is not None:
+        raise ConfigError(
+            f"max_samples: expected a finite training set to cut, got env {spec.env!r} with {spec.env_config!r}, "
+            "which draws tasks from an infinite source. Fix: set max_samples=None, or give the env a dataset"
+        )
     if config.evaluation_interval or config.evaluation_at_start:
         for split, env_config in evaluation_splits(spec).items():
             what = "evaluation_env_config" if split is None else f"evaluation_splits[{split!r}]"
             build_env_once(spec.env, env_config, what=what, seed=spec.seed)
+    return train_size
 
 
 def _as_config(config: dict[str, Any] | FlashReinforceConfig) -> FlashReinforceConfig:

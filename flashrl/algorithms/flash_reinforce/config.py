@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import difflib
 import importlib
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
@@ -78,6 +79,10 @@ class FlashReinforceSettings:
     """'async' (FlashREINFORCE: one rollout per prompt, never wait) or 'sync_group' (comparison)."""
     group_size: int = setting(8, section="training")
     """G rollouts per prompt in 'sync_group' mode (B/G prompts per batch); unused in 'async'."""
+    num_epochs: int | None = setting(None, section="training")
+    """Passes over a finite training set (Molt's train.num_episodes): the schedule's horizon (total_updates)
+    becomes ceil(N / prompts per batch) x num_epochs, N the real set size after max_samples; None = set
+    total_updates yourself."""
     evaluation_interval: int | None = setting(None, section="evaluation")
     """Evaluate every this many `train()` iterations; None = never automatically."""
     evaluation_num_samples_per_prompt: int = setting(1, section="evaluation")
@@ -125,8 +130,16 @@ class FlashReinforceSettings:
                      "None or an integer >= 1", interval, "use None to disable evaluation")
         check.integers(self, ("evaluation_num_samples_per_prompt", "metrics_num_episodes_for_smoothing"), 1)
         check.integers(self, ("console_every", "checkpoint_frequency", "max_num_learner_restarts"), 0)
+        epochs = self.num_epochs
+        check.expect(epochs is None or (is_int(epochs) and epochs >= 1), "num_epochs", "None or an integer >= 1",
+                     epochs, "use None and set total_updates, or e.g. num_epochs=3")
         check.expect(isinstance(self.evaluation_at_start, bool), "evaluation_at_start", "a bool",
                      self.evaluation_at_start, "use True to evaluate the initial policy")
+        for name in ("log_dir", "checkpoint_dir"):  # written with os / torch: a URI would become a local folder
+            value = getattr(self, name)
+            check.expect(not (isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value)),
+                         name, "None or a local folder (one every node mounts, on a multi-node cluster)", value,
+                         "give a URI to a tuned example's --output (the driver uploads there), or mount the storage")
         keep = self.num_checkpoints_to_keep
         check.expect(keep is None or (is_int(keep) and keep >= 1), "num_checkpoints_to_keep",
                      "None or an integer >= 1", keep, "use None to keep all")
@@ -318,11 +331,32 @@ class FlashReinforceConfig(_TuneConfig):
         """The loss object every learner calls, the baseline resolved by the rollout mode."""
         return FlashReinforceLoss(**{**self._values["loss"], "baseline": self.effective_baseline})
 
-    def learner_spec(self, **overrides: Any) -> LearnerSpec:
-        """The learners' spec: its settings, the derived ones (the sampling temperature, the seed, the loss)
-        filled in; pass ``model=`` the resolved local folder. ``overrides`` win."""
+    def learner_spec(self, *, train_size: int | None = None, **overrides: Any) -> LearnerSpec:
+        """The learners' spec: its settings, the derived ones (the sampling temperature, the seed, the loss,
+        the horizon of `schedule_horizon(train_size)`) filled in; pass ``model=`` the resolved local folder.
+        ``overrides`` win."""
         derived = {"temperature": self.temperature, "seed": self.seed, "loss": self.build_loss()}
+        if self.num_epochs is not None:
+            derived["total_updates"] = self.schedule_horizon(train_size)
         return LearnerSpec(**{**self._values["learners"], **derived, **overrides})
+
+    def schedule_horizon(self, train_size: int | None) -> int | None:
+        """The run's updates: total_updates, or with num_epochs ceil(N / prompts_per_batch) x num_epochs.
+
+        ``train_size`` is the training env's finite task count (None: an infinite source); N is it cut to
+        max_samples. This is Molt 0.2.1's horizon under train.force_on_policy (one step per rollout batch,
+        the last partial batch counted), computed from the set the run really has.
+        """
+        if self.num_epochs is None:
+            return self.total_updates
+        if train_size is None:
+            raise ConfigError(
+                f"num_epochs: expected a finite training set (a task file or list, ALFWorld games) to count passes "
+                f"over, got env {self.env!r} drawing tasks from an infinite source. Fix: set total_updates "
+                "instead of num_epochs, or give the env a dataset"
+            )
+        size = min(int(train_size), self.max_samples) if self.max_samples is not None else int(train_size)
+        return -(-size // self.prompts_per_batch) * int(self.num_epochs)
 
     def algorithm_settings(self) -> FlashReinforceSettings:
         """The driver's own settings, checked."""
@@ -367,6 +401,8 @@ class FlashReinforceConfig(_TuneConfig):
         # Each part checks its own settings; the learners' part without the loss, whose own problems the
         # loss reports (so a bad delta does not hide a bad lr).
         learners = {**self._values["learners"], "temperature": self.temperature, "seed": self.seed}
+        if self.num_epochs is not None and learners["total_updates"] is None:
+            learners["total_updates"] = 1  # a stand-in: the horizon comes from the real set size at setup
         built = {}
         for build in (self.env_runner_spec, lambda: LearnerSpec(**learners), self.build_loss, self.algorithm_settings):
             try:
@@ -411,6 +447,9 @@ class FlashReinforceConfig(_TuneConfig):
         elif baseline in GROUP_BASELINES:
             yield ("baseline: expected a per-batch baseline in 'async' mode (one rollout per prompt has no "
                    f"groups), got {baseline!r}. Fix: use baseline='batch_mean' or rollout_mode='sync_group'")
+        if self.num_epochs is not None and self.total_updates is not None:
+            yield (f"total_updates: expected None with num_epochs={self.num_epochs!r} (the horizon then follows the "
+                   f"training set's size), got {self.total_updates!r}. Fix: set one of total_updates and num_epochs")
         if self.optimizer_offload is True and not (is_int(self.num_learners) and self.num_learners >= 2):
             yield (f"optimizer_offload: expected False, or True with num_learners >= 2 (sharded learners), got True "
                    f"with num_learners={self.num_learners!r}. Fix: set optimizer_offload=False, or num_learners >= 2")

@@ -10,7 +10,15 @@ import numpy as np
 
 from flashrl.envs.base import LanguageEnv, Messages, StepResult
 from flashrl.envs.math.generators import ArithmeticGenerator, WordProblemGenerator
-from flashrl.envs.math.tasks import DATASOURCE_FIELDS, AnswerFormat, MathTask, TaskSource, load_tasks
+from flashrl.envs.math.tasks import (
+    DATASOURCE_FIELDS,
+    AnswerFormat,
+    MathTask,
+    TaskList,
+    TaskSource,
+    blend_tasks,
+    load_tasks,
+)
 from flashrl.envs.math.templates import PromptTemplate, resolve_template
 from flashrl.envs.math.verifier import VerifyResult, verify_answer
 from flashrl.user_code import import_path
@@ -88,8 +96,13 @@ class MathEnv(LanguageEnv):
     row has one),
     ``template`` (name in ``TEMPLATES``, a format string with ``{question}``, or a
     ``PromptTemplate``), ``system_prompt`` (overrides the template's), ``format_reward``,
-    ``verify_timeout_s``, ``reward_fn`` (see Reward), ``order`` (finite sources: ``shuffle`` each epoch,
-    ``random`` with replacement, or ``sequential``), ``render_mode`` (``None`` or ``"ansi"``).
+    ``verify_timeout_s``, ``reward_fn`` (see Reward), ``order`` (finite sources reset without a ``task_index``: ``shuffle`` each
+    epoch, ``random`` with replacement, or ``sequential``; an EnvRunner's training stream picks the task
+    itself, in seeded passes: `flashrl.env_runners.data_passes`), ``render_mode`` (``None`` or ``"ansi"``).
+    Several datasets: ``tasks=[a, b, ...]`` (paths or task lists) are blended as Molt blends
+    ``data.prompt_dataset`` (:func:`~flashrl.envs.math.tasks.blend_tasks`): concatenated, or with
+    ``prompt_probs=[p_a, p_b, ...]`` interleaved by those weights (``blend_seed``); ``max_samples_per_source``
+    cuts each source, and the blend, to its first that many tasks (Molt's ``max_count``).
 
     ## Version history
     * v0: initial version.
@@ -115,6 +128,9 @@ class MathEnv(LanguageEnv):
         reward_fn: Callable[[str, MathTask], float | VerifyResult] | str | None = None,
         order: Order = "shuffle",
         render_mode: str | None = None,
+        prompt_probs: Sequence[float] | None = None,
+        blend_seed: int = 42,
+        max_samples_per_source: int | None = None,
     ) -> None:
         super().__init__(max_turns=1, render_mode=render_mode)
         chosen = [
@@ -125,15 +141,22 @@ class MathEnv(LanguageEnv):
         if len(chosen) > 1:
             raise ValueError(f"Give at most one of tasks, preset and difficulty; got {chosen}.")
         default_template = "boxed"
+        blending = _is_source_list(tasks) or prompt_probs is not None or max_samples_per_source is not None
+        if blending and tasks is None:
+            raise ValueError("prompt_probs / max_samples_per_source need tasks= (a dataset or a list of them).")
         if tasks is not None:
-            self.tasks = load_tasks(
-                tasks,
-                question_field=question_field,
-                answer_field=answer_field,
-                id_field=id_field,
-                answer_format=answer_format,
-                datasource_field=datasource_field,
-            )
+            loaded = [
+                load_tasks(source, question_field=question_field, answer_field=answer_field, id_field=id_field,
+                           answer_format=answer_format, datasource_field=datasource_field)
+                for source in (list(tasks) if _is_source_list(tasks) else [tasks])
+            ]
+            if blending:
+                infinite = [getattr(t, "name", repr(t)) for t in loaded if not isinstance(t, TaskList)]
+                if infinite:
+                    raise ValueError(f"Blending needs finite datasets; {infinite} draw tasks from a generator.")
+                self.tasks = blend_tasks(loaded, prompt_probs, seed=blend_seed, max_count=max_samples_per_source)
+            else:
+                self.tasks = loaded[0]
         elif difficulty is not None:
             self.tasks = ArithmeticGenerator.from_difficulty(difficulty)
         else:
@@ -253,6 +276,15 @@ def _user_result(value: Any) -> VerifyResult:
         raise TypeError(f"reward_fn must return a float or a VerifyResult; got {value!r:.200}.")
     reward = float(value)
     return VerifyResult(reward=reward, correct=reward > 0, extracted=None, reason="reward_fn")
+
+
+def _is_source_list(tasks: Any) -> bool:
+    """Whether ``tasks`` is a list of datasets (paths or task lists) to blend, not one list of tasks."""
+    return (
+        isinstance(tasks, (list, tuple))
+        and bool(tasks)
+        and all(isinstance(t, (str, os.PathLike, TaskList)) for t in tasks)
+    )
 
 
 def _as_task(task: Any) -> MathTask:

@@ -292,6 +292,65 @@ def from_records(
     )
 
 
+def blend_tasks(
+    sources: Sequence[TaskList],
+    probabilities: Sequence[float] | None = None,
+    *,
+    seed: int = 42,
+    max_count: int | None = None,
+    name: str | None = None,
+) -> TaskList:
+    """Several finite task lists as one, as Molt 0.2.1 blends ``data.prompt_dataset`` by ``data.prompt_probs``.
+
+    Molt's ``blending_datasets`` (molt/datasets/utils.py): each source is cut to its first ``max_count``
+    tasks; without ``probabilities`` the sources are concatenated; with them they are interleaved as
+    Hugging Face's ``interleave_datasets(probabilities=..., seed=..., stopping_strategy="all_exhausted")``
+    does: draw a source with those probabilities (``numpy.random.default_rng(seed)``, 1000 draws at a
+    time), take its next task (a source that runs out starts over), stop once every source has run out
+    at least once. So the blend holds every task of every source at least once, and the smaller sources'
+    tasks repeated in proportion to their weight. The result is cut to its first ``max_count`` tasks (Molt
+    cuts the blend to ``data.max_samples``). Repeated tasks keep their ids (duplicates are allowed).
+    """
+    lists = [TaskList(source, name=getattr(source, "name", "tasks"), allow_duplicate_ids=True) for source in sources]
+    if not lists:
+        raise DatasetError("blend_tasks: expected at least one task source, got none.")
+    if max_count is not None:
+        if not (isinstance(max_count, int) and max_count >= 1):
+            raise ValueError(f"blend_tasks: expected max_count None or an integer >= 1, got {max_count!r}.")
+        lists = [TaskList(t.tasks[:max_count], name=t.name, allow_duplicate_ids=True) for t in lists]
+    label = name or "+".join(t.name for t in lists)
+    if probabilities is None:
+        blended = [task for t in lists for task in t.tasks]
+    else:
+        probs = [float(p) for p in probabilities]
+        if len(probs) != len(lists) or not all(math.isfinite(p) and p > 0 for p in probs) or abs(sum(probs) - 1) > 1e-6:
+            raise DatasetError(
+                f"blend_tasks: expected one probability > 0 per source ({len(lists)}), summing to 1, got {probs}. "
+                "Fix: e.g. prompt_probs=[0.7, 0.3] for two sources"
+            )
+        blended = _interleave(lists, probs, seed)
+    if max_count is not None:
+        blended = blended[:max_count]
+    return TaskList(blended, name=label, allow_duplicate_ids=True)
+
+
+def _interleave(lists: Sequence[TaskList], probabilities: Sequence[float], seed: int) -> list[MathTask]:
+    """Hugging Face's all_exhausted interleaving of map-style datasets (see `blend_tasks`)."""
+    rng = np.random.default_rng(seed)
+    position = [0] * len(lists)
+    exhausted = [False] * len(lists)
+    out: list[MathTask] = []
+    while True:
+        for source in rng.choice(len(lists), size=1000, p=probabilities):
+            source = int(source)
+            out.append(lists[source][position[source]])
+            position[source] += 1
+            if position[source] >= len(lists[source]):
+                exhausted[source], position[source] = True, 0
+            if all(exhausted):
+                return out
+
+
 def load_tasks(
     source: Any,
     *,
