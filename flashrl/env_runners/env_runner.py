@@ -28,6 +28,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from flashrl.callbacks import MetricsLogger, make_callbacks
 from flashrl.env_runners.evaluation import split_env_config
 from flashrl.env_runners.rollout import (
     DEFAULT_ENV_TIMEOUT_S,
@@ -105,6 +106,8 @@ class EnvRunner:
         self._accounts = _Accounts()  # the stream's, since the last poll
         self._start_limit: int | None = None
         """No training episode starts once the data cursor reaches it (None = no limit)."""
+        self.callbacks = make_callbacks(spec.callbacks_class)
+        """This actor's instance of the user's callbacks (`flashrl.callbacks`)."""
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -272,6 +275,10 @@ class EnvRunner:
                 raise self._fatal
         episodes = [self._buffer.popleft() for _ in range(min(max_episodes, len(self._buffer)))]
         self._changed.set()  # buffer space freed: the stream may start new episodes
+        if episodes:
+            self.callbacks.on_sample_end(
+                env_runner=self, metrics_logger=self._accounts.metrics, samples=episodes, is_evaluation=False
+            )
         report = self._report(episodes, self._accounts)
         self._accounts = _Accounts()
         return report
@@ -287,6 +294,7 @@ class EnvRunner:
             generated_tokens=accounts.generated_tokens,
             engine_version=int(self._engine.version),
             env_steps=accounts.env_steps,
+            callback_metrics=accounts.metrics.state(),
         )
 
     async def _stream(self) -> None:
@@ -360,10 +368,14 @@ class EnvRunner:
 
         async def one(index: int, replica: int) -> Episode | None:
             async with gate:
-                return accounts.book(await self._play(index, stream, replica, sampling, split))
+                return accounts.book(await self._play(index, stream, replica, sampling, split, accounts))
 
         results = await asyncio.gather(*(one(i, r) for i in indices for r in range(group_size)))
-        return self._report([ep for ep in results if ep is not None], accounts)
+        episodes = [ep for ep in results if ep is not None]
+        self.callbacks.on_sample_end(
+            env_runner=self, metrics_logger=accounts.metrics, samples=episodes, is_evaluation=evaluation
+        )
+        return self._report(episodes, accounts)
 
     # ------------------------------------------------------------------------------------------
     # one episode
@@ -401,9 +413,18 @@ class EnvRunner:
         return gym.make(self._env_spec if self._env_spec is not None else self.spec.env, **env_config)
 
     async def _play(
-        self, index: int, stream: int, replica: int, sampling: dict[str, Any], split: str | None = None
+        self,
+        index: int,
+        stream: int,
+        replica: int,
+        sampling: dict[str, Any],
+        split: str | None = None,
+        accounts: _Accounts | None = None,
     ) -> _Outcome:
-        """Play one episode; the caller books the outcome (atomically with its in-flight count)."""
+        """Play one episode; the caller books the outcome (atomically with its in-flight count).
+
+        ``accounts``: whose books the callbacks' metrics join (None: the stream's current ones, read
+        when the episode ends, so a poll in between does not lose them)."""
         pool = self._pools[(stream, split)]
         env = pool.pop() if pool else self._make_env(stream, split)
         datasource = self.spec.evaluation_datasource_key
@@ -457,6 +478,15 @@ class EnvRunner:
                 "duration_s": time.perf_counter() - start,
             }
         )
+        self.callbacks.on_episode_end(
+            episode=episode,
+            env_runner=self,
+            metrics_logger=(accounts if accounts is not None else self._accounts).metrics,
+            env=env,
+            env_index=index,
+            is_evaluation=stream == EVAL_STREAM,
+            split=split,
+        )
         return _Outcome(episode, None, tokens, turns)
 
 
@@ -473,11 +503,12 @@ class _Outcome:
 
 @dataclass
 class _Accounts:
-    """Counts behind one report: dropped episodes by reason, generated tokens, env steps."""
+    """Counts behind one report: dropped episodes by reason, generated tokens, env steps, callback metrics."""
 
     skipped: Counter[str] = field(default_factory=Counter)
     generated_tokens: int = 0
     env_steps: int = 0
+    metrics: MetricsLogger = field(default_factory=MetricsLogger)
 
     def book(self, outcome: _Outcome) -> Episode | None:
         self.generated_tokens += outcome.generated_tokens

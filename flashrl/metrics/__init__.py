@@ -1,6 +1,8 @@
-"""Metrics of a run: an iteration's metrics, statistics helpers, TensorBoard output, the console line."""
+"""Metrics of a run: an iteration's metrics, its episodes', statistics helpers, TensorBoard, the console lines,
+rollout dumps (`flashrl.metrics.rollouts`)."""
 
-from flashrl.metrics.console import progress_line
+from flashrl.metrics.console import evaluation_line, progress_line
+from flashrl.metrics.episodes import TERMINATION_REASONS, episode_metrics, termination_reason
 from flashrl.metrics.iteration import (
     TOKEN_RATE_WINDOW,
     IterationMetrics,
@@ -13,15 +15,19 @@ from flashrl.metrics.tensorboard import TensorBoardLogger
 
 __all__ = [
     "LAG_BUCKETS",
+    "TERMINATION_REASONS",
     "TOKEN_RATE_WINDOW",
     "IterationMetrics",
     "IterationTimes",
     "StreamCounts",
     "TensorBoardLogger",
     "Window",
+    "episode_metrics",
+    "evaluation_line",
     "iteration_histograms",
     "lag_histogram",
     "mean",
     "policy_lags",
     "progress_line",
+    "termination_reason",
 ]

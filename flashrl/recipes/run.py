@@ -166,7 +166,7 @@ class TrainSummary:
 def train(
     config: Any, preset: Preset, *, stop_iters: int, stop_reward: float, output: str, resume: str | None = None
 ) -> TrainSummary:
-    """Train until `stop_iters` updates or `preset.success_metric >= stop_reward`.
+    """Train until `stop_iters` updates, `preset.success_metric >= stop_reward` or a callback's stop.
 
     Writes into `output`: TensorBoard logs (`tensorboard/`), one JSON line of metrics per iteration
     (`progress.jsonl`), the final checkpoint (`checkpoint_final/`), the reward / evaluation curve
@@ -238,7 +238,8 @@ def _train_loop(
     history: list[dict[str, float]],
     latest: dict[str, float],
 ) -> int:
-    """`algo.train()` until `stop_iters` or `metric >= stop_reward`; one JSON line per iteration."""
+    """`algo.train()` until `stop_iters`, `metric >= stop_reward` or a callback's ``result["should_stop"]``;
+    one JSON line per iteration."""
     iterations = start = int(algo.iteration)
     with open(out / "progress.jsonl", "a" if start else "w", encoding="utf-8") as log:
         if start:
@@ -257,6 +258,9 @@ def _train_loop(
             log.flush()
             if latest.get(metric, -math.inf) >= stop_reward:
                 print(f"{metric} = {latest[metric]:.4f} >= {stop_reward}: stopping.")
+                break
+            if result.get("should_stop"):  # a callback asked (flashrl.callbacks.SHOULD_STOP)
+                print(f"a callback set should_stop after iteration {iterations}: stopping.")
                 break
     return iterations
 

@@ -26,6 +26,14 @@ from ray.tune import Trainable
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
+from flashrl.callbacks import (
+    CALLBACK_PREFIX,
+    EVALUATION_CALLBACK_PREFIX,
+    SHOULD_STOP,
+    MetricsLogger,
+    callbacks_class_path,
+    make_callbacks,
+)
 from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
 from flashrl.env_runners import EnvRunnerGroup, EpisodeStream, RunnerReport
 from flashrl.episode import Episode
@@ -33,6 +41,7 @@ from flashrl.metrics import (
     IterationMetrics,
     IterationTimes,
     TensorBoardLogger,
+    evaluation_line,
     iteration_histograms,
     policy_lags,
     progress_line,
@@ -75,6 +84,11 @@ class FlashReinforce(Trainable):
         # Deterministic errors fail here, in seconds, before Ray or any engine starts: the model name,
         # and one env built and reset with every env config the run will use.
         self.model_path = resolve_model(cfg.model)
+        self.callbacks = make_callbacks(cfg.callbacks_class)
+        """The user's callbacks in this process (`flashrl.callbacks`); the runners hold their own."""
+        self.metrics_logger = MetricsLogger()
+        """Callback metrics of the iteration under way (`callbacks/<key>` in its result)."""
+        self._tokenizer: Any = None  # the rollout dumps' decoder, loaded at the first dump
         _check_envs(cfg)
         init_or_join()
         check_resources(self.algo_config)
@@ -103,11 +117,19 @@ class FlashReinforce(Trainable):
         self._weight_sync = route_for(facts, wait_for_load=cfg.rollout_mode == "sync_group")
         self._weight_sync.setup(self.learner_group, self.env_runner_group)
         self.iteration_metrics = IterationMetrics(
-            smoothing_window=cfg.metrics_num_episodes_for_smoothing, max_lag=cfg.async_queue_size
+            smoothing_window=cfg.metrics_num_episodes_for_smoothing,
+            max_lag=cfg.async_queue_size,
+            datasource_key=cfg.evaluation_datasource_key,
         )
         self._tensorboard: TensorBoardLogger | None = None
         if cfg.tensorboard:
-            self._tensorboard = TensorBoardLogger(cfg.log_dir or os.path.join(self.logdir, "tensorboard"))
+            self._tensorboard = TensorBoardLogger(self.tensorboard_dir)
+        self.callbacks.on_algorithm_init(algorithm=self, metrics_logger=self.metrics_logger)
+
+    @property
+    def tensorboard_dir(self) -> str:
+        """The run's TensorBoard folder (`log_dir`, else `<logdir>/tensorboard`); rollout dumps go beside."""
+        return self.algo_config.log_dir or os.path.join(self.logdir, "tensorboard")
 
     @property
     def env_runner_group(self) -> EnvRunnerGroup | None:
@@ -155,8 +177,21 @@ class FlashReinforce(Trainable):
             times=times,
         )
         metrics.update(at_start)
+        for report in collected.reports:
+            self.metrics_logger.merge(report.callback_metrics)
         if self.stream.evaluation_due(self.iteration + 1):
-            metrics.update(self.evaluate())  # after the update: the policy of version iteration + 1
+            evaluation = self.evaluate()  # after the update: the policy of version iteration + 1
+            self._print_evaluation(evaluation)
+            metrics.update(evaluation)
+        metrics.update(self.metrics_logger.reduce(CALLBACK_PREFIX))
+        self.callbacks.on_train_result(
+            algorithm=self, metrics_logger=self.metrics_logger, result=metrics, iteration=self.iteration + 1,
+            episodes=episodes,
+        )
+        metrics.update(self.metrics_logger.reduce(CALLBACK_PREFIX))  # what on_train_result logged
+        if metrics.get(SHOULD_STOP):
+            metrics[SHOULD_STOP] = True
+            metrics["done"] = True  # Tune's flag: the trial stops after this result
         self._report(metrics, episodes, lags, learner_metrics)
         return metrics
 
@@ -168,9 +203,11 @@ class FlashReinforce(Trainable):
         iteration's update (`evaluation_interval=1`) overrides it (`evaluation/learner_version` says
         which policy a result scored).
         """
-        metrics = self.stream.evaluate_at_start(self.iteration, self.learner_group.version)
+        metrics = self.stream.evaluate_at_start(self.iteration, self.learner_group.version, evaluate=self.evaluate)
         if metrics and self._tensorboard is not None:
             self._tensorboard.log(0, metrics)
+        if metrics:
+            self._print_evaluation(metrics)
         return metrics
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
@@ -208,21 +245,65 @@ class FlashReinforce(Trainable):
         played `evaluation_num_samples_per_prompt` times at `evaluation_temperature` /
         `evaluation_top_p`; metrics as `flashrl.env_runners.evaluation` describes (`avg@k`, `pass@k`,
         per split and per benchmark). `flashrl eval` runs the same protocol on an in-process runner.
+        Fires `on_evaluate_start` / `on_evaluate_end`; what the callbacks logged meanwhile (the
+        evaluation episodes' `on_episode_end` included) is in `evaluation/callbacks/<key>`.
         """
-        return self.stream.evaluate(self.learner_group.version)
+        logger = MetricsLogger()
+        self.callbacks.on_evaluate_start(algorithm=self, metrics_logger=logger)
+        metrics = self.stream.evaluate(self.learner_group.version)
+        for reports in self.stream.last_evaluation.values():
+            for report in reports:
+                logger.merge(report.callback_metrics)
+        self.callbacks.on_evaluate_end(
+            algorithm=self, metrics_logger=logger, evaluation_metrics=metrics, reports=self.stream.last_evaluation
+        )
+        metrics.update(logger.reduce(EVALUATION_CALLBACK_PREFIX))
+        return metrics
+
+    def _print_evaluation(self, metrics: dict[str, Any]) -> None:
+        """An evaluation taken during training goes to the console when it is taken (unless silent)."""
+        if self.algo_config.console_every:
+            print(evaluation_line(metrics), flush=True)
 
     def _report(
         self, metrics: dict[str, Any], episodes: list[Episode], lags: list[int], learner_metrics: dict[str, Any]
     ) -> None:
-        """TensorBoard, the console line and the periodic checkpoint of the iteration just done."""
+        """TensorBoard, the console line, the rollout dump and the periodic checkpoint of the iteration just done."""
         cfg = self.algo_config
         iteration = self.iteration + 1
         if self._tensorboard is not None:
             self._tensorboard.log(iteration, metrics, iteration_histograms(episodes, lags, learner_metrics))
         if cfg.console_every and iteration % cfg.console_every == 0:
-            print(progress_line(iteration, metrics), flush=True)
+            print(progress_line(iteration, metrics, multi_turn=self.iteration_metrics.multi_turn), flush=True)
+        if cfg.rollout_dump_every and iteration % cfg.rollout_dump_every == 0:
+            self.dump_rollouts(iteration, episodes, lags, learner_metrics)
         if cfg.checkpoint_frequency and iteration % cfg.checkpoint_frequency == 0:
             self._periodic_checkpoint(iteration)
+
+    def dump_rollouts(
+        self, iteration: int, episodes: list[Episode], lags: list[int], learner_metrics: dict[str, Any]
+    ) -> str:
+        """Write the first `rollout_dump_count` episodes of a batch as JSONL (`flashrl.metrics.rollouts`)."""
+        from flashrl.metrics.rollouts import rollout_path, rollout_record, write_rollouts
+
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        tokenizer = self._tokenizer
+        records = [
+            rollout_record(
+                episode,
+                decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+                iteration=iteration,
+                learner_version=self.learner_group.version,
+                batch_index=i,
+                policy_lag=lags[i],
+                learner_metrics=learner_metrics,
+            )
+            for i, episode in enumerate(episodes[: self.algo_config.rollout_dump_count])
+        ]
+        return write_rollouts(rollout_path(self.tensorboard_dir, iteration), records)
 
     def _periodic_checkpoint(self, iteration: int) -> None:
         cfg = self.algo_config
@@ -250,9 +331,9 @@ class FlashReinforce(Trainable):
             "learner_version": self.learner_group.version,
             **self.stream.state(),
         }
-        return write_checkpoint(
-            path, config=self.algo_config.to_dict(), learner_group=self.learner_group, algorithm_state=state
-        )
+        config = self.algo_config.to_dict()
+        config["callbacks_class"] = callbacks_class_path(config["callbacks_class"])  # JSON: a class by its path
+        return write_checkpoint(path, config=config, learner_group=self.learner_group, algorithm_state=state)
 
     def restore_from_path(self, path: str | os.PathLike[str]) -> None:
         """Load a checkpoint into this algorithm: learner state, weights on every runner, cursors."""
@@ -264,6 +345,7 @@ class FlashReinforce(Trainable):
         group = self.env_runner_group
         self._weight_sync.after_restore(self.learner_group, group)  # every runner loads them; waits
         self._iteration = int(state["iteration"])
+        self.callbacks.on_checkpoint_loaded(algorithm=self, path=os.fspath(path))
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike[str], **config_overrides: Any) -> FlashReinforce:
