@@ -7,7 +7,8 @@ JSON object per episode (`rollout_record`):
 - ``iteration``, ``learner_version`` (after the update), ``batch_index``, ``prompt_id``;
 - ``prompt``: the prompt's text (chat template included, as the model saw it);
 - ``turns``: ``{"role": "model" | "environment", "text", "num_tokens"}`` in order, a model turn with
-  its ``policy_version``;
+  its ``policy_version`` (an environment turn's text includes the chat template around its message);
+- ``closing``: the chat template's end of the last model turn that the model did not sample ("" if none);
 - ``reward``, ``success``, ``terminated``, ``truncated``, ``termination`` (`termination_reason`),
   ``info`` (the last step's, non-JSON values as their ``str``);
 - ``policy_versions``, ``policy_lag`` (versions behind the learner that trained it);
@@ -37,10 +38,13 @@ def rollout_path(folder: str | os.PathLike[str], iteration: int) -> str:
 
 
 def segments(episode: Episode) -> list[tuple[str, list[int]]]:
-    """(role, token ids) spans of ``episode`` in order: ``prompt``, then ``model`` / ``environment``.
+    """(role, token ids) spans of ``episode`` in order: ``prompt``, then ``model`` / ``environment``, and
+    a last ``closing`` span when unsampled tokens follow the last model turn.
 
-    A model span is a run of sampled tokens (``loss_mask`` True); what lies between them is the
-    environment's turn with the chat template around it.
+    A model span is a run of sampled tokens (``loss_mask`` True); what lies between two is the
+    environment's turn with the chat template around it. After the last model turn come only the
+    template's closing tokens (an env message is followed by a model turn, or it was not added:
+    `flashrl.conversation.TokenizedConversation`).
     """
     out: list[tuple[str, list[int]]] = []
     for token, sampled in zip(episode.token_ids, episode.loss_mask):
@@ -49,6 +53,8 @@ def segments(episode: Episode) -> list[tuple[str, list[int]]]:
             out[-1][1].append(token)
         else:
             out.append((role, [token]))
+    if len(out) > 1 and out[-1][0] == "environment":
+        out[-1] = ("closing", out[-1][1])
     return out
 
 
@@ -74,7 +80,7 @@ def rollout_record(
     versions = episode.policy_versions if len(model_turns) == len(episode.policy_versions) else None
     k = 0
     for role, ids in spans:
-        if role == "prompt":
+        if role in ("prompt", "closing"):
             continue
         turn: dict[str, Any] = {"role": role, "text": decode(ids), "num_tokens": len(ids)}
         if role == "model":
@@ -89,6 +95,7 @@ def rollout_record(
         "prompt_id": episode.prompt_id,
         "prompt": prompt,
         "turns": turns,
+        "closing": decode(spans[-1][1]) if spans and spans[-1][0] == "closing" else "",
         "reward": episode.reward,
         "success": episode.success,
         "terminated": episode.terminated,
@@ -153,5 +160,7 @@ def format_rollout(record: Mapping[str, Any]) -> str:
         role = turn.get("role", "?")
         version = f", policy v{turn['policy_version']}" if turn.get("policy_version") is not None else ""
         parts += ["", f"=== turn {i}: {role}{version} ({turn.get('num_tokens', '?')} tokens) ===", str(turn.get("text", ""))]
+    if record.get("closing"):
+        parts += ["", "=== closing (chat template, not sampled) ===", str(record["closing"])]
     parts += ["", "=== info ===", json.dumps(record.get("info", {}), indent=2, sort_keys=True, default=str)]
     return "\n".join(parts)

@@ -85,11 +85,16 @@ def test_rollout_record_by_hand_and_its_text(tmp_path):
     episode = _episode(2, 1.0, {"tool_calls": 1, "note": {1, 2}})
     assert [(role, ids) for role, ids in segments(episode)] == [
         ("prompt", [1, 2]), ("model", [10, 11, 12]), ("environment", [7, 8]), ("model", [11, 12, 13])]
+    closed = _episode(1, 0.0, {})
+    closed.token_ids.append(99)
+    closed.loss_mask.append(False)
+    closed.behavior_logprobs.append(0.0)
+    assert segments(closed)[-1] == ("closing", [99])  # the template's end of the last turn
     record = rollout_record(
         episode, decode=lambda ids: " ".join(map(str, ids)), iteration=5, learner_version=5, batch_index=1,
         policy_lag=3, learner_metrics={"applied": 1.0, "drift_values": [0.1, 0.02], "accepted_values": [1.0, 0.0]},
     )
-    assert record["prompt"] == "1 2"
+    assert record["prompt"] == "1 2" and record["closing"] == ""
     assert record["turns"] == [
         {"role": "model", "text": "10 11 12", "num_tokens": 3, "policy_version": 0},
         {"role": "environment", "text": "7 8", "num_tokens": 2},
