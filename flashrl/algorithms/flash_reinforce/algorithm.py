@@ -9,7 +9,9 @@ One `train()` call is one iteration of the method (docs/design.md §1, §3)::
 The EnvRunners play episodes the whole time; the learner only waits when fewer than B finished
 episodes are buffered (`learners/idle_fraction`). The episode stream (`flashrl.env_runners.stream`)
 owns the batches, the admission budget and staleness bound, the books and the evaluation protocol;
-`flashrl.metrics.IterationMetrics` builds each iteration's metrics. `rollout_mode="sync_group"` is
+`flashrl.metrics.IterationMetrics` builds each iteration's metrics. The user's callbacks
+(`flashrl.callbacks`, `.callbacks(...)`) fire here and in the runners; their metrics join the result
+under `callbacks/`, and `result["should_stop"]` sets Tune's `done`. `rollout_mode="sync_group"` is
 the GRPO-style comparison: B/G prompts x G rollouts, wait for all, a group-mean baseline, weights
 loaded before the next round.
 """
