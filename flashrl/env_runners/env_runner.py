@@ -12,6 +12,10 @@ longer than the context budget, a request the engine rejects, an environment tha
 `RUNNER_SKIP_REASONS`). An engine failure is fatal: the next `poll` raises it and the
 `EnvRunnerGroup` restarts the actor.
 
+The user's callbacks (`flashrl.callbacks`) fire here: `on_episode_end` for each episode that will be
+delivered, `on_sample_end` for each hand-out (a poll with episodes, a `sample()` call); what they
+log travels in the next `RunnerReport` (`callback_metrics`).
+
 The class is a plain Python class (tests drive it in-process); `EnvRunnerGroup` wraps it in a Ray
 actor (`ray.remote(EnvRunner)`; all its public methods are coroutines, so it is an async actor).
 """
