@@ -1,4 +1,4 @@
-"""The `flashrl` command: train a tuned example, evaluate a checkpoint, fetch the small model.
+"""The `flashrl` command: train a tuned example, evaluate a checkpoint, show a rollout, fetch the small model.
 
     flashrl train --list
     flashrl train qwen25_math_1p5b --dry-run              # any tuned example, with its own flags
@@ -7,6 +7,7 @@
     flashrl eval Qwen/Qwen2.5-Math-1.5B --env flashrl/Math-v0 --env-config '{"tasks": "test.jsonl"}'
     flashrl eval runs/x/checkpoint_final --num-samples-per-prompt 4 --temperature 0.7 --top-p 0.7  # avg@4
     flashrl models fetch                                  # SmolLM2-135M-Instruct, offline-built
+    flashrl show runs/x/tensorboard/rollouts/iteration_000020.jsonl --index 2   # one dumped episode
 
 `train` runs the tuned example exactly as `python tuned_examples/<name>.py ...` would: the flags after
 the name are the script's (see `flashrl train <name> --help`).
@@ -106,7 +107,8 @@ def evaluation_config(base: dict[str, Any] | None = None, **fields: Any) -> Any:
 
     from flashrl.algorithms import FlashReinforceConfig
 
-    known = set(FlashReinforceConfig.setting_names())
+    # The training run's callbacks are not evaluation's: an evaluation runs without them.
+    known = set(FlashReinforceConfig.setting_names()) - {"callbacks_class"}
     config = FlashReinforceConfig.from_dict({k: v for k, v in (base or {}).items() if k in known})
     return config.update_from_dict({k: v for k, v in fields.items() if v is not None})
 
@@ -243,6 +245,31 @@ def _write_details(path: str, results: dict[str | None, list[Any]], datasource_k
                     f.write(json.dumps(row, default=str) + "\n")
 
 
+# --------------------------------------------------------------------------------------------- show
+def _show(args: argparse.Namespace) -> int:
+    from flashrl.metrics.rollouts import format_rollout, read_rollouts
+
+    try:
+        records = read_rollouts(args.file)
+    except (OSError, ValueError, TypeError) as err:
+        print(f"flashrl show: {err}", file=sys.stderr)
+        return 1
+    if not records:
+        print(f"flashrl show: {args.file} holds no episode.", file=sys.stderr)
+        return 1
+    if not -len(records) <= args.index < len(records):
+        print(
+            f"flashrl show: --index: expected 0..{len(records) - 1} (the file holds {len(records)} episodes), "
+            f"got {args.index}.",
+            file=sys.stderr,
+        )
+        return 2
+    index = args.index % len(records)
+    print(f"{args.file}: episode {index} of 0..{len(records) - 1}")
+    print(format_rollout(records[index]))
+    return 0
+
+
 # ------------------------------------------------------------------------------------------- models
 def _models(args: argparse.Namespace) -> int:
     from flashrl.models import BUILTIN_MODELS, resolve_model
@@ -264,7 +291,8 @@ def _models(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False everywhere: a misspelt or shortened flag is an error, never another flag.
     parser = argparse.ArgumentParser(
-        prog="flashrl", description="FlashREINFORCE: train, evaluate, fetch models.", allow_abbrev=False
+        prog="flashrl", description="FlashREINFORCE: train, evaluate, show rollouts, fetch models.",
+        allow_abbrev=False,
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -324,6 +352,17 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the checkpoint's or 0)")
     ev.add_argument("--details", default=None, help="write one JSON line per scored episode to this file")
     ev.set_defaults(func=_eval)
+
+    show = sub.add_parser(
+        "show",
+        help="print one episode of a rollout dump readably",
+        description="Print one episode of a rollout dump (.reporting(rollout_dump_every=N)): its prompt, every "
+        "turn with its role, reward, policy versions, drift, accepted and info.",
+        allow_abbrev=False,
+    )
+    show.add_argument("file", help="a rollout dump (<TensorBoard folder>/rollouts/iteration_<N>.jsonl)")
+    show.add_argument("--index", type=int, default=0, help="which episode of the file (default 0; -1 = last)")
+    show.set_defaults(func=_show)
 
     models = sub.add_parser("models", help="obtain models", allow_abbrev=False)
     models_sub = models.add_subparsers(dest="models_command", required=True)

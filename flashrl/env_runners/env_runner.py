@@ -12,6 +12,10 @@ longer than the context budget, a request the engine rejects, an environment tha
 `RUNNER_SKIP_REASONS`). An engine failure is fatal: the next `poll` raises it and the
 `EnvRunnerGroup` restarts the actor.
 
+The user's callbacks (`flashrl.callbacks`) fire here: `on_episode_end` for each episode that will be
+delivered, `on_sample_end` for each hand-out (a poll with episodes, a `sample()` call); what they
+log travels in the next `RunnerReport` (`callback_metrics`).
+
 The class is a plain Python class (tests drive it in-process); `EnvRunnerGroup` wraps it in a Ray
 actor (`ray.remote(EnvRunner)`; all its public methods are coroutines, so it is an async actor).
 """
@@ -28,6 +32,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from flashrl.callbacks import MetricsLogger, make_callbacks
 from flashrl.env_runners.data_passes import DataPasses
 from flashrl.env_runners.evaluation import split_env_config
 from flashrl.env_runners.rollout import (
@@ -111,6 +116,8 @@ class EnvRunner:
         infinite source. Read from the first training env (an evaluation-only runner, `flashrl eval`,
         never builds one)."""
         self._passes_read = False
+        self.callbacks = make_callbacks(spec.callbacks_class)
+        """This actor's instance of the user's callbacks (`flashrl.callbacks`)."""
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -278,6 +285,10 @@ class EnvRunner:
                 raise self._fatal
         episodes = [self._buffer.popleft() for _ in range(min(max_episodes, len(self._buffer)))]
         self._changed.set()  # buffer space freed: the stream may start new episodes
+        if episodes:
+            self.callbacks.on_sample_end(
+                env_runner=self, metrics_logger=self._accounts.metrics, samples=episodes, is_evaluation=False
+            )
         report = self._report(episodes, self._accounts)
         self._accounts = _Accounts()
         return report
@@ -293,6 +304,7 @@ class EnvRunner:
             generated_tokens=accounts.generated_tokens,
             engine_version=int(self._engine.version),
             env_steps=accounts.env_steps,
+            callback_metrics=accounts.metrics.state(),
         )
 
     async def _stream(self) -> None:
@@ -366,10 +378,14 @@ class EnvRunner:
 
         async def one(index: int, replica: int) -> Episode | None:
             async with gate:
-                return accounts.book(await self._play(index, stream, replica, sampling, split))
+                return accounts.book(await self._play(index, stream, replica, sampling, split, accounts))
 
         results = await asyncio.gather(*(one(i, r) for i in indices for r in range(group_size)))
-        return self._report([ep for ep in results if ep is not None], accounts)
+        episodes = [ep for ep in results if ep is not None]
+        self.callbacks.on_sample_end(
+            env_runner=self, metrics_logger=accounts.metrics, samples=episodes, is_evaluation=evaluation
+        )
+        return self._report(episodes, accounts)
 
     # ------------------------------------------------------------------------------------------
     # one episode
@@ -415,9 +431,18 @@ class EnvRunner:
         return self._passes
 
     async def _play(
-        self, index: int, stream: int, replica: int, sampling: dict[str, Any], split: str | None = None
+        self,
+        index: int,
+        stream: int,
+        replica: int,
+        sampling: dict[str, Any],
+        split: str | None = None,
+        accounts: _Accounts | None = None,
     ) -> _Outcome:
-        """Play one episode; the caller books the outcome (atomically with its in-flight count)."""
+        """Play one episode; the caller books the outcome (atomically with its in-flight count).
+
+        ``accounts``: whose books the callbacks' metrics join (None: the stream's current ones, read
+        when the episode ends, so a poll in between does not lose them)."""
         pool = self._pools[(stream, split)]
         env = pool.pop() if pool else self._make_env(stream, split)
         datasource = self.spec.evaluation_datasource_key
@@ -480,6 +505,15 @@ class EnvRunner:
                 **data,
             }
         )
+        self.callbacks.on_episode_end(
+            episode=episode,
+            env_runner=self,
+            metrics_logger=(accounts if accounts is not None else self._accounts).metrics,
+            env=env,
+            env_index=index,
+            is_evaluation=stream == EVAL_STREAM,
+            split=split,
+        )
         return _Outcome(episode, None, tokens, turns)
 
 
@@ -496,11 +530,12 @@ class _Outcome:
 
 @dataclass
 class _Accounts:
-    """Counts behind one report: dropped episodes by reason, generated tokens, env steps."""
+    """Counts behind one report: dropped episodes by reason, generated tokens, env steps, callback metrics."""
 
     skipped: Counter[str] = field(default_factory=Counter)
     generated_tokens: int = 0
     env_steps: int = 0
+    metrics: MetricsLogger = field(default_factory=MetricsLogger)
 
     def book(self, outcome: _Outcome) -> Episode | None:
         self.generated_tokens += outcome.generated_tokens

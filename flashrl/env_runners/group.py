@@ -18,6 +18,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from flashrl.callbacks import ship_by_value
 from flashrl.env_runners.env_check import runner_env_spec, runner_spec
 from flashrl.env_runners.env_runner import EnvRunner
 from flashrl.env_runners.spec import EnvRunnerSpec
@@ -73,6 +74,7 @@ class EnvRunnerGroup:
         self.num_runners = spec.num_env_runners
         counters = list(start_counters or [])
         counters += [0] * (self.num_runners - len(counters))
+        ship_by_value(spec.callbacks_class)  # the user's class reaches the actors by value
         self._actor_cls = ray.remote(
             num_cpus=spec.num_cpus_per_env_runner,
             num_gpus=spec.num_gpus_per_env_runner,

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from flashrl.callbacks import resolve_callbacks_class
 from flashrl.validation import Checks, is_int, is_number, setting
 
 __all__ = ["ENGINES", "EnvRunnerSpec"]
@@ -89,6 +90,10 @@ class EnvRunnerSpec:
     split (e.g. ALFWorld {"seen": {"split": "valid_seen"}, "unseen": {"split": "valid_unseen"}}); {} = one."""
     evaluation_datasource_key: str | None = setting("data_source", section="evaluation")
     """Episode info field naming the benchmark, for `evaluation/<datasource>/avg@k`; None = no split."""
+
+    # --- callbacks --------------------------------------------------------------------------------
+    callbacks_class: Any = setting(None, section="callbacks")
+    """User hooks: a `flashrl.callbacks.FlashReinforceCallbacks` subclass or its path 'module:Class'; None = none."""
 
     # --- debugging --------------------------------------------------------------------------------
     seed: int = setting(0, section="debugging")
@@ -181,3 +186,7 @@ def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
     for name in _DICTS:
         check.expect(isinstance(getattr(spec, name), Mapping), name, "a dict", getattr(spec, name),
                      f"pass {name}={{...}}")
+    try:
+        resolve_callbacks_class(spec.callbacks_class)
+    except (TypeError, ValueError) as err:
+        check.add(str(err))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -296,16 +296,19 @@ class EpisodeStream:
         metrics["timers/evaluation_s"] = time.perf_counter() - start
         return metrics
 
-    def evaluate_at_start(self, iteration: int, learner_version: int) -> dict[str, float]:
+    def evaluate_at_start(
+        self, iteration: int, learner_version: int, evaluate: Callable[[], dict[str, float]] | None = None
+    ) -> dict[str, float]:
         """`evaluation_at_start`: the initial policy's evaluation, once, before a fresh run's first update.
 
         As in Molt (`eval.eval_at_start`), a resumed run (iteration or version past 0) does not
-        evaluate again. Returns {} when there is nothing to do.
+        evaluate again. Returns {} when there is nothing to do. ``evaluate``: what evaluates (the
+        algorithm's `evaluate`, with its callbacks); default this stream's `evaluate`.
         """
         if not self.evaluation_at_start or iteration != 0 or learner_version != 0 or self._evaluated_at_start:
             return {}
         self._evaluated_at_start = True
-        return self.evaluate(learner_version)
+        return evaluate() if evaluate is not None else self.evaluate(learner_version)
 
     def evaluation_due(self, iterations_done: int) -> bool:
         """Whether an evaluation follows the update of iteration `iterations_done` (counted from 1)."""

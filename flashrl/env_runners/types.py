@@ -73,3 +73,5 @@ class RunnerReport:
     """Policy version the runner's engine serves now."""
     env_steps: int = 0
     """Environment steps (model turns) since the last report."""
+    callback_metrics: dict[str, tuple[str, list[float]]] = field(default_factory=dict)
+    """What the runner's callbacks logged since the last report (`flashrl.callbacks.MetricsLogger.state`)."""

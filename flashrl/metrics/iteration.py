@@ -1,7 +1,7 @@
 """`IterationMetrics`: the flat metrics dict of one training iteration.
 
 What a driver reports after each update: smoothed return and length windows, the batch's own
-statistics, the policy lag and its histogram, a windowed token rate, the episode stream's lifetime
+statistics (with its episodes' turns, tokens, endings and info fields, `flashrl.metrics.episodes`), the policy lag and its histogram, a windowed token rate, the episode stream's lifetime
 books, the learner's scalars and the iteration's timers. It knows nothing of Ray or of an
 algorithm: the stream's books arrive as a `StreamCounts`, the timings as an `IterationTimes`.
 """
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashrl.episode import Episode
+from flashrl.metrics.episodes import episode_metrics
 from flashrl.metrics.stats import LAG_BUCKETS, Window, lag_histogram, mean
 
 TOKEN_RATE_WINDOW = 10
@@ -65,10 +66,17 @@ class IterationMetrics:
         max_lag: the policy-lag bound (`async_queue_size`), None = unbounded: the histogram then has
             a bucket for every allowed lag (at least `LAG_BUCKETS`).
         token_rate_window: iterations behind `env_runners/generated_tokens_per_s`.
+        datasource_key: the episode info field behind `env_runners/by_data_source/*`
+            (`flashrl.metrics.episodes`); None = no per-source metrics.
     """
 
     def __init__(
-        self, *, smoothing_window: int, max_lag: int | None = None, token_rate_window: int = TOKEN_RATE_WINDOW
+        self,
+        *,
+        smoothing_window: int,
+        max_lag: int | None = None,
+        token_rate_window: int = TOKEN_RATE_WINDOW,
+        datasource_key: str | None = None,
     ) -> None:
         self._returns = Window(smoothing_window)
         self._lengths = Window(smoothing_window)
@@ -76,6 +84,9 @@ class IterationMetrics:
         # collected episodes receives no runner report, so tokens/s is averaged over a window.
         self._token_rate: deque[tuple[int, float]] = deque(maxlen=token_rate_window)
         self.lag_buckets = LAG_BUCKETS if max_lag is None else max(LAG_BUCKETS, max_lag + 1)
+        self.datasource_key = datasource_key
+        self.multi_turn = False
+        """Whether any episode so far had more than one model turn (the console then shows turns)."""
 
     def update(
         self,
@@ -144,6 +155,8 @@ class IterationMetrics:
         for key, value in learner_metrics.items():
             if isinstance(value, (int, float)):  # per-trajectory lists go to the histograms
                 out[f"learners/{key}"] = value
+        out.update(episode_metrics(episodes, datasource_key=self.datasource_key))
+        self.multi_turn = self.multi_turn or out["env_runners/episode_turns_max"] > 1
         return out
 
 

@@ -56,6 +56,8 @@ OVERRIDES: dict[str, tuple[str, Any, str]] = {
     "evaluation_num_episodes": ("evaluation_num_episodes", int, "episodes per evaluation"),
     "seed": ("seed", int, "seed of learner, engines and prompt stream"),
     "checkpoint_frequency": ("checkpoint_frequency", int, "save a checkpoint every N iterations"),
+    "rollout_dump_every": ("rollout_dump_every", int, "write sampled episodes (JSONL, flashrl show) every N iterations"),
+    "rollout_dump_count": ("rollout_dump_count", int, "episodes per rollout dump"),
 }
 
 

@@ -185,7 +185,7 @@ def train(
     upload_to: str | None = None,
 ) -> TrainSummary:
     """Train until `stop_iters` updates (at most the horizon of `num_epochs` passes over the real training
-    set, when set) or `preset.success_metric >= stop_reward`.
+    set, when set), `preset.success_metric >= stop_reward` or a callback's stop.
 
     Writes into `output`: TensorBoard logs (`tensorboard/`), one JSON line of metrics per iteration
     (`progress.jsonl`), the final checkpoint (`checkpoint_final/`), the reward / evaluation curve
@@ -291,8 +291,8 @@ def _train_loop(
     latest: dict[str, float],
     after_iteration: Callable[[], None] = lambda: None,
 ) -> int:
-    """`algo.train()` until `stop_iters` or `metric >= stop_reward`; one JSON line per iteration, then
-    `after_iteration()` (the uploads of a URI output)."""
+    """`algo.train()` until `stop_iters`, `metric >= stop_reward` or a callback's ``result["should_stop"]``;
+    one JSON line per iteration, then `after_iteration()` (the uploads of a URI output)."""
     iterations = start = int(algo.iteration)
     with open(out / "progress.jsonl", "a" if start else "w", encoding="utf-8") as log:
         if start:
@@ -312,6 +312,9 @@ def _train_loop(
             after_iteration()
             if latest.get(metric, -math.inf) >= stop_reward:
                 print(f"{metric} = {latest[metric]:.4f} >= {stop_reward}: stopping.")
+                break
+            if result.get("should_stop"):  # a callback asked (flashrl.callbacks.SHOULD_STOP)
+                print(f"a callback set should_stop after iteration {iterations}: stopping.")
                 break
     return iterations
 

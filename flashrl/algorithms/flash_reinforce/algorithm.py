@@ -9,7 +9,9 @@ One `train()` call is one iteration of the method (docs/design.md §1, §3)::
 The EnvRunners play episodes the whole time; the learner only waits when fewer than B finished
 episodes are buffered (`learners/idle_fraction`). The episode stream (`flashrl.env_runners.stream`)
 owns the batches, the admission budget and staleness bound, the books and the evaluation protocol;
-`flashrl.metrics.IterationMetrics` builds each iteration's metrics. `rollout_mode="sync_group"` is
+`flashrl.metrics.IterationMetrics` builds each iteration's metrics. The user's callbacks
+(`flashrl.callbacks`, `.callbacks(...)`) fire here and in the runners; their metrics join the result
+under `callbacks/`, and `result["should_stop"]` sets Tune's `done`. `rollout_mode="sync_group"` is
 the GRPO-style comparison: B/G prompts x G rollouts, wait for all, a group-mean baseline, weights
 loaded before the next round.
 
@@ -30,6 +32,14 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
 from flashrl.algorithms.flash_reinforce.learner_faults import LearnerRestarts
+from flashrl.callbacks import (
+    CALLBACK_PREFIX,
+    EVALUATION_CALLBACK_PREFIX,
+    SHOULD_STOP,
+    MetricsLogger,
+    callbacks_class_path,
+    make_callbacks,
+)
 from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
 from flashrl.env_runners import EnvRunnerGroup, EpisodeStream, RunnerReport
 from flashrl.episode import Episode
@@ -38,6 +48,7 @@ from flashrl.loggers import ResultLogger, build_loggers
 from flashrl.metrics import (
     IterationMetrics,
     IterationTimes,
+    evaluation_line,
     iteration_histograms,
     policy_lags,
     progress_line,
@@ -84,6 +95,11 @@ class FlashReinforce(Trainable):
         # Deterministic errors fail here, in seconds, before Ray or any engine starts: the model name,
         # and one env built and reset with every env config the run will use.
         self.model_path = resolve_model(cfg.model)
+        self.callbacks = make_callbacks(cfg.callbacks_class)
+        """The user's callbacks in this process (`flashrl.callbacks`); the runners hold their own."""
+        self.metrics_logger = MetricsLogger()
+        """Callback metrics of the iteration under way (`callbacks/<key>` in its result)."""
+        self._tokenizer: Any = None  # the rollout dumps' decoder, loaded at the first dump
         train_size = _check_envs(cfg)
         init_or_join()
         check_resources(self.algo_config)
@@ -113,17 +129,25 @@ class FlashReinforce(Trainable):
             start_state={"iteration": self.iteration, **self.stream.state()},
         )
         self.iteration_metrics = IterationMetrics(
-            smoothing_window=cfg.metrics_num_episodes_for_smoothing, max_lag=cfg.async_queue_size
+            smoothing_window=cfg.metrics_num_episodes_for_smoothing,
+            max_lag=cfg.async_queue_size,
+            datasource_key=cfg.evaluation_datasource_key,
         )
         # progress.csv, progress.jsonl, TensorBoard and the trackers named by `loggers` (flashrl.loggers).
         self._loggers: list[ResultLogger] = build_loggers(
             cfg.results_dir or os.path.join(self.logdir, "results"),
             names=cfg.loggers,
             options=cfg.logger_options,
-            tensorboard_dir=(cfg.log_dir or os.path.join(self.logdir, "tensorboard")) if cfg.tensorboard else None,
+            tensorboard_dir=self.tensorboard_dir if cfg.tensorboard else None,
             config=cfg.to_dict(),
             run_name=os.path.basename(os.path.normpath(self.logdir)),
         )
+        self.callbacks.on_algorithm_init(algorithm=self, metrics_logger=self.metrics_logger)
+
+    @property
+    def tensorboard_dir(self) -> str:
+        """The run's TensorBoard folder (`log_dir`, else `<logdir>/tensorboard`); rollout dumps go beside."""
+        return self.algo_config.log_dir or os.path.join(self.logdir, "tensorboard")
 
     def _new_learner_group(self) -> Any:
         from flashrl.learners import LearnerGroup
@@ -200,8 +224,21 @@ class FlashReinforce(Trainable):
         )
         metrics.update(at_start)
         metrics.update(self._learner_restarts.metrics())
+        for report in collected.reports:
+            self.metrics_logger.merge(report.callback_metrics)
         if self.stream.evaluation_due(self.iteration + 1):
-            metrics.update(self.evaluate())  # after the update: the policy of version iteration + 1
+            evaluation = self.evaluate()  # after the update: the policy of version iteration + 1
+            self._print_evaluation(evaluation)
+            metrics.update(evaluation)
+        metrics.update(self.metrics_logger.reduce(CALLBACK_PREFIX))
+        self.callbacks.on_train_result(
+            algorithm=self, metrics_logger=self.metrics_logger, result=metrics, iteration=self.iteration + 1,
+            episodes=episodes,
+        )
+        metrics.update(self.metrics_logger.reduce(CALLBACK_PREFIX))  # what on_train_result logged
+        if metrics.get(SHOULD_STOP):
+            metrics[SHOULD_STOP] = True
+            metrics["done"] = True  # Tune's flag: the trial stops after this result
         self._report(metrics, episodes, lags, learner_metrics)
         return metrics
 
@@ -266,9 +303,11 @@ class FlashReinforce(Trainable):
         iteration's update (`evaluation_interval=1`) overrides it (`evaluation/learner_version` says
         which policy a result scored).
         """
-        metrics = self.stream.evaluate_at_start(self.iteration, self.learner_group.version)
+        metrics = self.stream.evaluate_at_start(self.iteration, self.learner_group.version, evaluate=self.evaluate)
         for output in self._loggers if metrics else ():
             output.log(0, metrics)
+        if metrics:
+            self._print_evaluation(metrics)
         return metrics
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
@@ -306,22 +345,66 @@ class FlashReinforce(Trainable):
         played `evaluation_num_samples_per_prompt` times at `evaluation_temperature` /
         `evaluation_top_p`; metrics as `flashrl.env_runners.evaluation` describes (`avg@k`, `pass@k`,
         per split and per benchmark). `flashrl eval` runs the same protocol on an in-process runner.
+        Fires `on_evaluate_start` / `on_evaluate_end`; what the callbacks logged meanwhile (the
+        evaluation episodes' `on_episode_end` included) is in `evaluation/callbacks/<key>`.
         """
-        return self.stream.evaluate(self.learner_group.version)
+        logger = MetricsLogger()
+        self.callbacks.on_evaluate_start(algorithm=self, metrics_logger=logger)
+        metrics = self.stream.evaluate(self.learner_group.version)
+        for reports in self.stream.last_evaluation.values():
+            for report in reports:
+                logger.merge(report.callback_metrics)
+        self.callbacks.on_evaluate_end(
+            algorithm=self, metrics_logger=logger, evaluation_metrics=metrics, reports=self.stream.last_evaluation
+        )
+        metrics.update(logger.reduce(EVALUATION_CALLBACK_PREFIX))
+        return metrics
+
+    def _print_evaluation(self, metrics: dict[str, Any]) -> None:
+        """An evaluation taken during training goes to the console when it is taken (unless silent)."""
+        if self.algo_config.console_every:
+            print(evaluation_line(metrics), flush=True)
 
     def _report(
         self, metrics: dict[str, Any], episodes: list[Episode], lags: list[int], learner_metrics: dict[str, Any]
     ) -> None:
-        """The loggers, the console line and the periodic checkpoint of the iteration just done."""
+        """The loggers, the console line, the rollout dump and the periodic checkpoint of the iteration just done."""
         cfg = self.algo_config
         iteration = self.iteration + 1
         histograms = iteration_histograms(episodes, lags, learner_metrics)
         for output in self._loggers:
             output.log(iteration, metrics, histograms)
         if cfg.console_every and iteration % cfg.console_every == 0:
-            print(progress_line(iteration, metrics), flush=True)
+            print(progress_line(iteration, metrics, multi_turn=self.iteration_metrics.multi_turn), flush=True)
+        if cfg.rollout_dump_every and iteration % cfg.rollout_dump_every == 0:
+            self.dump_rollouts(iteration, episodes, lags, learner_metrics)
         if cfg.checkpoint_frequency and iteration % cfg.checkpoint_frequency == 0:
             self._periodic_checkpoint(iteration)
+
+    def dump_rollouts(
+        self, iteration: int, episodes: list[Episode], lags: list[int], learner_metrics: dict[str, Any]
+    ) -> str:
+        """Write the first `rollout_dump_count` episodes of a batch as JSONL (`flashrl.metrics.rollouts`)."""
+        from flashrl.metrics.rollouts import rollout_path, rollout_record, write_rollouts
+
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        tokenizer = self._tokenizer
+        records = [
+            rollout_record(
+                episode,
+                decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+                iteration=iteration,
+                learner_version=self.learner_group.version,
+                batch_index=i,
+                policy_lag=lags[i],
+                learner_metrics=learner_metrics,
+            )
+            for i, episode in enumerate(episodes[: self.algo_config.rollout_dump_count])
+        ]
+        return write_rollouts(rollout_path(self.tensorboard_dir, iteration), records)
 
     def _periodic_checkpoint(self, iteration: int) -> None:
         cfg = self.algo_config
@@ -350,9 +433,9 @@ class FlashReinforce(Trainable):
             **self.stream.state(),
             **self._learner_restarts.state(),
         }
-        path = write_checkpoint(
-            path, config=self.algo_config.to_dict(), learner_group=self.learner_group, algorithm_state=state
-        )
+        config = self.algo_config.to_dict()
+        config["callbacks_class"] = callbacks_class_path(config["callbacks_class"])  # JSON: a class by its path
+        path = write_checkpoint(path, config=config, learner_group=self.learner_group, algorithm_state=state)
         self._learner_restarts.checkpoint = path  # where a learner restart resumes
         return path
 
@@ -368,6 +451,7 @@ class FlashReinforce(Trainable):
         self._iteration = int(state["iteration"])
         self._learner_restarts.set_state(state)
         self._learner_restarts.checkpoint = os.path.abspath(os.fspath(path))
+        self.callbacks.on_checkpoint_loaded(algorithm=self, path=os.fspath(path))
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike[str], **config_overrides: Any) -> FlashReinforce:

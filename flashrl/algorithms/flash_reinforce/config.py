@@ -103,7 +103,11 @@ class FlashReinforceSettings:
     logger_options: dict[str, dict[str, Any]] = setting(default_factory=dict, section="reporting")
     """Per tracker, its options, e.g. {'wandb': {'project': 'math', 'mode': 'offline'}} (see flashrl.loggers)."""
     console_every: int = setting(1, section="reporting")
-    """Print a one-line progress summary every this many iterations; 0 = silent."""
+    """Print a one-line progress summary every this many iterations (and each evaluation); 0 = silent."""
+    rollout_dump_every: int = setting(0, section="reporting")
+    """Write episodes of the batch as JSONL under `<log_dir>/rollouts/` every this many iterations; 0 = never."""
+    rollout_dump_count: int = setting(4, section="reporting")
+    """Episodes per rollout dump (the batch's first ones in arrival order; at most the batch)."""
     checkpoint_frequency: int = setting(0, section="checkpointing")
     """Save a checkpoint under checkpoint_dir every this many iterations; 0 = only when asked."""
     checkpoint_dir: str | None = setting(None, section="checkpointing")
@@ -129,7 +133,9 @@ class FlashReinforceSettings:
         check.expect(interval is None or (is_int(interval) and interval >= 1), "evaluation_interval",
                      "None or an integer >= 1", interval, "use None to disable evaluation")
         check.integers(self, ("evaluation_num_samples_per_prompt", "metrics_num_episodes_for_smoothing"), 1)
-        check.integers(self, ("console_every", "checkpoint_frequency", "max_num_learner_restarts"), 0)
+        check.integers(self, ("console_every", "checkpoint_frequency", "max_num_learner_restarts",
+                              "rollout_dump_every"), 0)
+        check.integers(self, ("rollout_dump_count",), 1)
         epochs = self.num_epochs
         check.expect(epochs is None or (is_int(epochs) and epochs >= 1), "num_epochs", "None or an integer >= 1",
                      epochs, "use None and set total_updates, or e.g. num_epochs=3")
@@ -300,8 +306,18 @@ class FlashReinforceConfig(_TuneConfig):
         return self._section("evaluation", settings)
 
     def reporting(self, **settings: Any) -> FlashReinforceConfig:
-        """Metrics smoothing, the result files, TensorBoard, experiment trackers and the console progress line."""
+        """Metrics smoothing, the result files, TensorBoard, experiment trackers, the console progress line and
+        rollout dumps."""
         return self._section("reporting", settings)
+
+    def callbacks(self, callbacks_class: Any = NotProvided, **settings: Any) -> FlashReinforceConfig:
+        """User hooks (RLlib's ``.callbacks(MyCallbacks)``): a subclass of
+        `flashrl.callbacks.FlashReinforceCallbacks` or its import path; see `flashrl.callbacks`.
+        A class defined outside flashrl is registered to travel to the actors by value."""
+        from flashrl.callbacks import ship_by_value
+
+        ship_by_value(callbacks_class)
+        return self._section("callbacks", {"callbacks_class": callbacks_class, **settings})
 
     def checkpointing(self, **settings: Any) -> FlashReinforceConfig:
         """Periodic checkpoints outside Ray Tune (under Tune, use its CheckpointConfig)."""

@@ -22,7 +22,8 @@ so the learner's combination over micro-batches and ranks gives the metrics of t
 ``accepted_fraction``, ``num_rejected``, ``drift_mean``, ``drift_max``, ``ratio_mean``, ``ratio_min``,
 ``ratio_max`` (current/behavior ratios of the sampled tokens, whatever ``importance_sampling`` says: a
 diagnostic of the policy lag), ``entropy_mean``, ``tokens_valid``, ``tokens_kept``, ``advantage_mean``,
-``advantage_std``, ``reward_mean`` and the per-trajectory ``drift_values``.
+``advantage_std``, ``reward_mean`` and the per-trajectory ``drift_values`` and ``accepted_values``
+(1.0 inside the trust region, 0.0 rejected), in the batch's order.
 """
 
 from __future__ import annotations
@@ -226,7 +227,8 @@ class FlashReinforceLoss(Loss):
             sums={key: m[key] for key in _SUMMED},
             maxes={key: m[key] for key in ("drift_max", "ratio_max")},
             mins={"ratio_min": m["ratio_min"]},
-            rows={"drift_values": out.drift.detach()},  # [b]
+            # [b] per trajectory: its drift, and 1.0 where the trust region accepted it
+            rows={"drift_values": out.drift.detach(), "accepted_values": out.trust_mask.detach().double()},
         )
 
 
