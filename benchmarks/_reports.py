@@ -40,7 +40,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def config_record(config: Any, *, model: str) -> dict[str, Any]:
     """The config as a dict: the model as its spec (not this machine's folder), task lists summarised."""
-    record = config.to_dict()
+    record = config.serialize()
     record["model"] = model
     for key in ("env_config", "evaluation_env_config"):
         env = dict(record.get(key) or {})

@@ -205,12 +205,13 @@ def test_a_token_mask_and_the_failure_filter_exclude_each_other():
 # configs, to_dict and checkpoints
 
 
-def test_to_dict_writes_objects_as_text_and_paths_as_they_are():
+def test_serialize_writes_objects_as_text_and_paths_as_they_are():
     config = (FlashReinforceConfig()
               .environment("flashrl/Math-v0", env_config={"reward_fn": halves})
               .training(baseline=ShiftedBaseline(), trust_region=f"{USER_MODULE}:_trust_everything"))
     config.validate()
-    data = config.to_dict()
+    assert config.to_dict()["baseline"] is config.baseline  # to_dict keeps the object (Tune carries it)
+    data = config.serialize()
     assert data["baseline"] == f"<object {USER_MODULE}:ShiftedBaseline>"
     assert data["env_config"] == {"reward_fn": f"<object {USER_MODULE}:halves>"}
     assert data["trust_region"] == f"{USER_MODULE}:_trust_everything"
@@ -224,7 +225,7 @@ def test_to_dict_writes_objects_as_text_and_paths_as_they_are():
     assert "pass it again" in str(err.value) and "pass the function again" in str(err.value)
     restored.update_from_dict({"baseline": ShiftedBaseline(), "env_config": {"reward_fn": halves}})
     restored.validate()
-    assert restored.to_dict() == data
+    assert restored.serialize() == data
 
 
 def test_update_from_dict_keeps_the_objects_it_is_not_given():

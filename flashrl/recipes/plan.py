@@ -169,7 +169,7 @@ def _shorten(value: Any) -> Any:
 
 
 def _config_lines(config: Any) -> list[str]:
-    data = config.to_dict()
+    data = config.serialize()
     return [f"  {key} = {json.dumps(_shorten(value), default=str)}" for key, value in data.items()]
 
 

@@ -66,8 +66,8 @@ class FlashReinforce(Trainable):
     """
 
     def __init__(self, config: FlashReinforceConfig | dict[str, Any] | None = None, **kwargs: Any) -> None:
-        # Tune's Trainable takes a dict; the config object itself is kept for setup() because its to_dict()
-        # writes user code objects (a baseline object, a reward function) as text.
+        # Tune's Trainable takes a dict (to_dict keeps user code objects); the config object itself is kept
+        # for setup(), which uses it when the dict is still its own.
         self._given_config = config.copy() if isinstance(config, FlashReinforceConfig) else None
         if isinstance(config, FlashReinforceConfig):
             config = config.to_dict()
@@ -139,7 +139,7 @@ class FlashReinforce(Trainable):
             names=cfg.loggers,
             options=cfg.logger_options,
             tensorboard_dir=self.tensorboard_dir if cfg.tensorboard else None,
-            config=cfg.to_dict(),
+            config=cfg.serialize(),
             run_name=os.path.basename(os.path.normpath(self.logdir)),
         )
         self.callbacks.on_algorithm_init(algorithm=self, metrics_logger=self.metrics_logger)
@@ -433,8 +433,8 @@ class FlashReinforce(Trainable):
             **self.stream.state(),
             **self._learner_restarts.state(),
         }
-        config = self.algo_config.to_dict()
-        config["callbacks_class"] = callbacks_class_path(config["callbacks_class"])  # JSON: a class by its path
+        config = self.algo_config.serialize()
+        config["callbacks_class"] = callbacks_class_path(self.algo_config.callbacks_class)  # a class by its path
         path = write_checkpoint(path, config=config, learner_group=self.learner_group, algorithm_state=state)
         self._learner_restarts.checkpoint = path  # where a learner restart resumes
         return path

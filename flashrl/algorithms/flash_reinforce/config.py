@@ -217,13 +217,16 @@ def _copied(value: Any) -> Any:
     return value if callable(value) else copy.deepcopy(value)
 
 
-def _plain(value: Any) -> Any:
-    """``to_dict``'s form of a value: tuples as lists, user code (callables) as ``describe`` says."""
+def _plain(value: Any, *, text: bool) -> Any:
+    """``to_dict``'s form of a value (tuples as lists; user code, a callable, kept as it is) or, with
+    ``text``, ``serialize``'s (user code as ``describe`` says)."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _plain(v, text=text) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return describe(value) if callable(value) else copy.deepcopy(value)
+        return [_plain(v, text=text) for v in value]
+    if callable(value):
+        return describe(value) if text else value
+    return copy.deepcopy(value)
 
 
 class FlashReinforceConfig(_TuneConfig):
@@ -548,14 +551,23 @@ class FlashReinforceConfig(_TuneConfig):
     # (de)serialisation
     # ------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """A plain dict of every setting by its flat name (JSON-friendly: tuples become lists).
+        """A dict of every setting by its flat name (tuples become lists), as RLlib's ``to_dict``.
 
-        User code given as an object (a loss component, a reward function in ``env_config``) is written
-        ``"<object module:qualname>"``: the object itself is not data. ``from_dict`` of such a dict fails
-        at ``validate()`` until the object is given again (``FlashReinforce.from_checkpoint(path,
-        baseline=MyBaseline())``); a component configured by its ``"module:name"`` path round-trips.
+        User code given as an object (a loss component, a reward function in ``env_config``, the
+        callbacks class) stays the object, so Ray Tune's ``param_space=config`` carries it to the trials
+        (Tune pickles it with cloudpickle); ``from_dict`` of this dict round-trips. For text (a
+        checkpoint's ``config.json``, ``--print-config``, trackers) use `serialize`.
         """
-        return {name: _plain(value) for values in self._values.values() for name, value in values.items()}
+        return {name: _plain(value, text=False) for values in self._values.values() for name, value in values.items()}
+
+    def serialize(self) -> dict[str, Any]:
+        """`to_dict` as JSON-able data (RLlib's ``serialize``): user code objects written
+        ``"<object module:qualname>"``; a component configured by its ``"module:name"`` path stays the path.
+
+        ``from_dict`` of such a dict fails at ``validate()`` until the object is given again
+        (``FlashReinforce.from_checkpoint(path, baseline=MyBaseline())``); a path round-trips.
+        """
+        return {name: _plain(value, text=True) for values in self._values.values() for name, value in values.items()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FlashReinforceConfig:
