@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from typing import Any
 
@@ -26,7 +25,7 @@ from ray.tune import Trainable
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
-from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
+from flashrl.checkpoints import read_checkpoint, read_config, record_checkpoint, write_checkpoint
 from flashrl.env_runners import EnvRunnerGroup, EpisodeStream, RunnerReport
 from flashrl.episode import Episode
 from flashrl.metrics import (
@@ -228,37 +227,38 @@ class FlashReinforce(Trainable):
         cfg = self.algo_config
         folder = cfg.checkpoint_dir or os.path.join(self.logdir, "checkpoints")
         # Inside step(): Tune counts this iteration only when step() returns, so it is passed on.
-        self._save(os.path.join(folder, f"checkpoint_{iteration:06d}"), iterations_done=iteration)
-        if cfg.num_checkpoints_to_keep:
-            found = sorted(d for d in os.listdir(folder) if d.startswith("checkpoint_"))
-            for old in found[: -cfg.num_checkpoints_to_keep]:
-                shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+        path = self._save(os.path.join(folder, f"checkpoint_{iteration:06d}"), iterations_done=iteration,
+                          export_policy=cfg.checkpoint_export_policy)
+        record_checkpoint(folder, path, keep_last_n=cfg.num_checkpoints_to_keep)  # `latest`, pruning
 
     # ------------------------------------------------------------------------------------------
     # checkpoints
     # ------------------------------------------------------------------------------------------
-    def save_to_path(self, path: str | os.PathLike[str] | None = None) -> str:
-        """Write a checkpoint folder (policy as an HF folder, optimizer, RNG, data cursor, config)."""
+    def save_to_path(self, path: str | os.PathLike[str] | None = None, *, export_policy: bool = True) -> str:
+        """Write a checkpoint folder atomically (learner state, data cursors, config; `flashrl.checkpoints`).
+
+        ``export_policy`` adds the policy as a Hugging Face folder (``policy/``, what vLLM and
+        transformers load); a checkpoint without it still resumes training.
+        """
         if path is None:
             path = os.path.join(self.logdir, f"checkpoint_{self.iteration:06d}")
-        return self._save(path, iterations_done=self.iteration)
+        return self._save(path, iterations_done=self.iteration, export_policy=export_policy)
 
-    def _save(self, path: str | os.PathLike[str], *, iterations_done: int) -> str:
+    def _save(self, path: str | os.PathLike[str], *, iterations_done: int, export_policy: bool = True) -> str:
         # sync_cursor, runner_cursors, totals, num_lost_episodes, num_restarts: the stream's books.
         state = {
             "iteration": iterations_done,
             "learner_version": self.learner_group.version,
             **self.stream.state(),
         }
-        return write_checkpoint(
-            path, config=self.algo_config.to_dict(), learner_group=self.learner_group, algorithm_state=state
-        )
+        return write_checkpoint(path, config=self.algo_config.to_dict(), learner_group=self.learner_group,
+                                algorithm_state=state, export_policy=export_policy)
 
     def restore_from_path(self, path: str | os.PathLike[str]) -> None:
         """Load a checkpoint into this algorithm: learner state, weights on every runner, cursors."""
-        checkpoint = read_checkpoint(path)
+        checkpoint = read_checkpoint(path)  # every file checked against the manifest first
         state = checkpoint.algorithm_state
-        self.learner_group.set_state(checkpoint.learner_state)
+        self.learner_group.load_state(checkpoint.learner_path)  # DCP reshards to this number of learners
         # The books and cursors are the checkpoint's; a streaming group is replaced by a fresh one.
         self.stream.set_state(state)
         group = self.env_runner_group

@@ -95,7 +95,9 @@ class FlashReinforceSettings:
     checkpoint_dir: str | None = setting(None, section="checkpointing")
     """Where periodic checkpoints go (`<dir>/checkpoint_<iteration>`); None = `<algo.logdir>/checkpoints`."""
     num_checkpoints_to_keep: int | None = setting(None, section="checkpointing")
-    """Keep only the newest this many periodic checkpoints; None = keep all."""
+    """Keep only the newest this many periodic checkpoints (by save time; `latest` names the newest); None = all."""
+    checkpoint_export_policy: bool = setting(True, section="checkpointing")
+    """Periodic checkpoints include the policy as a Hugging Face folder (`policy/`); False saves only what resumes."""
     num_cpus_for_main_process: float = setting(0.5, section="resources")
     """Logical CPUs the algorithm's own process reserves under Ray Tune (the driver)."""
 
@@ -113,6 +115,8 @@ class FlashReinforceSettings:
         check.integers(self, ("console_every", "checkpoint_frequency"), 0)
         check.expect(isinstance(self.evaluation_at_start, bool), "evaluation_at_start", "a bool",
                      self.evaluation_at_start, "use True to evaluate the initial policy")
+        check.expect(isinstance(self.checkpoint_export_policy, bool), "checkpoint_export_policy", "a bool",
+                     self.checkpoint_export_policy, "use False to skip the Hugging Face export of periodic saves")
         keep = self.num_checkpoints_to_keep
         check.expect(keep is None or (is_int(keep) and keep >= 1), "num_checkpoints_to_keep",
                      "None or an integer >= 1", keep, "use None to keep all")
