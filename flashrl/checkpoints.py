@@ -96,6 +96,11 @@ def write_checkpoint(
     (``learner_group.save_policy``: sharded learners stream it to rank 0 bucket by bucket).
     """
     path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, MARKER)):
+        raise CheckpointError(
+            f"{path} exists and is not a flashrl checkpoint (no {MARKER}); a save replaces the whole folder, "
+            "so it refuses this one. Pass a new or empty folder, or an earlier checkpoint to replace."
+        )
     tmp = path + TMP_SUFFIX
     _remove_tree(tmp)  # an interrupted save of this path
     os.makedirs(tmp)

@@ -115,6 +115,16 @@ def test_a_save_over_a_checkpoint_replaces_it_whole(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]  # the old one and the tmp folder are gone
 
 
+def test_a_folder_that_is_not_a_checkpoint_is_never_replaced(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(CheckpointError, match="exists and is not a flashrl checkpoint"):
+        _write(tmp_path / "mine", 1.0)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    (tmp_path / "empty").mkdir()  # Tune hands Trainable.save_checkpoint an empty folder
+    assert read_checkpoint(_write(tmp_path / "empty", 1.0)).config == {"v": 1.0}
+
+
 def test_a_failed_save_over_a_checkpoint_leaves_the_old_one(tmp_path: Path) -> None:
     """The issue's case: a re-save that fails half-way must not leave policy v2 with learner state v1."""
     _write(tmp_path / "ckpt", 1.0, iteration=10)

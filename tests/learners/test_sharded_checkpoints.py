@@ -24,6 +24,8 @@ pytestmark = pytest.mark.ray
 OPTIONS = {"optimizer": "adamw", "lr": 1e-3, "grad_clip": 0.5, "delta": 0.012,
            "max_tokens_per_micro_batch": 16, "pack_sequences": True}
 TIME_KEYS = ("update_time_s", "logprob_time_s")
+SLACK = 16 << 20
+"""What a save may add on rank 1 beyond tensors: DCP's and gloo's buffers, a thread's malloc arena."""
 
 
 @pytest.fixture(scope="module")
@@ -93,17 +95,18 @@ def test_two_learners_save_shards_without_gathering_and_restore_on_two_and_one(
         assert {"learner/.metadata", "learner/__1_0.distcp", "policy/model.safetensors"} <= set(
             checkpoint.manifest["files"])
 
-        # Rank 1's memory: its shards were resident before; the save added less than one bucket of the
-        # export (the largest full tensor it joins the gather of, plus DCP's copy of one tensor) and far
-        # less than gathering the state does.
+        # Rank 1's memory: its shards were resident before; the save added at most two full tensors (the
+        # largest one it joins the export's gather of, and DCP's host copy of one shard tensor) and some
+        # runtime buffers, far less than gathering the state does (half of all of it, at least: both
+        # AdamW moments, in full).
         weights = {t.data_ptr(): t for t in full["model"].values()}.values()  # tied: one tensor
         moments = [v for entry in full["optimizer"]["state"].values() for v in entry.values()
                    if isinstance(v, torch.Tensor) and v.dim() > 0]
         state_bytes = sum(t.numel() * t.element_size() for t in [*weights, *moments])
         largest = max(t.numel() * t.element_size() for t in weights)
-        slack = 8 << 20
-        assert grown_save <= 2 * largest + slack, (grown_save, largest)
-        assert grown_gather > state_bytes / 2 > 2 * largest + slack, (grown_gather, state_bytes)  # it can see one
+        bound = 2 * largest + SLACK
+        assert grown_save <= bound, (grown_save, largest)
+        assert grown_gather > state_bytes / 2 > bound, (grown_gather, state_bytes)  # the measure sees a gather
 
         # The HF export (streamed to rank 0) is the policy of the save.
         from transformers import AutoModelForCausalLM
