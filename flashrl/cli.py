@@ -180,6 +180,11 @@ def _eval(args: argparse.Namespace) -> int:
         except CheckpointError as err:
             raise SystemExit(f"flashrl eval: {err}") from err
         model = str(Path(args.checkpoint).expanduser() / "policy")
+        if not Path(model, "config.json").is_file():
+            raise SystemExit(
+                f"flashrl eval: {args.checkpoint} has no policy/ folder (saved with export_policy=False, or "
+                "checkpoint_export_policy=False); evaluate a checkpoint saved with the policy, e.g. checkpoint_final."
+            )
     elif not args.env:
         raise SystemExit(
             "flashrl eval: --env is required when the model is not a flashrl checkpoint "

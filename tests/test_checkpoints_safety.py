@@ -8,7 +8,7 @@ learner's state file (``Learner.load_state``) and both unpickled parts of a shar
 from __future__ import annotations
 
 import io
-import json
+import os
 import pickle
 import warnings
 from pathlib import Path
@@ -17,14 +17,11 @@ import pytest
 import torch
 
 from flashrl.checkpoints import (
-    ALGORITHM_STATE_FILE,
-    CONFIG_FILE,
-    FORMAT_VERSION,
-    LEARNER_STATE_FILE,
-    MARKER,
-    CheckpointError,
     Checkpoint,
+    CheckpointError,
+    load_tensor_file,
     read_checkpoint,
+    write_checkpoint,
 )
 from flashrl.learners import fsdp
 from flashrl.learners.policies import STATE_FILE, _read_state_file
@@ -40,13 +37,27 @@ class _Payload:
         return (Path.touch, (self.marker,))
 
 
+class _StateGroup:
+    """Writes ``state`` as a single learner's state file: a checkpoint whose manifest matches its files
+    (what an altered copy with a rewritten manifest also looks like)."""
+
+    num_learners = 0
+
+    def __init__(self, state: object) -> None:
+        self.state = state
+
+    def save_state(self, path: str) -> str:
+        os.makedirs(path)
+        torch.save(self.state, os.path.join(path, STATE_FILE))
+        return path
+
+    def save_policy(self, path: str) -> str:
+        raise AssertionError("not exported in these tests")
+
+
 def _checkpoint_folder(path: Path, learner_state: object) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    torch.save(learner_state, path / LEARNER_STATE_FILE)
-    (path / CONFIG_FILE).write_text(json.dumps({"train_batch_size": 2}))
-    (path / ALGORITHM_STATE_FILE).write_text(json.dumps({"iteration": 3}))
-    (path / MARKER).write_text(json.dumps({"format_version": FORMAT_VERSION}))
-    return path
+    return Path(write_checkpoint(path, config={"train_batch_size": 2}, learner_group=_StateGroup(learner_state),
+                                 algorithm_state={"iteration": 3}, export_policy=False))
 
 
 def _truncate(file: Path) -> None:
@@ -56,35 +67,42 @@ def _truncate(file: Path) -> None:
 
 def test_a_plain_checkpoint_still_loads(tmp_path: Path) -> None:
     state = {"model": {"w": torch.arange(3.0)}, "rng": {"python": (3, (1, 2), None)}, "version": 7}
-    loaded = read_checkpoint(_checkpoint_folder(tmp_path, state))
-    assert torch.equal(loaded.learner_state["model"]["w"], torch.arange(3.0))
-    assert loaded.learner_state["rng"] == {"python": (3, (1, 2), None)}
-    assert (loaded.learner_state["version"], loaded.algorithm_state) == (7, {"iteration": 3})
+    checkpoint = read_checkpoint(_checkpoint_folder(tmp_path / "ckpt", state))
+    loaded = load_tensor_file(Path(checkpoint.learner_path, STATE_FILE))
+    assert torch.equal(loaded["model"]["w"], torch.arange(3.0))
+    assert loaded["rng"] == {"python": (3, (1, 2), None)}
+    assert (loaded["version"], checkpoint.algorithm_state) == (7, {"iteration": 3})
 
 
 def test_a_pickle_payload_in_the_learner_state_runs_nothing(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     folder = _checkpoint_folder(tmp_path / "ckpt", {"model": {}, "version": 1, "x": _Payload(marker)})
-    with pytest.raises(CheckpointError, match=f"{LEARNER_STATE_FILE}.*nothing in it was run") as info:
-        read_checkpoint(folder)
-    assert str(folder / LEARNER_STATE_FILE) in str(info.value)
+    file = Path(read_checkpoint(folder).learner_path, STATE_FILE)  # the manifest matches: it was rewritten
+    with pytest.raises(CheckpointError, match=f"{STATE_FILE}.*nothing in it was run") as info:
+        load_tensor_file(file)
+    assert str(file) in str(info.value)
     assert "Unsupported global" in str(info.value)  # the unpickler's own reason, not torch's preamble
     assert not marker.exists()
 
 
 def test_a_truncated_learner_state_is_a_checkpoint_error(tmp_path: Path) -> None:
-    folder = _checkpoint_folder(tmp_path, {"model": {"w": torch.zeros(1000)}, "version": 1})
-    _truncate(folder / LEARNER_STATE_FILE)
-    with pytest.raises(CheckpointError, match="truncated, corrupt or was altered") as info:
-        read_checkpoint(folder)
-    assert str(folder / LEARNER_STATE_FILE) in str(info.value)
+    folder = _checkpoint_folder(tmp_path / "ckpt", {"model": {"w": torch.zeros(1000)}, "version": 1})
+    file = folder / "learner" / STATE_FILE
+    _truncate(file)
+    with pytest.raises(CheckpointError, match=r"bytes, the manifest says \d+ \(truncated or altered\)") as info:
+        read_checkpoint(folder)  # the manifest catches it before torch sees the file
+    assert str(file) in str(info.value)
+    with pytest.raises(CheckpointError, match="truncated, corrupt or was altered"):
+        load_tensor_file(file)  # and torch's loader, without the manifest, never raises a raw zip error
 
 
 def test_a_missing_learner_state_names_the_file(tmp_path: Path) -> None:
-    folder = _checkpoint_folder(tmp_path, {})
-    (folder / LEARNER_STATE_FILE).unlink()
-    with pytest.raises(CheckpointError, match=f"{LEARNER_STATE_FILE}: expected a torch state file"):
+    folder = _checkpoint_folder(tmp_path / "ckpt", {})
+    (folder / "learner" / STATE_FILE).unlink()
+    with pytest.raises(CheckpointError, match=f"{STATE_FILE}: missing; the manifest lists it"):
         read_checkpoint(folder)
+    with pytest.raises(CheckpointError, match=f"{STATE_FILE}: expected a torch state file"):
+        load_tensor_file(folder / "learner" / STATE_FILE)
 
 
 def test_the_checkpoint_has_no_policy_path_property() -> None:
@@ -130,6 +148,20 @@ def test_a_dcp_checkpoint_round_trips_through_the_safe_loader(dcp_folder) -> Non
     extra, model = _load(folder)
     assert extra == {"version": 4, "rng": (1, [2], None)}
     assert torch.equal(model.weight, saved.weight)
+
+
+def test_one_process_reads_a_whole_dcp_checkpoint_through_the_safe_loader(dcp_folder, tmp_path: Path) -> None:
+    folder, saved = dcp_folder
+    state = fsdp.load_sharded_full(folder)  # what a single learner restores from sharded ones
+    assert state["extra_state"] == {"version": 4, "rng": (1, [2], None)}
+    assert torch.equal(state["model"]["weight"], saved.weight)
+    assert sorted(state["optimizer"]["state"]["weight"]) == ["exp_avg", "exp_avg_sq", "step"]
+    assert state["optimizer"]["param_groups"][0]["params"] == ["weight", "bias"]
+    marker = tmp_path / "ran"
+    (folder / fsdp.DCP_METADATA_FILE).write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(CheckpointError, match=r"\.metadata is not readable DCP metadata.*is not allowed"):
+        fsdp.load_sharded_full(folder)
+    assert not marker.exists()
 
 
 def test_a_payload_in_the_dcp_metadata_runs_nothing(dcp_folder, tmp_path: Path) -> None:

@@ -19,7 +19,9 @@ instead, with torch's own engines and nothing home-made where those serve:
   gradients reduces the per-shard norms), optional clipping.
 - ``save_sharded`` / ``load_sharded``: a DCP checkpoint folder; every rank writes its own shards, and
   a load may use another world size (DCP reshards).
-- ``export_hf``: the full state dict gathered to rank 0 on the CPU, written as a Hugging Face
+- ``load_sharded_full``: the whole DCP checkpoint as full tensors in one process, no process group
+  (a single learner resuming from sharded ones).
+- ``export_hf``: the full weights streamed to rank 0 bucket by bucket, written as a Hugging Face
   safetensors folder (transformers and vLLM load it; tied embeddings are stored once).
 - ``iter_full_tensors``: the full tensors one at a time, for streaming weights into inference engines
   without materialising the whole model.
@@ -32,8 +34,10 @@ from __future__ import annotations
 import copy
 import importlib
 import io
+import json
 import os
 import pickle
+import re
 import shutil
 import tempfile
 import types
@@ -52,7 +56,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -60,6 +64,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
@@ -82,10 +87,13 @@ __all__ = [
     "iter_full_tensors",
     "load_pretrained_sharded",
     "load_sharded",
+    "load_sharded_full",
     "save_sharded",
     "shard_model",
 ]
 
+EXPORT_BUCKET_BYTES = 1 << 30
+"""``export_hf``: the bytes rank 0 gathers before writing them (one safetensors file per bucket)."""
 DCP_METADATA_FILE = ".metadata"
 """DCP writes this file last (rank 0, after every shard): a folder without it is an interrupted save."""
 _EXTRA_KEY = "extra_state"
@@ -357,21 +365,51 @@ def load_sharded(
     The model must be sharded (and the optimizer built) the same way as before saving, on any number of
     ranks. Returns the ``extra_state`` that was saved.
     """
-    path = os.path.abspath(os.fspath(path))
-    if not os.path.isfile(os.path.join(path, DCP_METADATA_FILE)):
-        raise FileNotFoundError(
-            f"{path} is not a complete sharded checkpoint: {DCP_METADATA_FILE} is missing (expected a folder "
-            "written by save_sharded; an interrupted save has shard files but no metadata)."
-        )
+    path = _complete_folder(path)
     state: dict[str, Any] = {}
     if optimizer is None:
         state["model"] = get_model_state_dict(model)
     else:
         state["model"], state["optimizer"] = get_state_dict(model, optimizer)
     state[_EXTRA_KEY] = io.BytesIO()
-    reader, planner = _SafeReader(path), _SafeLoadPlanner()
+    _load_or_refuse(path, state, _SafeReader(path), _SafeLoadPlanner())
+    set_state_dict(model, optimizer if optimizer is not None else (),
+                   model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
+    return state[_EXTRA_KEY]
+
+
+def load_sharded_full(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Everything ``save_sharded`` wrote, as full CPU tensors in this process (no process group needed).
+
+    ``{"model": {name: tensor}, "optimizer": {"state": {name: {...}}, "param_groups": [...]},
+    "extra_state": {...}}`` (no ``optimizer`` when none was saved), names as ``get_state_dict`` spells
+    them (Hugging Face names). What one learner loads from the shards of several: DCP reads every
+    shard of every tensor (``_EmptyStateDictLoadPlanner``, as ``format_utils.dcp_to_torch_save``),
+    through the same allow-listed readers as ``load_sharded``.
+    """
+    path = _complete_folder(path)
+    state: dict[str, Any] = {}
+    # dcp.load copies back only the keys the target already has; torch's own converter
+    # (format_utils.dcp_to_torch_save) calls the loader underneath for the same reason.
+    _load_or_refuse(path, state, _SafeReader(path), _SafeFullLoadPlanner(), load=_load_state_dict, no_dist=True)
+    return state
+
+
+def _complete_folder(path: str | os.PathLike[str]) -> str:
+    """The absolute path of a DCP folder whose ``.metadata`` (written last) exists."""
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(os.path.join(path, DCP_METADATA_FILE)):
+        raise FileNotFoundError(
+            f"{path} is not a complete sharded checkpoint: {DCP_METADATA_FILE} is missing (expected a folder "
+            "written by save_sharded; an interrupted save has shard files but no metadata)."
+        )
+    return path
+
+
+def _load_or_refuse(path: str, state: dict[str, Any], reader: _SafeReader, planner: Any, *,
+                    load: Callable[..., Any] = dcp.load, **kwargs: Any) -> None:
     try:
-        dcp.load(state, storage_reader=reader, planner=planner)
+        load(state, storage_reader=reader, planner=planner, **kwargs)
     except (Exception, CheckpointException) as error:  # CheckpointException derives from BaseException
         # DCP gathers a rank's failure into its own exception (AssertionError, CheckpointException);
         # the refusal itself is kept by whichever of the two raised it.
@@ -380,9 +418,6 @@ def load_sharded(
         if planner.refused is not None:
             raise CheckpointError(f"{path}: {planner.refused}") from error
         raise
-    set_state_dict(model, optimizer if optimizer is not None else (),
-                   model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
-    return state[_EXTRA_KEY]
 
 
 # DCP's own loader unpickles two things a copied checkpoint controls: the ``.metadata`` file (plain
@@ -468,6 +503,10 @@ class _SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
+class _SafeFullLoadPlanner(_SafeLoadPlanner, _EmptyStateDictLoadPlanner):
+    """Rebuilds the whole state dict from the metadata (full tensors), bytes entries loaded safely."""
+
+
 # --------------------------------------------------------------------------------------------------
 # Full weights: the Hugging Face export and the bucketed gather for weight sync
 def export_hf(
@@ -476,54 +515,125 @@ def export_hf(
     *,
     tokenizer_source: str | os.PathLike[str] | None = None,
     dtype: torch.dtype | None = None,
+    bucket_bytes: int = EXPORT_BUCKET_BYTES,
 ) -> str:
-    """Gather the full weights to rank 0 (CPU) and write a Hugging Face folder there; returns the path.
+    """Write the policy as a Hugging Face folder on rank 0, streamed: one bucket at a time; returns the path.
 
-    ``model`` must be a transformers ``PreTrainedModel`` (sharded or not): its ``save_pretrained``
-    writes the config (architecture name without FSDP's class prefix), the generation config and the
-    safetensors, storing tied weights once. ``tokenizer_source`` (a folder or hub id) adds the
-    tokenizer. ``dtype`` casts floating-point weights (e.g. ``torch.bfloat16`` for serving). The folder
-    is written beside the target and renamed into place. Every rank calls this; only rank 0 writes, and
-    rank 0 briefly holds the whole model in host memory.
+    The full tensors are gathered one by one (``iter_full_tensors``: a collective, every rank takes
+    part and keeps only its shard) and packed into buckets of about ``bucket_bytes``; a decoder layer
+    is never split over two buckets (transformers' weight conversions, e.g. fused MoE experts, work
+    within a layer). Rank 0 writes each bucket as one safetensors file (``model-0000k-of-0000n``, with
+    ``model.safetensors.index.json``; a single ``model.safetensors`` when one bucket holds everything),
+    reverting transformers' load-time weight conversions per bucket as ``save_pretrained`` does, and
+    drops it before the next: rank 0 holds one bucket beyond its shards, never the whole model. Tied
+    weights are stored once (under the embedding's name). The config (the architecture without
+    FSDP's class prefix, ``dtype``), the generation config and, from ``tokenizer_source``, the
+    tokenizer complete the folder, which is written beside the target and renamed into place.
+    ``dtype`` casts floating-point weights (e.g. ``torch.bfloat16`` for serving). Every rank calls this.
     """
+    if not hasattr(model, "save_pretrained"):
+        raise TypeError(f"export_hf needs a transformers PreTrainedModel; got {type(model).__name__}.")
     target = Path(path).resolve()
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    plan = _export_plan(model, dtype=dtype, bucket_bytes=bucket_bytes)
+    buckets = _GatheredBuckets(model, plan, dtype=dtype)
     if _rank() == 0:
-        for alias, primary in tied_aliases(model).items():
-            if alias in full and primary in full:
-                full[alias] = full[primary]  # one storage: save_pretrained then drops the tied alias
-        if dtype is not None:
-            full = {k: v.to(dtype) if v.is_floating_point() else v for k, v in full.items()}
-        _write_hf_folder(model, full, target, tokenizer_source=tokenizer_source, dtype=dtype)
+        replace_folder(target, lambda tmp: _write_hf_folder(model, buckets, len(plan), tmp,
+                                                            tokenizer_source=tokenizer_source, dtype=dtype))
+    for _ in buckets:  # the other ranks join the same gathers (rank 0 consumed them while writing)
+        pass
     if dist.is_initialized():
         dist.barrier()
     return str(target)
 
 
+_LAYER_PREFIX = re.compile(r"^(.*?\.layers\.\d+)\.")
+
+
+def _export_plan(model: nn.Module, *, dtype: torch.dtype | None, bucket_bytes: int) -> list[list[str]]:
+    """The export's buckets (state-dict names, in order): whole layers, about ``bucket_bytes`` each."""
+    ignored = set(getattr(model, "_keys_to_ignore_on_save", None) or ())
+    groups: list[tuple[str, list[str], int]] = []  # (layer key or name, names, bytes)
+    for name, tensor in _unique_state_items(model):
+        if name in ignored:
+            continue
+        key = m.group(1) if (m := _LAYER_PREFIX.match(name)) else name
+        size = tensor.numel() * _out_dtype(tensor, dtype).itemsize
+        if groups and groups[-1][0] == key:
+            groups[-1][1].append(name)
+            groups[-1] = (key, groups[-1][1], groups[-1][2] + size)
+        else:
+            groups.append((key, [name], size))
+    buckets: list[list[str]] = []
+    filled = 0
+    for _, names, size in groups:
+        if not buckets or filled + size > bucket_bytes:
+            buckets.append([])
+            filled = 0
+        buckets[-1].extend(names)
+        filled += size
+    return buckets
+
+
+class _GatheredBuckets:
+    """Iterates the buckets of a plan as ``{name: full CPU tensor}`` on rank 0 ({} elsewhere), gathering
+    each tensor when its bucket is reached; a second iteration resumes where the first stopped."""
+
+    def __init__(self, model: nn.Module, plan: list[list[str]], *, dtype: torch.dtype | None) -> None:
+        self._tensors = dict(_unique_state_items(model))
+        self._plan = iter(plan)
+        self._dtype = dtype
+
+    def __iter__(self) -> _GatheredBuckets:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        names = next(self._plan)
+        bucket = {}
+        for name in names:
+            full = _gather(self._tensors[name], dtype=self._dtype, device="cpu")
+            if _rank() == 0:
+                bucket[name] = full.contiguous()
+            del full
+        return bucket
+
+
 def _write_hf_folder(
     model: nn.Module,
-    state_dict: dict[str, torch.Tensor],
-    target: Path,
+    buckets: Iterable[dict[str, torch.Tensor]],
+    num_buckets: int,
+    folder: Path,
     *,
     tokenizer_source: str | os.PathLike[str] | None,
     dtype: torch.dtype | None,
 ) -> None:
-    if not hasattr(model, "save_pretrained"):
-        raise TypeError(f"export_hf needs a transformers PreTrainedModel; got {type(model).__name__}.")
+    """Rank 0: the safetensors files of ``buckets`` (one file each), the index, configs, tokenizer."""
+    from safetensors.torch import save_file
+    from transformers.core_model_loading import revert_weight_conversion
 
-    def write(tmp: Path) -> None:
-        # is_main_process: the caller is rank 0 only, so transformers must not wait for the others.
-        model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True, is_main_process=True)
-        if dtype is not None:  # save_pretrained recorded the master dtype; the file holds ``dtype``
-            config = copy.deepcopy(model.config)
-            config.dtype = str(dtype).removeprefix("torch.")
-            config.save_pretrained(tmp)
-        if tokenizer_source is not None:
-            from transformers import AutoTokenizer
+    weight_map: dict[str, str] = {}
+    total = 0
+    for k, bucket in enumerate(buckets):
+        bucket = revert_weight_conversion(model, bucket)
+        file = "model.safetensors" if num_buckets == 1 else f"model-{k + 1:05d}-of-{num_buckets:05d}.safetensors"
+        save_file({n: t.contiguous() for n, t in bucket.items()}, str(folder / file), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in bucket.values())
+        weight_map.update(dict.fromkeys(bucket, file))
+        del bucket
+    if num_buckets > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__.removeprefix("FSDP")]
+    master = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    config.dtype = str(dtype or master).removeprefix("torch.")
+    config.save_pretrained(folder)
+    generation = getattr(model, "generation_config", None)
+    if generation is not None and model.can_generate():
+        generation.save_pretrained(folder)
+    if tokenizer_source is not None:
+        from transformers import AutoTokenizer
 
-            AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(tmp)
-
-    replace_folder(target, write)
+        AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(folder)
 
 
 def replace_folder(path: str | os.PathLike[str], write: Callable[[Path], None]) -> str:

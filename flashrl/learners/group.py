@@ -5,8 +5,9 @@ With ``num_learners = N > 1`` every actor is rank ``r`` of a ``torch.distributed
 optimizer state). Rank 0's actor picks a free TCP port on its own node for the rendezvous. Each update
 sends the whole batch to every rank once through the object store; each rank trains on its share of
 the trajectories and the backward passes reduce-scatter the gradients (see
-``flashrl.learners.learner`` for why that is exact). Reading the weights, the state or the saved
-policy gathers the shards, so those calls go to every actor; rank 0 returns the result.
+``flashrl.learners.learner`` for why that is exact). Reading the weights or the full state gathers
+the shards, so those calls go to every actor; rank 0 returns the result (``save_state`` never gathers:
+every rank writes its own shards).
 
 A dead actor is fatal for the group (its process group is broken): the call raises
 ``LearnerGroupError`` naming the rank, the other actors are stopped, and later calls raise too
@@ -101,9 +102,9 @@ class LearnerActor:
     def save_state(self, path: str) -> str:
         return self._learner.save_state(path)
 
-    def load_state(self, path: str) -> int:
+    def load_state(self, path: str) -> tuple[int, int]:
         self._learner.load_state(path)
-        return self._learner.version
+        return self._learner.version, self._learner.num_skipped_batches
 
     def version(self) -> int:
         return self._learner.version
@@ -322,7 +323,12 @@ class LearnerGroup:
         self._num_skipped = sum(state.get("skip_counts", {}).values())
 
     def save_state(self, path: str | os.PathLike[str]) -> str:
-        """``Learner.save_state`` on every rank: sharded learners write DCP shards, never gathering them."""
+        """``Learner.save_state`` on every rank: sharded learners write DCP shards, never gathering them.
+
+        Each rank holds its shards and one tensor in flight (DCP copies a tensor to the host and writes
+        it); a single learner writes one file from its actor, nothing passes through the object store.
+        The folder must be reachable by every rank (one node, or a shared filesystem).
+        """
         self._check_usable()
         if self._local is not None:
             return self._local.save_state(path)
@@ -338,10 +344,11 @@ class LearnerGroup:
             self._num_skipped = self._local.num_skipped_batches
             return
         path = os.fspath(path)
-        self._version = int(self._call("load_state", [a.load_state.remote(path) for a in self._actors])[0])
+        version, skipped = self._call("load_state", [a.load_state.remote(path) for a in self._actors])[0]
+        self._version, self._num_skipped = int(version), int(skipped)
 
     def save_policy(self, path: str | os.PathLike[str]) -> str:
-        """Write the policy as a Hugging Face folder (gathered to rank 0, written on rank 0's node)."""
+        """Write the policy as a Hugging Face folder on rank 0's node (sharded: streamed to rank 0 in buckets)."""
         self._check_usable()
         if self._local is not None:
             return self._local.save_policy(path)

@@ -136,7 +136,8 @@ class LocalPolicy:
             group["params"] = [self.names[i] for i in group["params"]]
         return model, optimizer
 
-    def load_train_state(self, model: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
+    def load_train_state(self, model: dict[str, torch.Tensor], optimizer: dict[str, Any] | None) -> None:
+        """Load full weights by name and the optimizer state (None: a fresh optimizer, as not yet stepped)."""
         index = {name: i for i, name in enumerate(self.names)}
         missing = sorted(set(self.names) - set(model))
         if missing:
@@ -147,6 +148,9 @@ class LocalPolicy:
             if self.master_params is not self.params:
                 for name, master in zip(self.names, self.master_params):
                     master.copy_(model[name])
+        if optimizer is None:
+            self.optimizer.state.clear()
+            return
         converted = dict(optimizer)
         converted["state"] = {index[name]: v for name, v in optimizer["state"].items()}
         converted["param_groups"] = [
@@ -165,13 +169,15 @@ class LocalPolicy:
         return str(folder)
 
     def load_state(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Load a single learner's state file, or the DCP shards of sharded learners (every shard, in full)."""
         folder = Path(path).resolve()
         if (folder / DCP_METADATA_FILE).is_file():
-            raise ValueError(
-                f"{folder} holds the shards of sharded learners (torch DCP); a single learner cannot load it. "
-                "Resume with num_learners >= 2 (DCP reshards to any number of them), or save a full state "
-                "with get_state()."
-            )
+            from flashrl.learners import fsdp
+
+            state = fsdp.load_sharded_full(folder)
+            fresh = (folder / FRESH_OPTIMIZER_FILE).is_file()
+            self.load_train_state(state["model"], None if fresh else state["optimizer"])
+            return state["extra_state"]
         model, optimizer, extra = _read_state_file(folder)
         self.load_train_state(model, optimizer)
         return extra

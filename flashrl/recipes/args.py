@@ -176,9 +176,10 @@ def default_output(name: str, now: datetime.datetime | None = None) -> str:
 def find_checkpoint(resume: str, output: str | None, name: str) -> tuple[Path, Path]:
     """(checkpoint folder, its run's output folder) for ``--resume PATH|latest``.
 
-    ``latest`` takes the newest checkpoint of the run folder ``output`` (the last periodic
-    ``checkpoints/checkpoint_N`` or ``checkpoint_final``, whichever has the higher iteration), or with no
-    ``output`` of this preset's newest run folder under the results root that holds one.
+    ``latest`` takes the newest checkpoint of the run folder ``output`` (the periodic checkpoint that
+    ``checkpoints/latest`` names, else the highest ``checkpoints/checkpoint_N``, or ``checkpoint_final``,
+    whichever has the higher iteration), or with no ``output`` of this preset's newest run folder under
+    the results root that holds one.
     """
     if resume != "latest":
         path = Path(resume).expanduser().resolve()
@@ -215,7 +216,15 @@ def _checkpoint_iteration(path: Path) -> int | None:
 
 
 def _newest_checkpoint(run: Path) -> Path | None:
-    candidates = [p for p in (run / "checkpoints").glob("checkpoint_*") if p.is_dir()]
+    """The periodic checkpoint ``checkpoints/latest`` names (else the complete ones there), or the final one."""
+    from flashrl.checkpoints import CHECKPOINT_NAME, latest_checkpoint
+
+    pointed = latest_checkpoint(run / "checkpoints")
+    if pointed is not None:  # the newest save, also after a resume from an older checkpoint
+        candidates = [Path(pointed)]
+    else:  # written before `latest` existed: by iteration (never an interrupted save's .tmp folder)
+        candidates = [p for p in (run / "checkpoints").glob("checkpoint_*")
+                      if p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name)]
     candidates += [p for p in [run / "checkpoint_final"] if p.is_dir()]
     dated = [(_checkpoint_iteration(p), p) for p in candidates]
     dated = [(i, p) for i, p in dated if i is not None]

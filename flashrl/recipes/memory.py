@@ -54,6 +54,24 @@ it over-predicts where phases do not overlap (the tied embedding's gradient sum 
 backward pass comes after the layers' activations are freed) and under-predicts the accumulation's
 temporary of a second pass by about 10%.
 
+Checkpoint save, host memory (``flashrl/checkpoints.py``; V x H the embedding, P_l one layer)::
+
+    W >= 2 learners: sharded DCP (torch.distributed.checkpoint), every rank writes its own shard
+      per rank    = P / W x (4 + 4 x m)   m = AdamW's 2 moments (SGD: 0): the master and optimizer
+                                          shards pass through host memory on their way to the files
+                                          (DCP copies each tensor to the host and writes it; the
+                                          files' dirty pages stay in the page cache until fsync)
+      rank 0 adds = 2 x max(X, P_l x b, V x H x b)   the Hugging Face export, streamed: one bucket of
+                                          whole layers (X = EXPORT_BUCKET_BYTES) gathered, and its
+                                          serialised safetensors copy
+    W <= 1: one learner writes one file (torch.save of its full state)
+      rank 0      = P x (4 + 4 x m) (+ P x b when b < 4)   CPU copies of the master weights and the
+                                          optimizer state (and of the low-precision weights)
+      rank 0 adds = P x b                 ``save_pretrained``'s serialised copy of the weights
+
+The final checkpoint of a run always exports the policy; periodic ones do with
+``checkpoint_export_policy`` (default on).
+
 Env runner (one vLLM engine, split over its GPUs by tensor / expert parallelism)::
 
     weights  = P x e                   e = the engine's dtype bytes (bfloat16 on GPU, float32 on CPU)
@@ -80,8 +98,10 @@ from flashrl.engines.memory import (
 from flashrl.recipes.architectures import DTYPE_BYTES, Architecture
 
 __all__ = [
+    "CheckpointMemory",
     "EnvRunnerMemory",
     "LearnerMemory",
+    "checkpoint_memory",
     "env_runner_memory",
     "format_bytes",
     "layer_values_per_token",
@@ -89,6 +109,8 @@ __all__ = [
 ]
 
 GIB = 1024**3
+EXPORT_BUCKET_BYTES = GIB
+"""X of the module docstring: ``flashrl.learners.fsdp.EXPORT_BUCKET_BYTES`` (not imported: no torch here)."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +207,38 @@ def learner_memory(
         host=host,
         sharded=world > 1,
     )
+
+
+@dataclass(frozen=True)
+class CheckpointMemory:
+    """Host bytes a checkpoint save adds, per learner rank, and which save path it takes."""
+
+    layout: str
+    """``"dcp"`` (W >= 2: every rank writes its shard, nothing gathered) or ``"single_file"`` (W <= 1)."""
+    per_rank: int
+    """What every rank adds during the save (rank 0 included)."""
+    export: int
+    """What rank 0 adds on top for the Hugging Face export of the policy."""
+
+    @property
+    def rank0(self) -> int:
+        return self.per_rank + self.export
+
+
+def checkpoint_memory(arch: Architecture, *, dtype: str, optimizer: str, num_learners: int,
+                      export_policy: bool = True) -> CheckpointMemory:
+    """The checkpoint formula of the module docstring (``num_learners`` 0: one learner in the driver)."""
+    p = arch.num_parameters()
+    b = DTYPE_BYTES[dtype]
+    world = max(1, num_learners)
+    moments = 2 if optimizer == "adamw" else 0
+    if world == 1:
+        export = p * b if export_policy else 0
+        return CheckpointMemory("single_file", p * (4 + 4 * moments) + (p * b if b < 4 else 0), export)
+    root = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
+    layer = (p - root) // max(1, arch.num_layers)
+    bucket = max(EXPORT_BUCKET_BYTES, layer * b, arch.vocab_size * arch.hidden_size * b)
+    return CheckpointMemory("dcp", math.ceil(p / world) * (4 + 4 * moments), 2 * bucket if export_policy else 0)
 
 
 def layer_values_per_token(arch: Architecture) -> int:

@@ -27,7 +27,14 @@ from typing import Any
 from flashrl.engines import engine_options_for_run
 from flashrl.engines.memory import DEFAULT_MAX_NUM_SEQS
 from flashrl.recipes.architectures import Architecture, architecture_for
-from flashrl.recipes.memory import GIB, LearnerMemory, env_runner_memory, format_bytes, learner_memory
+from flashrl.recipes.memory import (
+    GIB,
+    LearnerMemory,
+    checkpoint_memory,
+    env_runner_memory,
+    format_bytes,
+    learner_memory,
+)
 from flashrl.recipes.preset import NodePlan, Preset
 
 __all__ = ["Check", "DryRunReport", "dry_run_report"]
@@ -392,6 +399,18 @@ def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> list[str]
         ),
         f"    total {format_bytes(lm.total)}",
     ]
+    ck = checkpoint_memory(arch, dtype=config.dtype, optimizer=config.optimizer, num_learners=config.num_learners)
+    if ck.layout == "dcp":
+        lines.append(
+            f"    checkpoint save: sharded DCP, every learner writes its own shard (no gather): host "
+            f"+{format_bytes(ck.per_rank)} per learner, learner 0 +{format_bytes(ck.export)} for the streamed "
+            "Hugging Face export"
+        )
+    else:
+        lines.append(
+            f"    checkpoint save: one file from one learner (full state): host +{format_bytes(ck.per_rank)}, "
+            f"+{format_bytes(ck.export)} for the Hugging Face export"
+        )
     if config.num_gpus_per_learner > 0:
         gpu_bytes = nodes.gpu_memory_gib * GIB * min(1.0, config.num_gpus_per_learner)  # a fraction shares its GPU
         lines.append(f"    learner on its GPU: {format_bytes(lm.total)} of {format_bytes(gpu_bytes)}")
@@ -409,10 +428,24 @@ def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> list[str]
         report.warnings.append(
             f"learner memory {format_bytes(lm.total + lm.host)} exceeds the node's RAM ({nodes.host_memory_gib:g} GiB)"
         )
-    if lm.host and lm.host * max(1, config.num_learners) > nodes.host_memory_gib * GIB * nodes.num_nodes:
+    elif lm.total + lm.host + ck.rank0 > nodes.host_memory_gib * GIB:
+        report.warnings.append(
+            f"learner memory {format_bytes(lm.total + lm.host)} + checkpoint save {format_bytes(ck.rank0)} exceeds "
+            f"the node's RAM ({nodes.host_memory_gib:g} GiB)"
+        )
+    learners = max(1, config.num_learners)
+    if lm.host and lm.host * learners > nodes.host_memory_gib * GIB * nodes.num_nodes:
         report.warnings.append(
             f"offloaded learner state {format_bytes(lm.host)} x {config.num_learners} learners exceeds the nodes' "
             f"RAM ({nodes.host_memory_gib:g} GiB in all)"
+        )
+    elif config.num_gpus_per_learner > 0 and (lm.host + ck.per_rank) * learners + ck.export > (
+        nodes.host_memory_gib * GIB * nodes.num_nodes
+    ):
+        report.warnings.append(
+            f"a checkpoint save needs {format_bytes((lm.host + ck.per_rank) * learners + ck.export)} of host memory "
+            f"(offloaded state + each learner's shard + the export bucket), above the nodes' RAM "
+            f"({nodes.host_memory_gib:g} GiB in all)"
         )
     return lines
 

@@ -136,6 +136,8 @@ def test_the_moe_preset_shards_and_bounds_its_passes(capsys: pytest.CaptureFixtu
     assert "split over 4" in out
     assert "FSDP2 over 8 learners" in out and "passes of at most 16384 tokens" in out
     assert "max_tokens_per_micro_batch=16384: flashrl's choice" in out
+    # 30.5B parameters / 8 learners x (float32 master + AdamW's 2 moments) = 42.65 GiB per learner's shard
+    assert "checkpoint save: sharded DCP, every learner writes its own shard (no gather): host +42.65 GiB" in out
 
 
 def test_negative_delta_fails_with_the_config_message(capsys: pytest.CaptureFixture[str]) -> None:

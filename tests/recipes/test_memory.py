@@ -109,3 +109,26 @@ def test_format_bytes() -> None:
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(3 * 1024**3) == "3.00 GiB"
     assert format_bytes(12) == "12 B"
+
+
+def test_checkpoint_host_memory_per_save_path(monkeypatch) -> None:
+    from flashrl.recipes import memory
+
+    one = memory.checkpoint_memory(ARCH, dtype="float32", optimizer="adamw", num_learners=0)
+    assert (one.layout, one.per_rank, one.export) == ("single_file", P * 12, P * 4)  # full state; the export
+    bf16 = memory.checkpoint_memory(ARCH, dtype="bfloat16", optimizer="adamw", num_learners=1)
+    assert (bf16.per_rank, bf16.export) == (P * 12 + P * 2, P * 2)  # + the bf16 weights' copy
+    monkeypatch.setattr(memory, "EXPORT_BUCKET_BYTES", 100)
+    sharded = memory.checkpoint_memory(ARCH, dtype="bfloat16", optimizer="adamw", num_learners=2)
+    # each rank its shard (700 master + 2 x 700 moments, float32); rank 0 two buckets of one layer
+    assert (sharded.layout, sharded.per_rank, sharded.export) == ("dcp", 700 * 12, 2 * 656 * 2)
+    assert sharded.rank0 == 700 * 12 + 2624
+    sgd = memory.checkpoint_memory(ARCH, dtype="float32", optimizer="sgd", num_learners=2, export_policy=False)
+    assert (sgd.per_rank, sgd.export) == (700 * 4, 0)
+
+
+def test_the_plan_uses_the_export_bucket_of_the_learners() -> None:
+    from flashrl.learners.fsdp import EXPORT_BUCKET_BYTES
+    from flashrl.recipes.memory import EXPORT_BUCKET_BYTES as PLANNED
+
+    assert PLANNED == EXPORT_BUCKET_BYTES

@@ -111,6 +111,10 @@ def test_sync_group_mode_with_a_learner_actor_evaluation_and_checkpoints(ray_ses
     finally:
         algo.stop()
     assert os.path.isfile(os.path.join(periodic, "flashrl_checkpoint.json"))
+    from flashrl.checkpoints import latest_checkpoint, read_checkpoint
+
+    assert latest_checkpoint(os.path.dirname(periodic)) == periodic  # `latest` names the newest save
+    assert read_checkpoint(periodic).manifest["learner_layout"] == "single_file"  # the actor wrote its file
     assert r["learners/version"] == 1
     assert r["num_episodes"] == B
     assert r["env_runners/batch_num_distinct_prompts"] == B // 2  # B/G prompts x G rollouts

@@ -78,7 +78,7 @@ def test_a_folder_without_the_marker_is_not_a_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="is not a flashrl checkpoint: expected a file"):
         read_checkpoint(tmp_path)
     (tmp_path / MARKER).write_text(json.dumps({"format_version": 999}))
-    with pytest.raises(CheckpointError, match="checkpoint format 999, this flashrl reads format 1"):
+    with pytest.raises(CheckpointError, match="checkpoint format 999, this flashrl reads format 2"):
         read_config(tmp_path)
     assert not os.path.exists(tmp_path / "config.json")
 

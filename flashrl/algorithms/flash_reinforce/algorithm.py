@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from typing import Any
 
@@ -40,7 +39,7 @@ from flashrl.callbacks import (
     callbacks_class_path,
     make_callbacks,
 )
-from flashrl.checkpoints import read_checkpoint, read_config, write_checkpoint
+from flashrl.checkpoints import read_checkpoint, read_config, record_checkpoint, write_checkpoint
 from flashrl.env_runners import EnvRunnerGroup, EpisodeStream, RunnerReport
 from flashrl.episode import Episode
 from flashrl.learners import LearnerGroupError
@@ -410,22 +409,24 @@ class FlashReinforce(Trainable):
         cfg = self.algo_config
         folder = cfg.checkpoint_dir or os.path.join(self.logdir, "checkpoints")
         # Inside step(): Tune counts this iteration only when step() returns, so it is passed on.
-        self._save(os.path.join(folder, f"checkpoint_{iteration:06d}"), iterations_done=iteration)
-        if cfg.num_checkpoints_to_keep:
-            found = sorted(d for d in os.listdir(folder) if d.startswith("checkpoint_"))
-            for old in found[: -cfg.num_checkpoints_to_keep]:
-                shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+        path = self._save(os.path.join(folder, f"checkpoint_{iteration:06d}"), iterations_done=iteration,
+                          export_policy=cfg.checkpoint_export_policy)
+        record_checkpoint(folder, path, keep_last_n=cfg.num_checkpoints_to_keep)  # `latest`, pruning
 
     # ------------------------------------------------------------------------------------------
     # checkpoints
     # ------------------------------------------------------------------------------------------
-    def save_to_path(self, path: str | os.PathLike[str] | None = None) -> str:
-        """Write a checkpoint folder (policy as an HF folder, optimizer, RNG, data cursor, config)."""
+    def save_to_path(self, path: str | os.PathLike[str] | None = None, *, export_policy: bool = True) -> str:
+        """Write a checkpoint folder atomically (learner state, data cursors, config; `flashrl.checkpoints`).
+
+        ``export_policy`` adds the policy as a Hugging Face folder (``policy/``, what vLLM and
+        transformers load); a checkpoint without it still resumes training.
+        """
         if path is None:
             path = os.path.join(self.logdir, f"checkpoint_{self.iteration:06d}")
-        return self._save(path, iterations_done=self.iteration)
+        return self._save(path, iterations_done=self.iteration, export_policy=export_policy)
 
-    def _save(self, path: str | os.PathLike[str], *, iterations_done: int) -> str:
+    def _save(self, path: str | os.PathLike[str], *, iterations_done: int, export_policy: bool = True) -> str:
         # sync_cursor, runner_cursors, totals, num_lost_episodes, num_restarts: the stream's books.
         state = {
             "iteration": iterations_done,
@@ -435,15 +436,21 @@ class FlashReinforce(Trainable):
         }
         config = self.algo_config.serialize()
         config["callbacks_class"] = callbacks_class_path(self.algo_config.callbacks_class)  # a class by its path
-        path = write_checkpoint(path, config=config, learner_group=self.learner_group, algorithm_state=state)
+        path = write_checkpoint(path, config=config, learner_group=self.learner_group, algorithm_state=state,
+                                export_policy=export_policy)
         self._learner_restarts.checkpoint = path  # where a learner restart resumes
         return path
 
     def restore_from_path(self, path: str | os.PathLike[str]) -> None:
         """Load a checkpoint into this algorithm: learner state, weights on every runner, cursors."""
-        checkpoint = read_checkpoint(path)
+        checkpoint = read_checkpoint(path)  # every file checked against the manifest first
         state = checkpoint.algorithm_state
-        self.learner_group.set_state(checkpoint.learner_state)
+        served = self.learner_group.version  # the runners serve this version's weights
+        self.learner_group.load_state(checkpoint.learner_path)  # DCP reshards to this number of learners
+        if self.learner_group.version < served and not self.env_runner_group.streaming:
+            # A runner never goes back to an older version (it ignores one): going back in time takes
+            # fresh runners (a streaming group is replaced by set_state).
+            self.stream.restart_runners()
         # The books and cursors are the checkpoint's; a streaming group is replaced by a fresh one.
         self.stream.set_state(state)
         group = self.env_runner_group

@@ -113,7 +113,9 @@ class FlashReinforceSettings:
     checkpoint_dir: str | None = setting(None, section="checkpointing")
     """Where periodic checkpoints go (`<dir>/checkpoint_<iteration>`); None = `<algo.logdir>/checkpoints`."""
     num_checkpoints_to_keep: int | None = setting(None, section="checkpointing")
-    """Keep only the newest this many periodic checkpoints; None = keep all."""
+    """Keep only the newest this many periodic checkpoints (by save time; `latest` names the newest); None = all."""
+    checkpoint_export_policy: bool = setting(True, section="checkpointing")
+    """Periodic checkpoints include the policy as a Hugging Face folder (`policy/`); False saves only what resumes."""
     restart_failed_learners: bool = setting(True, section="learners")
     """When a learner actor dies or times out, start a new learner group and resume from the run's newest
     checkpoint (or its start); False stops the run with the cause (see docs/runtime.md, Faults)."""
@@ -146,6 +148,8 @@ class FlashReinforceSettings:
             check.expect(not (isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value)),
                          name, "None or a local folder (one every node mounts, on a multi-node cluster)", value,
                          "give a URI to a tuned example's --output (the driver uploads there), or mount the storage")
+        check.expect(isinstance(self.checkpoint_export_policy, bool), "checkpoint_export_policy", "a bool",
+                     self.checkpoint_export_policy, "use False to skip the Hugging Face export of periodic saves")
         keep = self.num_checkpoints_to_keep
         check.expect(keep is None or (is_int(keep) and keep >= 1), "num_checkpoints_to_keep",
                      "None or an integer >= 1", keep, "use None to keep all")
