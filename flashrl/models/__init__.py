@@ -3,11 +3,12 @@
 from flashrl.models.logprobs import compute_token_logprobs
 from flashrl.models.packed_logprobs import compute_packed_token_logprobs, verify_packed_attention
 from flashrl.models.resolve import BUILTIN_MODELS, cache_dir, dequantize_gguf, resolve_model
-from flashrl.models.tiny import build_tiny_llama
+from flashrl.models.tiny import build_tiny_llama, build_tiny_qwen3_moe
 
 __all__ = [
     "BUILTIN_MODELS",
     "build_tiny_llama",
+    "build_tiny_qwen3_moe",
     "cache_dir",
     "compute_packed_token_logprobs",
     "compute_token_logprobs",
