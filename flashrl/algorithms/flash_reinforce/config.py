@@ -274,7 +274,8 @@ class FlashReinforceConfig(_TuneConfig):
     # ------------------------------------------------------------------------------------------------
     def env_runner_spec(self, **overrides: Any) -> EnvRunnerSpec:
         """The env runners' spec of this config (``overrides`` win); raises SpecError on a bad value."""
-        return EnvRunnerSpec(**{**self._values["env_runners"], **overrides})
+        derived = {"record_routed_experts": self.routing_replay is True}
+        return EnvRunnerSpec(**{**self._values["env_runners"], **derived, **overrides})
 
     def build_loss(self) -> FlashReinforceLoss:
         """The loss object every learner calls, the baseline resolved by the rollout mode."""
