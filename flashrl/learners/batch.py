@@ -293,5 +293,5 @@ def _routed_experts(episodes: Sequence[Episode], t: int) -> torch.Tensor | None:
     out = torch.full((len(episodes), t, *shapes[0]), -1, dtype=torch.int16)  # [B, T, L, K]
     for i, ep in enumerate(episodes):
         if ep.routed_experts is not None:
-            out[i, : len(ep.token_ids)] = torch.from_numpy(ep.routed_experts.astype("int16", copy=False))
+            out[i, : len(ep.token_ids)] = torch.tensor(ep.routed_experts, dtype=torch.int16)  # a copy: Ray hands read-only arrays
     return out
