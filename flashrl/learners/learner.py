@@ -230,8 +230,8 @@ class Learner:
         if batch.routed_experts is None:
             raise ValueError(
                 "routing_replay=True, but no episode of the batch recorded its routed experts. Fix: sample with an "
-                "engine that records them (the env runners' record_routed_experts, set by routing_replay), or set "
-                "routing_replay=False."
+                "engine that records them (the engine option record_routed_experts, which the env runners' "
+                "routing_replay sets), or set routing_replay=False."
             )
         check_routing(batch.routed_experts, self.model)
 

@@ -82,9 +82,6 @@ class LearnerSpec:
     """With num_learners >= 2 (FSDP2): keep parameter shards, gradients and optimizer state in host memory."""
     freeze_moe_router: bool = setting(False, section="learners")
     """Freeze the MoE router (gate) weights during RL, as Molt's --actor.freeze_moe_router; MoE models only."""
-    routing_replay: bool = setting(False, section="training")
-    """R3: the engines record each token's MoE experts, the learner's forward uses them (gates recomputed), as
-    Molt's --train.routing_replay; MoE models only (``flashrl.models.routing_replay``)."""
 
     # --- the model and the optimizer ----------------------------------------------------------------
     model: str = "smollm2-135m-instruct"
@@ -126,6 +123,9 @@ class LearnerSpec:
     """Where the policy lives: "auto" (the visible GPU if any, else CPU), "cpu", "cuda" or "cuda:N"."""
     loss: Loss | None = setting(None, derived="the algorithm's loss object")
     """The algorithm's loss hook (a flashrl.learners.Loss, e.g. FlashReinforceLoss)."""
+    routing_replay: bool = setting(False, derived="the env runners' routing_replay")
+    """R3: the forward routes every token to the experts the engine recorded (gates recomputed from the current
+    router), as Molt's --train.routing_replay; MoE models only (``flashrl.models.routing_replay``)."""
 
     def __post_init__(self) -> None:
         check = Checks("LearnerSpec")

@@ -156,9 +156,9 @@ def test_the_config_asks_the_engines_to_record_and_refuses_a_dense_model(tiny_qw
     config = FlashReinforceConfig().environment("flashrl/Math-v0").training(model=tiny_qwen3_moe_path,
                                                                               routing_replay=True)
     config.validate()
-    assert config.env_runner_spec().record_routed_experts is True
-    assert config.learner_spec(model=tiny_qwen3_moe_path).routing_replay is True
-    assert FlashReinforceConfig().env_runner_spec(env="flashrl/Math-v0").record_routed_experts is False
+    assert config.env_runner_spec().routing_replay is True  # the engines record
+    assert config.learner_spec(model=tiny_qwen3_moe_path).routing_replay is True  # the learners replay
+    assert FlashReinforceConfig().learner_spec(model=tiny_qwen3_moe_path).routing_replay is False
     with pytest.raises(ConfigError, match="routing_replay: expected False for this model.*'smollm2-135m-instruct' "
                                           "is a dense model"):
         config.training(model="smollm2-135m-instruct").validate()

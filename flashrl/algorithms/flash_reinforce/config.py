@@ -274,8 +274,7 @@ class FlashReinforceConfig(_TuneConfig):
     # ------------------------------------------------------------------------------------------------
     def env_runner_spec(self, **overrides: Any) -> EnvRunnerSpec:
         """The env runners' spec of this config (``overrides`` win); raises SpecError on a bad value."""
-        derived = {"record_routed_experts": self.routing_replay is True}
-        return EnvRunnerSpec(**{**self._values["env_runners"], **derived, **overrides})
+        return EnvRunnerSpec(**{**self._values["env_runners"], **overrides})
 
     def build_loss(self) -> FlashReinforceLoss:
         """The loss object every learner calls, the baseline resolved by the rollout mode."""
@@ -284,7 +283,8 @@ class FlashReinforceConfig(_TuneConfig):
     def learner_spec(self, **overrides: Any) -> LearnerSpec:
         """The learners' spec: its settings, the derived ones (the sampling temperature, the seed, the loss)
         filled in; pass ``model=`` the resolved local folder. ``overrides`` win."""
-        derived = {"temperature": self.temperature, "seed": self.seed, "loss": self.build_loss()}
+        derived = {"temperature": self.temperature, "seed": self.seed, "routing_replay": self.routing_replay,
+                   "loss": self.build_loss()}
         return LearnerSpec(**{**self._values["learners"], **derived, **overrides})
 
     def algorithm_settings(self) -> FlashReinforceSettings:
@@ -329,7 +329,8 @@ class FlashReinforceConfig(_TuneConfig):
         problems: list[str] = []
         # Each part checks its own settings; the learners' part without the loss, whose own problems the
         # loss reports (so a bad delta does not hide a bad lr).
-        learners = {**self._values["learners"], "temperature": self.temperature, "seed": self.seed}
+        learners = {**self._values["learners"], "temperature": self.temperature, "seed": self.seed,
+                    "routing_replay": self.routing_replay}
         built = {}
         for build in (self.env_runner_spec, lambda: LearnerSpec(**learners), self.build_loss, self.algorithm_settings):
             try:
