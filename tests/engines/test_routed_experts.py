@@ -27,7 +27,7 @@ def test_torch_engine_returns_the_routing_of_every_token_it_fed(tiny_qwen3_moe_p
     engine = make_engine("torch", tiny_qwen3_moe_path, seed=0, record_routed_experts=True)
     prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]  # batched together: the short one is left-padded
 
-    async def sample():  # noqa: ANN202
+    async def sample():
         return await asyncio.gather(
             engine.generate(prompts[0], SamplingConfig(max_tokens=6, seed=1)),
             engine.generate(prompts[1], SamplingConfig(max_tokens=6, seed=2, routed_experts_start=2)),

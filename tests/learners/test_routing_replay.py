@@ -30,7 +30,7 @@ def moe_batch(tiny_qwen3_moe_path: str) -> TrainBatch:
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(1, 4000, (3 + i % 3,), generator=gen).tolist() for i in range(6)]
 
-    async def sample():  # noqa: ANN202
+    async def sample():
         return await asyncio.gather(*(
             engine.generate(p, SamplingConfig(max_tokens=4 + 2 * i, seed=i)) for i, p in enumerate(prompts)
         ))
@@ -54,7 +54,7 @@ def experts_inputs(model: torch.nn.Module) -> Iterator[dict[int, list[torch.Tens
     seen: dict[int, list[torch.Tensor]] = {}
     handles = []
     for i, layer in enumerate(model.model.layers):
-        def hook(module, args, i=i):  # noqa: ANN001, ANN202
+        def hook(module, args, i=i):
             seen.setdefault(i, []).append(args[1].detach().clone())
 
         handles.append(layer.mlp.experts.register_forward_pre_hook(hook))
@@ -73,7 +73,7 @@ def _move_routers(model: torch.nn.Module) -> None:
             w.add_(torch.randn(w.shape, generator=gen) * w.std())
 
 
-def _spec(path: str, **overrides):  # noqa: ANN202
+def _spec(path: str, **overrides):
     return spec_for(path, **{"delta": 1.0, "routing_replay": True, "max_tokens_per_micro_batch": BUDGET, **overrides})
 
 

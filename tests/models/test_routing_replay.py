@@ -37,7 +37,7 @@ def experts_inputs(model: torch.nn.Module) -> Iterator[dict[int, list[tuple[torc
     seen: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     handles = []
     for i, layer in enumerate(model.model.layers):
-        def hook(module, args, i=i):  # noqa: ANN001, ANN202
+        def hook(module, args, i=i):
             seen.setdefault(i, []).append((args[1].detach().clone(), args[2].detach().clone()))
 
         handles.append(layer.mlp.experts.register_forward_pre_hook(hook))
@@ -53,7 +53,7 @@ def router_inputs(model: torch.nn.Module) -> Iterator[dict[int, torch.Tensor]]:
     seen: dict[int, torch.Tensor] = {}
     handles = []
     for i, layer in enumerate(model.model.layers):
-        def hook(module, args, i=i):  # noqa: ANN001, ANN202
+        def hook(module, args, i=i):
             seen[i] = args[0].detach().clone()
 
         handles.append(layer.mlp.gate.register_forward_pre_hook(hook))
