@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 from flashrl.engines import SamplingConfig, engine_options_for_run, make_engine
 from flashrl.episode import Episode
-from flashrl.learners import Learner, TrainBatch
+from flashrl.learners import Learner, LearnerSpec, TrainBatch
 from flashrl.learners.packing import gather_rows, plan_micro_batches
 from flashrl.models.routing_replay import NO_ROUTING
 from flashrl.validation import SpecError
-
-from .conftest import spec_for
 
 BUDGET = 24
 """Tokens per micro-batch: the six episodes take several passes."""
@@ -73,8 +72,10 @@ def _move_routers(model: torch.nn.Module) -> None:
             w.add_(torch.randn(w.shape, generator=gen) * w.std())
 
 
-def _spec(path: str, **overrides):
-    return spec_for(path, **{"delta": 1.0, "routing_replay": True, "max_tokens_per_micro_batch": BUDGET, **overrides})
+def _spec(path: str, **overrides) -> LearnerSpec:
+    fields = {"model": path, "lr": 1e-2, "grad_clip": None, "device": "cpu", "routing_replay": True,
+              "max_tokens_per_micro_batch": BUDGET, **overrides}
+    return LearnerSpec(**fields, loss=FlashReinforceLoss(delta=1.0))
 
 
 @pytest.mark.parametrize("options", [{"pack_sequences": False},
@@ -140,7 +141,7 @@ def test_batches_carry_the_routing_aligned_with_the_tokens(moe_batch: TrainBatch
 
 def test_routing_replay_is_refused_where_it_cannot_work(tiny_llama_path, tiny_qwen3_moe_path, moe_batch) -> None:
     with pytest.raises(SpecError, match="routing_replay: expected False for this model, or a mixture-of-experts"):
-        spec_for(tiny_llama_path, routing_replay=True)
+        _spec(tiny_llama_path)
     learner = Learner(_spec(tiny_qwen3_moe_path))
     with pytest.raises(ValueError, match="no episode of the batch recorded its routed experts"):
         learner.update(moe_batch.derived(routed_experts=None))
