@@ -82,6 +82,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from flashrl.episode import Episode
 from flashrl.tool_calls import hermes_tools_prompt, template_renders_tools
 
@@ -171,6 +173,8 @@ class TokenizedConversation:
         self._logprobs: list[float] = []
         self._versions: list[int] = []
         self._finish_reasons: list[str] = []
+        self._routing: list[np.ndarray] = []  # the routed experts of positions 0 .. routed_positions - 1
+        self._routed = 0
         self._pending_close = ""
         self._sampled_stop = ""  # the text of the stop token that ended the last model turn, if any
         self._truncated = False
@@ -213,6 +217,11 @@ class TokenizedConversation:
         return self._truncated
 
     @property
+    def routed_positions(self) -> int:
+        """Positions whose routed experts are recorded (from 0): the next turn's ``routed_experts_start``."""
+        return self._routed
+
+    @property
     def num_model_turns(self) -> int:
         return len(self._versions)
 
@@ -234,6 +243,7 @@ class TokenizedConversation:
         logprobs: Sequence[float],
         version: int,
         finish_reason: str = "stop",
+        routed_experts: np.ndarray | None = None,
     ) -> str:
         """Append the sampled tokens as they are; return the reply text to pass to ``env.step``.
 
@@ -247,6 +257,10 @@ class TokenizedConversation:
             finish_reason: ``"stop"``, ``"length"`` or ``"abort"``, as the engine reported it (kept in
                 ``info["finish_reasons"]``; whether the turn ended on a stop token is read from the
                 ids). The env runners drop an episode with an ``"abort"`` turn (``aborted``).
+            routed_experts: The engine's ``Completion.routed_experts`` (an MoE engine that records
+                routing, asked with ``routed_experts_start=routed_positions``): the rows of positions
+                ``routed_positions`` on. A position keeps the routing of the turn that first recorded
+                it (as Molt's ``absorb_routing``): the routing its own log-prob was sampled with.
         """
         if self._truncated:
             raise RuntimeError(
@@ -281,6 +295,10 @@ class TokenizedConversation:
         self._logprobs.extend(lps)
         self._versions.append(int(version))
         self._finish_reasons.append(finish_reason)
+        if routed_experts is not None:
+            rows = np.asarray(routed_experts)[: len(self._ids) - self._routed]  # a truncated turn keeps less
+            self._routing.append(rows)
+            self._routed += len(rows)
         return content
 
     def add_env_messages(self, messages: Sequence[Mapping[str, str]]) -> bool:
@@ -354,6 +372,11 @@ class TokenizedConversation:
             template_verbatim=self._verbatim,
             observations_cut=self._observations_cut,
         )
+        routed = None
+        if self._routing:
+            recorded = np.concatenate(self._routing)  # [routed_positions, layers, k]
+            routed = np.full((len(ids), *recorded.shape[1:]), -1, dtype=np.int16)  # -1: not recorded
+            routed[: len(recorded)] = recorded
         return Episode(
             prompt_id=str(prompt_id),
             token_ids=ids,
@@ -364,6 +387,7 @@ class TokenizedConversation:
             terminated=bool(terminated) and not self._truncated,
             truncated=bool(truncated) or self._truncated,
             info=details,
+            routed_experts=routed,
         )
 
     # ----------------------------------------------------------------------------- internals

@@ -44,6 +44,11 @@ class Episode:
     from the reward: an env that reports none leaves this None, and the filter then refuses the batch.
     """
 
+    routed_experts: np.ndarray | None = None
+    """[len(token_ids), num_hidden_layers, top_k] integer: the experts the engine routed each token to (an
+    MoE policy whose engine records routing, ``routing_replay``); -1 where none was recorded (the last
+    token, env tokens after the last model turn, dense layers). None: not recorded."""
+
     def __post_init__(self) -> None:
         if self.success is None and "success" in self.info:
             self.success = self.info["success"]
@@ -59,6 +64,15 @@ class Episode:
             raise ValueError(
                 f"Episode {self.prompt_id!r}: token_ids, loss_mask and behavior_logprobs must have the "
                 f"same length; got {n}, {len(self.loss_mask)} and {len(self.behavior_logprobs)}."
+            )
+        routed = self.routed_experts
+        if routed is not None and (
+            not isinstance(routed, np.ndarray) or routed.ndim != 3 or routed.shape[0] != n
+            or not np.issubdtype(routed.dtype, np.integer)
+        ):
+            raise ValueError(
+                f"Episode {self.prompt_id!r}: routed_experts must be None or an integer array [{n}, layers, "
+                f"top_k] (one row per token); got {getattr(routed, 'shape', type(routed).__name__)}."
             )
 
     @property

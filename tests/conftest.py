@@ -1,7 +1,7 @@
-"""Shared test fixtures: the small real model and a tiny random-weight Llama.
+"""Shared test fixtures: the small real model, a tiny random-weight Llama and a tiny Qwen3-MoE.
 
-Both are session-scoped and cached on disk (`FLASHRL_CACHE` or the user cache dir), so only the
-first session on a machine pays for the download and the dequantization.
+All are session-scoped; the small model is cached on disk (`FLASHRL_CACHE` or the user cache dir), so
+only the first session on a machine pays for the download and the dequantization.
 """
 
 from __future__ import annotations
@@ -68,6 +68,15 @@ def tiny_llama_path(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory)
 
     out = Path(tmp_path_factory.mktemp("tiny_llama")) / "model"
     return build_tiny_llama(out, seed=0, tokenizer_source=smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_path(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random-weight Qwen3-MoE (2 layers, 8 experts, top-2) with SmolLM2's tokenizer and chat template."""
+    from flashrl.models import build_tiny_qwen3_moe
+
+    out = Path(tmp_path_factory.mktemp("tiny_qwen3_moe")) / "model"
+    return build_tiny_qwen3_moe(out, seed=0, tokenizer_source=smollm2_path)
 
 
 @pytest.fixture(scope="session")

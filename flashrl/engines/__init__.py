@@ -72,19 +72,32 @@ def make_engine(kind: Literal["vllm", "torch"], model: str, *, seed: int, **opti
 
 
 def engine_options_for_run(
-    kind: str, options: Mapping[str, Any], *, max_model_len: int, num_seqs: int
+    kind: str,
+    options: Mapping[str, Any],
+    *,
+    max_model_len: int,
+    num_seqs: int,
+    record_routed_experts: bool = False,
 ) -> dict[str, Any]:
     """An env runner's engine options: the user's, plus the run's context and sequences in flight.
 
     ``max_model_len`` (the run's context budget) and the sequences in flight (``max_num_seqs`` for
     vLLM, which also sizes its CPU KV cache; ``max_batch_size`` for torch) are filled in only where
-    the user's ``options`` do not set them.
+    the user's ``options`` do not set them. ``record_routed_experts`` (the learners replay the MoE
+    routing) turns the engine's recording on; options that turn it off then are a ``ValueError``.
     """
     if kind not in _SEQS_OPTION:
         raise ValueError(f"unknown engine kind {kind!r}; expected one of {ENGINE_KINDS}.")
     out = dict(options)
     out.setdefault("max_model_len", int(max_model_len))
     out.setdefault(_SEQS_OPTION[kind], int(num_seqs))
+    if record_routed_experts:
+        if out.get("record_routed_experts", True) is not True:
+            raise ValueError(
+                "engine_options sets record_routed_experts=False, but routing_replay=True needs the engine's "
+                "routing. Fix: drop record_routed_experts from engine_options."
+            )
+        out["record_routed_experts"] = True
     return out
 
 

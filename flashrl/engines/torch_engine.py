@@ -9,16 +9,19 @@ one weight version.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from flashrl.engines.sampling import processed_logprobs, sample_tokens
 from flashrl.engines.types import Completion, Engine, SamplingConfig, check_full_state_dict
+from flashrl.models.routing_replay import RoutingRecorder, record_routing
 from flashrl.weight_sync.buckets import Weights, aiter_buckets, as_buckets
 
 __all__ = ["TorchEngine", "TorchEngineOptions"]
@@ -38,6 +41,9 @@ class TorchEngineOptions:
     """Context length (prompt + completion); default: the model's ``max_position_embeddings``."""
     num_threads: int | None = None
     """``torch.set_num_threads`` for this process; None leaves it unchanged."""
+    record_routed_experts: bool = False
+    """MoE models: return the experts every token was routed to (``Completion.routed_experts``), for
+    routing replay in the learner; a dense model is refused (``flashrl.models.routing_replay``)."""
 
 
 @dataclass
@@ -100,6 +106,11 @@ class TorchEngine(Engine):
         self._eos_ids = _eos_ids(self._model, self._tokenizer)
         self._pad_id = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
         self._shapes = {n: t.shape for n, t in self._model.state_dict().items()}
+        self._hooks = contextlib.ExitStack()
+        self._recorder: RoutingRecorder | None = None
+        """The routers' hooks (``record_routed_experts``; a dense model fails here); they stay for the engine's life."""
+        if self.options.record_routed_experts:
+            self._recorder = self._hooks.enter_context(record_routing(self._model))
         self._seed_gen = torch.Generator().manual_seed(seed)
         self._lock = threading.Lock()  # held by a running batch and by a weight update
         self._version = 0
@@ -133,7 +144,7 @@ class TorchEngine(Engine):
         if self._closed:
             raise RuntimeError("the engine is closed")
         sampling.validate()
-        self.check_prompt(prompt_token_ids)
+        self.check_prompt(prompt_token_ids, routed_experts_start=sampling.routed_experts_start)
         loop = asyncio.get_running_loop()
         batcher = self._batchers.get(loop)
         if batcher is None:
@@ -167,6 +178,7 @@ class TorchEngine(Engine):
     def close(self) -> None:
         self._closed = True
         self._batchers.clear()
+        self._hooks.close()
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -204,6 +216,10 @@ class TorchEngine(Engine):
             input_ids=input_ids, attention_mask=attn, position_ids=positions,
             past_key_values=cache, use_cache=True, logits_to_keep=1,
         )  # fmt: skip
+        recorder = self._recorder
+        # [B, L, layers, k]: the experts of every prompt position of the prefill (padding included)
+        prompt_routing = None if recorder is None else recorder.take().unflatten(0, (n, width))
+        step_routing: list[torch.Tensor] = []  # per decode step, [B, layers, k]: the tokens it fed
         logits = out.logits[:, -1]  # [B, V]
         last_pos = positions[:, -1]  # [B]
         tokens_out: list[list[int]] = [[] for _ in batch]
@@ -231,9 +247,17 @@ class TorchEngine(Engine):
                 input_ids=tokens.to(device).unsqueeze(-1), attention_mask=attn,
                 position_ids=last_pos.unsqueeze(-1), past_key_values=cache, use_cache=True,
             )  # fmt: skip
+            if recorder is not None:
+                step_routing.append(recorder.take())
             logits = out.logits[:, -1]  # [B, V]
         return [
-            Completion(tokens_out[i], logprobs_out[i], reasons[i] or "length", version)  # type: ignore[arg-type]
+            Completion(
+                tokens_out[i], logprobs_out[i], reasons[i] or "length", version,  # type: ignore[arg-type]
+                routed_experts=None if prompt_routing is None else _routing_of(
+                    prompt_routing[i, width - lengths[i]:], step_routing, i, len(tokens_out[i]),
+                    batch[i].sampling.routed_experts_start,
+                ),
+            )
             for i in range(n)
         ]
 
@@ -243,6 +267,15 @@ class TorchEngine(Engine):
         else:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
         return torch.Generator().manual_seed(seed)
+
+
+def _routing_of(
+    prompt: torch.Tensor, steps: list[torch.Tensor], row: int, num_tokens: int, start: int
+) -> np.ndarray:
+    """Request ``row``'s routing from position ``start`` on: its prompt's, then each fed generated token's."""
+    fed = [steps[j][row] for j in range(num_tokens - 1)]  # the last sampled token is never fed
+    rows = torch.cat([prompt, torch.stack(fed)]) if fed else prompt  # [P + n - 1, layers, k]
+    return rows[start:].numpy()
 
 
 def _copy_into(params: Mapping[str, torch.Tensor], bucket: Mapping[str, torch.Tensor]) -> None:

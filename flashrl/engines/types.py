@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from flashrl.weight_sync.buckets import Weights
@@ -40,6 +41,9 @@ class SamplingConfig:
     """Extra token ids that end the completion (kept in it); the model's EOS always ends it."""
     seed: int | None = None
     """Per-request seed for reproducible sampling; None draws from the engine's generator."""
+    routed_experts_start: int = 0
+    """With an engine that records MoE routing: the first position whose routing the completion returns
+    (the earlier ones came with an earlier turn of the conversation; vLLM's ``routed_experts_prompt_start``)."""
 
     def validate(self) -> None:
         """Raise ``RequestError`` on invalid values; warn when the support is truncated."""
@@ -53,6 +57,8 @@ class SamplingConfig:
             raise RequestError(f"top_k must be an int >= 0 (0 or -1 = all tokens); got {self.top_k!r}.")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise RequestError(f"max_tokens must be an int >= 1; got {self.max_tokens!r}.")
+        if not isinstance(self.routed_experts_start, int) or self.routed_experts_start < 0:
+            raise RequestError(f"routed_experts_start must be an int >= 0; got {self.routed_experts_start!r}.")
         if any((not isinstance(t, int)) or t < 0 for t in self.stop_token_ids):
             raise RequestError(f"stop_token_ids must be non-negative ints; got {self.stop_token_ids!r}.")
         if self.truncates_support:
@@ -96,6 +102,11 @@ class Completion:
     """Policy version that sampled the first token (in-flight updates may serve later tokens)."""
     metrics: dict[str, Any] = field(default_factory=dict, compare=False)
     """Optional engine-specific details (e.g. per-token version spans)."""
+    routed_experts: np.ndarray | None = field(default=None, compare=False)
+    """Engines that record MoE routing (``record_routed_experts``): int16 ``[n, num_hidden_layers, top_k]``,
+    the experts of positions ``sampling.routed_experts_start`` to ``len(prompt) + len(token_ids) - 2`` of
+    prompt + completion (every token the model was fed; the last sampled one never is), -1 in dense
+    layers (``flashrl.models.routing_replay``). None otherwise."""
 
 
 class Engine(abc.ABC):
@@ -140,8 +151,16 @@ class Engine(abc.ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def check_prompt(self, prompt_token_ids: list[int]) -> None:
-        """Raise ``RequestError`` unless the prompt is non-empty and leaves room for one new token."""
+    def check_prompt(self, prompt_token_ids: list[int], *, routed_experts_start: int = 0) -> None:
+        """Raise ``RequestError`` unless the prompt is non-empty and leaves room for one new token.
+
+        ``routed_experts_start`` (``SamplingConfig``) must lie within the prompt.
+        """
+        if routed_experts_start > len(prompt_token_ids):
+            raise RequestError(
+                f"routed_experts_start={routed_experts_start} lies beyond the prompt's {len(prompt_token_ids)} "
+                "tokens; it is the first prompt position whose routing is returned."
+            )
         if not prompt_token_ids:
             raise RequestError("prompt_token_ids is empty; a prompt needs at least one token.")
         n = len(prompt_token_ids)

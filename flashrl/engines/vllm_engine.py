@@ -104,6 +104,10 @@ class VLLMEngineOptions:
     every worker, across nodes and tensor-parallel ranks), ``ipc`` (vLLM's CUDA-IPC engine: learner
     and engine on one GPU), ``auto`` (``shm`` on CPU, ``nccl`` on GPU). See
     ``flashrl.weight_sync.resolve``."""
+    record_routed_experts: bool = False
+    """MoE models: return the experts every token was routed to (``Completion.routed_experts``) for
+    routing replay, with vLLM's ``enable_return_routed_experts`` (which needs prefix caching, turned on
+    here, and Model Runner V2). GPU only: vLLM 0.32's CPU build cannot (see ``vllm_engine_args``)."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Further ``vllm.AsyncEngineArgs`` fields, passed as given (they override the above)."""
 
@@ -174,6 +178,8 @@ def vllm_engine_args(
         args["enable_chunked_prefill"] = False
         args["max_num_batched_tokens"] = max(int(args["max_model_len"]), CPU_MAX_NUM_BATCHED_TOKENS)
     args.update(vllm_transfer_args(resolve_weight_sync(o.weight_sync, on_cpu=on_cpu)))
+    if o.record_routed_experts:
+        args.update(routed_experts_args(on_cpu=on_cpu))
     if not on_cpu or o.gpu_memory_utilization is not None:
         args["gpu_memory_utilization"] = o.gpu_memory_utilization or 0.85
     if o.kv_cache_memory_bytes is not None:
@@ -197,6 +203,26 @@ def vllm_engine_args(
         budget = kv_cache_budget(num_seqs=int(args["max_num_seqs"]), **check)
         args["kv_cache_memory_bytes"] = budget.reserved_bytes
     return args
+
+
+def routed_experts_args(*, on_cpu: bool) -> dict[str, Any]:
+    """The engine arguments that make vLLM return each request's routed experts (routing replay).
+
+    vLLM returns them through its AuxOutput connector, which keys them by KV block hash (so prefix
+    caching must be on; a cache hit returns the routing that computed the cached KV) and which only
+    Model Runner V2 drives (``VllmConfig._verify_aux_output_compatibility``). vLLM 0.32's CPU build
+    runs the V1 model runner, and V2 needs Triton, which the CPU build lacks: starting it with
+    ``enable_return_routed_experts`` fails with "AuxOutput Connector requires Model Runner V2", and
+    with ``VLLM_USE_V2_MODEL_RUNNER=1`` with "Model Runner V2 requires Triton". So it is refused here
+    on CPU; the torch engine records routing on CPU.
+    """
+    if on_cpu:
+        raise ValueError(
+            "record_routed_experts (routing replay): vLLM 0.32's CPU build cannot return routed experts (its "
+            "AuxOutput connector needs Model Runner V2, which needs Triton). Fix: use engine='torch' on CPU, "
+            "or a GPU for the vLLM engine."
+        )
+    return {"enable_return_routed_experts": True, "enable_prefix_caching": True}
 
 
 def _model_context(hf_config: Any) -> int:
@@ -289,7 +315,7 @@ class VLLMEngine(Engine):
 
         self._check_usable()
         sampling.validate()
-        self.check_prompt(prompt_token_ids)
+        self.check_prompt(prompt_token_ids, routed_experts_start=sampling.routed_experts_start)
         params = SamplingParams(
             n=1,
             temperature=float(sampling.temperature),
@@ -301,6 +327,7 @@ class VLLMEngine(Engine):
             logprobs=0,
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
+            routed_experts_prompt_start=int(sampling.routed_experts_start),
         )
         final = None
         async for out in self._llm.generate(
@@ -315,7 +342,10 @@ class VLLMEngine(Engine):
         spans = _spans(comp)
         version = spans[0][0] if spans else self._version
         reason = comp.finish_reason if comp.finish_reason in ("stop", "length") else "abort"
-        return Completion(tokens, logprobs, reason, version, metrics={"version_spans": spans})
+        routed = None
+        if self.options.record_routed_experts:
+            routed = _routed_experts(comp, len(prompt_token_ids) + len(tokens) - 1 - sampling.routed_experts_start)
+        return Completion(tokens, logprobs, reason, version, metrics={"version_spans": spans}, routed_experts=routed)
 
     async def update_weights(self, weights: Weights, version: int) -> None:
         """Load new weights in place, bucket by bucket, and stamp them ``version``.
@@ -479,6 +509,21 @@ def _spans(completion: Any) -> list[tuple[int, int]]:
         # "default" labels the weights the engine started with: version 0
         out.append((int(span.version) if span.version.isdigit() else 0, int(span.start)))
     return out
+
+
+def _routed_experts(completion: Any, expected_rows: int) -> Any:
+    """vLLM's ``CompletionOutput.routed_experts`` ([rows, layers, top_k], uint8/uint16) as int16, checked."""
+    import numpy as np
+
+    routed = completion.routed_experts
+    if routed is None and expected_rows == 0:
+        return None  # nothing new to record this turn
+    if routed is None or routed.ndim != 3 or routed.shape[0] != expected_rows:
+        raise RuntimeError(
+            f"vLLM returned routed_experts of shape {getattr(routed, 'shape', None)}; expected {expected_rows} "
+            "rows (prompt positions from routed_experts_start, then every generated token but the last)."
+        )
+    return np.asarray(routed).astype(np.int16)
 
 
 def _checkpoint_shapes(folder: Path) -> dict[str, torch.Size]:

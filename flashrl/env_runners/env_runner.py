@@ -137,6 +137,7 @@ class EnvRunner:
                 self.spec.engine_options,
                 max_model_len=self.spec.max_episode_tokens,
                 num_seqs=self.spec.episodes_in_flight_per_env_runner,
+                record_routed_experts=self.spec.routing_replay,
             )
             self._engine = make_engine(
                 self.spec.engine,

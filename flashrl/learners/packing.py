@@ -317,8 +317,9 @@ def gather_rows(
     """The rows ``indices`` of ``batch``, in that order, with padding trimmed to their longest row.
 
     ``TrainBatch.rows`` takes a contiguous slice; a micro-batch's rows are any subset. Every field is
-    gathered by its layout, so a per-episode field added to ``TrainBatch`` later comes along: ``[B, T]``
-    tensors by row and trimmed, ``[B]`` tensors and lists by row, ``None`` stays ``None``.
+    gathered by its layout, so a per-episode field added to ``TrainBatch`` later comes along: per-token
+    ``[B, T, ...]`` tensors (the routed experts' ``[B, T, layers, top_k]`` too) by row and trimmed,
+    ``[B]`` tensors and lists by row, ``None`` stays ``None``.
 
     A learner gathers every micro-batch from a batch on its device and knows the rows' lengths, so it
     may pass ``index`` (``indices`` as a long tensor on the batch's device: no host-to-device copy per
@@ -341,8 +342,8 @@ def gather_rows(
     gathered = {}
     for f in fields(batch):
         value = getattr(batch, f.name)
-        if isinstance(value, torch.Tensor) and value.dim() == 2:
-            gathered[f.name] = value[index.to(value.device), :t]  # [b, t]
+        if isinstance(value, torch.Tensor) and value.dim() >= 2:
+            gathered[f.name] = value[index.to(value.device), :t]  # [b, t, ...]
         elif isinstance(value, torch.Tensor) and value.dim() == 1:
             gathered[f.name] = value[index.to(value.device)]  # [b]
         elif isinstance(value, list):

@@ -15,6 +15,7 @@ import torch
 
 from flashrl.learners.loss import Loss
 from flashrl.learners.schedule import LR_SCHEDULES
+from flashrl.models.routing_replay import routing_replay_problem
 from flashrl.validation import Checks, is_int, is_number, setting
 
 __all__ = ["DTYPES", "OPTIMIZERS", "LearnerSpec", "register_optimizer"]
@@ -122,6 +123,9 @@ class LearnerSpec:
     """Where the policy lives: "auto" (the visible GPU if any, else CPU), "cpu", "cuda" or "cuda:N"."""
     loss: Loss | None = setting(None, derived="the algorithm's loss object")
     """The algorithm's loss hook (a flashrl.learners.Loss, e.g. FlashReinforceLoss)."""
+    routing_replay: bool = setting(False, derived="the env runners' routing_replay")
+    """R3: the forward routes every token to the experts the engine recorded (gates recomputed from the current
+    router), as Molt's --train.routing_replay; MoE models only (``flashrl.models.routing_replay``)."""
 
     def __post_init__(self) -> None:
         check = Checks("LearnerSpec")
@@ -194,6 +198,12 @@ def _check_values(spec: LearnerSpec, check: Checks) -> None:
                  spec.optimizer_offload, "use False unless num_learners >= 2")
     check.expect(spec.freeze_moe_router in (True, False), "freeze_moe_router", "True or False",
                  spec.freeze_moe_router, "use True only for a mixture-of-experts model")
+    check.expect(spec.routing_replay in (True, False), "routing_replay", "True or False", spec.routing_replay,
+                 "use True only for a mixture-of-experts model")
+    if spec.routing_replay is True and isinstance(spec.model, str) and spec.model:
+        dense = routing_replay_problem(spec.model)
+        check.expect(dense is None, "routing_replay", "False for this model, or a mixture-of-experts model "
+                     f"({dense})", True, "set routing_replay=False, or train an MoE model (e.g. Qwen3-MoE)")
     check.expect(isinstance(spec.model, str) and spec.model != "", "model",
                  "a local Hugging Face folder, a hub id or a flashrl model name", spec.model,
                  "e.g. .training(model='smollm2-135m-instruct')")

@@ -10,12 +10,13 @@ from flashrl.models.resolve import (
     resolve_model,
     resolve_tokenizer,
 )
-from flashrl.models.tiny import build_tiny_llama
+from flashrl.models.tiny import build_tiny_llama, build_tiny_qwen3_moe
 
 __all__ = [
     "BUILTIN_MODELS",
     "BUILTIN_TOKENIZERS",
     "build_tiny_llama",
+    "build_tiny_qwen3_moe",
     "cache_dir",
     "compute_packed_token_logprobs",
     "compute_token_logprobs",

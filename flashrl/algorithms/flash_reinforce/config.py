@@ -358,7 +358,8 @@ class FlashReinforceConfig(_TuneConfig):
         """The learners' spec: its settings, the derived ones (the sampling temperature, the seed, the loss,
         the horizon of `schedule_horizon(train_size)`) filled in; pass ``model=`` the resolved local folder.
         ``overrides`` win."""
-        derived = {"temperature": self.temperature, "seed": self.seed, "loss": self.build_loss()}
+        derived = {"temperature": self.temperature, "seed": self.seed, "routing_replay": self.routing_replay,
+                   "loss": self.build_loss()}
         if self.num_epochs is not None:
             derived["total_updates"] = self.schedule_horizon(train_size)
         return LearnerSpec(**{**self._values["learners"], **derived, **overrides})
@@ -423,7 +424,8 @@ class FlashReinforceConfig(_TuneConfig):
         problems: list[str] = []
         # Each part checks its own settings; the learners' part without the loss, whose own problems the
         # loss reports (so a bad delta does not hide a bad lr).
-        learners = {**self._values["learners"], "temperature": self.temperature, "seed": self.seed}
+        learners = {**self._values["learners"], "temperature": self.temperature, "seed": self.seed,
+                    "routing_replay": self.routing_replay}
         if self.num_epochs is not None and learners["total_updates"] is None:
             learners["total_updates"] = 1  # a stand-in: the horizon comes from the real set size at setup
         built = {}
