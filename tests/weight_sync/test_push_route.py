@@ -107,7 +107,8 @@ class FakeLearners:
     def stop_weight_push(self) -> None:
         self.calls.append(("stop",))
 
-    def weight_buckets_refs(self, bucket_bytes):
+    def weight_buckets_refs(self, bucket_bytes, names="model"):
+        assert names == "checkpoint"  # a replacement runner of a push route hosts vLLM: checkpoint names
         return f"buckets of v{self.version} ({bucket_bytes} B)"
 
 

@@ -37,6 +37,7 @@ from flashrl.metrics import (
     policy_lags,
     progress_line,
 )
+from flashrl.weight_sync.layout import TransferLayout, planned_engine_options
 from flashrl.weight_sync.route import route_for
 
 logger = logging.getLogger("flashrl")
@@ -89,7 +90,7 @@ class FlashReinforce(Trainable):
             local=cfg.num_learners == 0,
         )
         self.stream = EpisodeStream(
-            EnvRunnerGroup(cfg.env_runner_spec(), model_path=self.model_path),
+            EnvRunnerGroup(cfg.env_runner_spec(engine_options=_planned_engine_options(cfg)), model_path=self.model_path),
             rollout_mode=cfg.rollout_mode,
             group_size=cfg.group_size,
             evaluation_num_samples_per_prompt=cfg.evaluation_num_samples_per_prompt,
@@ -100,7 +101,8 @@ class FlashReinforce(Trainable):
         self.pad_token_id = int(facts["pad_token_id"])
         # The route the runners' engines resolved (shm, or a GPU push route formed here, so that a
         # rendezvous failure surfaces at setup); sync_group waits for every runner to load.
-        self._weight_sync = route_for(facts, wait_for_load=cfg.rollout_mode == "sync_group")
+        layout = TransferLayout.of(self.learner_group.transfer_devices(), self.env_runner_group.transfer_devices)
+        self._weight_sync = route_for(facts, wait_for_load=cfg.rollout_mode == "sync_group", layout=layout)
         self._weight_sync.setup(self.learner_group, self.env_runner_group)
         self.iteration_metrics = IterationMetrics(
             smoothing_window=cfg.metrics_num_episodes_for_smoothing, max_lag=cfg.async_queue_size
@@ -279,6 +281,17 @@ class FlashReinforce(Trainable):
     def stop(self) -> None:
         """Release the actors and the engines (Tune calls this at the end of a trial)."""
         super().stop()
+
+
+def _planned_engine_options(config: FlashReinforceConfig) -> dict[str, Any]:
+    """The engine options the runners start with: ``weight_sync`` resolved from the resource layout."""
+    return planned_engine_options(
+        config.engine,
+        config.engine_options,
+        learner_gpus=config.num_gpus_per_learner,
+        runner_gpus=config.num_gpus_per_env_runner,
+        num_env_runners=config.num_env_runners,
+    )
 
 
 def _check_envs(config: FlashReinforceConfig) -> None:
