@@ -286,7 +286,7 @@ class EnvRunner:
         """Drop this runner's side of a failed pushed transfer: its engine (possibly half-loaded) is
         broken, the runner fails its next poll and is restarted with the current weights."""
         in_transfer = self._close_transfer()
-        if self._engine is not None:
+        if self._engine is not None and hasattr(self._engine, "abort_weight_transfer"):
             await self._engine.abort_weight_transfer(reason)
         if in_transfer:
             self._weights_lock.release()

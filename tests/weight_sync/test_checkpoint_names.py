@@ -11,7 +11,12 @@ import torch
 from safetensors import safe_open
 
 from flashrl.engines.types import check_full_state_dict
-from flashrl.weight_sync.gather import checkpoint_items, iter_weight_buckets, put_weight_buckets, weight_manifest
+from flashrl.weight_sync.gather import (
+    checkpoint_items,
+    iter_weight_buckets,
+    put_weight_buckets,
+    weight_manifest,
+)
 
 EXPERTS, HIDDEN, WIDTH = 4, 64, 32
 
@@ -88,3 +93,56 @@ def test_a_dense_model_is_passed_through(tiny_llama_path: str) -> None:
     assert weight_manifest(model, names="checkpoint") == weight_manifest(model)
     with pytest.raises(ValueError, match=r"names: expected one of \('model', 'checkpoint'\)"):
         weight_manifest(model, names="hf")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_vllm_loads_the_checkpoint_named_stream_of_a_moe(tmp_path, smollm2_path: str, chat_prompts) -> None:
+    """vLLM's CPU build serves the tiny Qwen3-MoE; the learner's fused model is streamed to it under the
+    checkpoint's names, and afterwards the engine's log-probs are the new weights'. The learner's own
+    fused names are refused before anything loads."""
+    import asyncio
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from flashrl.engines import SamplingConfig, make_engine
+    from flashrl.engines.agreement import measure_agreement
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=128,
+                            moe_intermediate_size=WIDTH, num_hidden_layers=2, num_attention_heads=2,
+                            num_key_value_heads=1, head_dim=32, num_experts=EXPERTS, num_experts_per_tok=2,
+                            decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=512,
+                            tie_word_embeddings=False, initializer_range=0.2,
+                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    folder = tmp_path / "moe"
+    Qwen3MoeForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+
+    loop = asyncio.new_event_loop()
+    engine = make_engine("vllm", str(folder), seed=0, max_model_len=256, max_num_seqs=4)
+    try:
+        prompts = chat_prompts(engine.tokenizer, 4)
+        fused = put_weight_buckets(model, bucket_bytes=2**16, put=lambda b: b)  # the learner's names
+        with pytest.raises(ValueError, match="gate_up_proj"):
+            loop.run_until_complete(engine.update_weights(fused, version=1))
+        stream = put_weight_buckets(model, bucket_bytes=2**16, names="checkpoint", put=lambda b: b)
+        loop.run_until_complete(engine.update_weights(stream, version=1))
+
+        async def sample():
+            return await asyncio.gather(*[engine.generate(p, SamplingConfig(max_tokens=8, seed=i))
+                                          for i, p in enumerate(prompts)])  # fmt: skip
+
+        after = loop.run_until_complete(sample())
+        assert [c.version for c in after] == [1] * 4
+        assert measure_agreement(model, prompts, after).mean_drift < 1e-4
+    finally:
+        engine.close()
+        loop.close()
