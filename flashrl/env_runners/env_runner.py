@@ -291,7 +291,9 @@ class EnvRunner:
         if in_transfer:
             self._weights_lock.release()
         if self._fatal is None:
-            self._fatal = RuntimeError(f"EnvRunner {self.runner_index}: a pushed weight transfer was aborted ({reason})")
+            self._fatal = RuntimeError(
+                f"EnvRunner {self.runner_index}: a pushed weight transfer was aborted ({reason})"
+            )
         if self._arrived is not None:
             self._arrived.set()  # a poll waiting for episodes returns and raises
 

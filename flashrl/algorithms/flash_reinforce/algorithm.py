@@ -90,7 +90,9 @@ class FlashReinforce(Trainable):
             local=cfg.num_learners == 0,
         )
         self.stream = EpisodeStream(
-            EnvRunnerGroup(cfg.env_runner_spec(engine_options=_planned_engine_options(cfg)), model_path=self.model_path),
+            EnvRunnerGroup(
+                cfg.env_runner_spec(engine_options=_planned_engine_options(cfg)), model_path=self.model_path
+            ),
             rollout_mode=cfg.rollout_mode,
             group_size=cfg.group_size,
             evaluation_num_samples_per_prompt=cfg.evaluation_num_samples_per_prompt,
