@@ -132,8 +132,13 @@ def test_vllm_loads_the_checkpoint_named_stream_of_a_moe(tmp_path, smollm2_path:
 
     def sample(engine) -> list:
         prompts = chat_prompts(engine.tokenizer, 4)
-        return loop.run_until_complete(asyncio.gather(
-            *[engine.generate(p, SamplingConfig(max_tokens=8, seed=i)) for i, p in enumerate(prompts)]))  # fmt: skip
+
+        async def run() -> list:
+            return await asyncio.gather(
+                *[engine.generate(p, SamplingConfig(max_tokens=8, seed=i)) for i, p in enumerate(prompts)]
+            )
+
+        return loop.run_until_complete(run())
 
     engine = make_engine("vllm", str(first), seed=0, max_model_len=256, max_num_seqs=4)
     try:
