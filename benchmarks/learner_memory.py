@@ -201,6 +201,7 @@ def predicted(args, batch_size: int, path: str) -> int:
         gradient_checkpointing=args.gradient_checkpointing,
         logprob_chunk_size=args.chunk_size,
         max_tokens_per_micro_batch=None if path == "single_pass" else args.budget,
+        pack_sequences=path != "single_pass",  # as run_point's learner (sdpa: its masks are counted)
     )
     return mem.gradients + mem.activations
 

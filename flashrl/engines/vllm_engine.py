@@ -56,7 +56,12 @@ from flashrl.weight_sync.buckets import (
     aiter_buckets,
     as_buckets,
 )
-from flashrl.weight_sync.resolve import PUSH_ROUTES, resolve_weight_sync, vllm_transfer_args
+from flashrl.weight_sync.resolve import (
+    PUSH_ROUTES,
+    resolve_weight_sync,
+    route_environment,
+    vllm_transfer_args,
+)
 from flashrl.weight_sync.shm import (
     bucket_file_bytes,
     check_transfer_space,
@@ -244,6 +249,10 @@ def _model_dtype(dtype: str, hf_config: Any) -> str:
 class VLLMEngine(Engine):
     """vLLM's ``AsyncLLM`` behind the flashrl engine API; see the module docstring."""
 
+    weight_names = "checkpoint"
+    """Updates name their tensors as the checkpoint files do (vLLM's loaders take those, not the
+    fused names of a transformers model; ``flashrl.weight_sync.gather``)."""
+
     def __init__(self, model: str, *, seed: int, options: VLLMEngineOptions | None = None) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
@@ -267,6 +276,7 @@ class VLLMEngine(Engine):
         on_cpu = current_platform.is_cpu()
         self.weight_sync = resolve_weight_sync(self.options.weight_sync, on_cpu=on_cpu)
         """The route new weights take (``flashrl.weight_sync.resolve``)."""
+        os.environ.update(route_environment(self.weight_sync))  # before vLLM reads its settings
         if on_cpu:
             for key, value in cpu_thread_defaults().items():
                 if key == "VLLM_CPU_OMP_THREADS_BIND" and self.options.cpu_threads:
@@ -442,6 +452,40 @@ class VLLMEngine(Engine):
         finally:
             await self._llm.resume_generation()
             self._update_lock.release()
+
+    def check_weight_plan(self, plan: list[tuple[str, str, list[int]]]) -> int:
+        """Check a push's ``(name, dtype, shape)`` list against the checkpoint before any data moves.
+
+        The same check as a streamed update's manifest (a tied ``lm_head.weight`` may be absent):
+        a name the model's loader does not know or a shape it cannot take would fail inside the
+        broadcast, where the learner cannot see it. Returns the number of tensors; raises
+        ``ValueError`` listing the missing, unknown and mis-shaped names.
+        """
+        self._check_usable()
+        declared = {name: torch.Size(shape) for name, _, shape in plan if not self._is_dropped_head(name)}
+        check_full_state_dict(declared, dict(self._shapes))
+        return len(plan)
+
+    async def abort_weight_transfer(self, reason: str) -> None:
+        """A pushed transfer failed, ran out of time or lost its learner: drop this engine's side.
+
+        The engine may hold a mixture of two versions (or a worker stuck in a collective), so it is
+        marked broken and every later call raises; its env runner is restarted with the current
+        weights. Generation is resumed and the update lock released, so nothing waits on the engine.
+        """
+        self._broken = self._broken or f"a pushed weight transfer was aborted: {reason}"
+        lock = self._update_lock
+        if lock is not None and lock.locked() and self._llm is not None:
+            try:
+                await asyncio.wait_for(self._llm.resume_generation(), timeout=30.0)
+            except Exception:  # the engine is broken either way
+                logger.warning("resuming generation after an aborted transfer failed", exc_info=True)
+            lock.release()
+
+    async def shutdown_weight_transfer(self) -> None:
+        """Release the workers' side of the transfer group (vLLM's ``shutdown_weight_transfer_engine``)."""
+        if self._llm is not None and self.weight_sync in PUSH_ROUTES and self._broken is None:
+            await self._llm.shutdown_weight_transfer_engine()
 
     def _check_push_route(self) -> None:
         self._check_usable()

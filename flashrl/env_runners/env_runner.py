@@ -48,6 +48,7 @@ from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import EVAL_STREAM, TRAIN_STREAM, RunnerReport, stream_seed
 from flashrl.episode import Episode
 from flashrl.weight_sync.buckets import Weights
+from flashrl.weight_sync.layout import gpu_slots
 
 logger = logging.getLogger("flashrl.env_runners")
 
@@ -108,6 +109,10 @@ class EnvRunner:
         self._fatal: BaseException | None = None
         self._weights_lock: asyncio.Lock | None = None
         self._pending_weights: tuple[int, Weights] | None = None
+        self._transfer_open = False
+        """Whether a pushed transfer is open (between ``begin_weight_transfer`` and its end or abort)."""
+        self._lease: asyncio.TimerHandle | None = None
+        """That transfer's lease (``begin_weight_transfer``)."""
         self._accounts = _Accounts()  # the stream's, since the last poll
         self._start_limit: int | None = None
         """No training episode starts once the data cursor reaches it (None = no limit)."""
@@ -156,6 +161,11 @@ class EnvRunner:
             # GPU was started with a push route ("nccl" / "ipc", driven by the learner)
             "weight_sync": str(getattr(self._engine, "weight_sync", "shm")),
             "num_transfer_workers": int(getattr(self._engine, "num_transfer_workers", 1)),
+            # the names the engine loads: its own model's state dict, or (vLLM) the checkpoint's
+            "weight_names": str(getattr(self._engine, "weight_names", "model")),
+            # the GPUs Ray gave this runner (its engine's workers run there): a push route is checked
+            # against them (flashrl.weight_sync.layout.check_route)
+            "transfer_devices": list(gpu_slots()),
         }
 
     async def start(
@@ -248,7 +258,18 @@ class EnvRunner:
         await self.setup()
         await self._engine.init_weight_transfer(init_info)
 
-    async def begin_weight_transfer(self) -> None:
+    async def check_weight_plan(self, plan: list[tuple[str, str, list[int]]]) -> int:
+        """The engine checks a push's names and shapes against its checkpoint (before any broadcast)."""
+        await self.setup()
+        return self._engine.check_weight_plan(plan)
+
+    async def begin_weight_transfer(self, lease_s: float | None = None) -> None:
+        """Pause for a pushed transfer; ``lease_s``: abort it unless ``end_weight_transfer`` comes in time.
+
+        A learner that dies between the begin and the end would otherwise leave this runner paused,
+        holding its weights lock, for good. When the lease runs out the transfer is aborted
+        (``abort_weight_transfer``) and the runner fails its next poll, so it is restarted.
+        """
         await self.setup()
         await self._weights_lock.acquire()  # no streamed update interleaves with a pushed one
         try:
@@ -256,16 +277,52 @@ class EnvRunner:
         except BaseException:
             self._weights_lock.release()
             raise
+        self._transfer_open = True
+        if lease_s is not None:
+            reason = f"the learner did not end the transfer within its {lease_s:g} s lease"
+            self._lease = asyncio.get_running_loop().call_later(
+                float(lease_s), lambda: asyncio.ensure_future(self.abort_weight_transfer(reason))
+            )
 
     async def receive_weight_transfer(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         await self._engine.receive_weight_transfer(update_info)
 
     async def end_weight_transfer(self, version: int) -> int:
+        if not self._close_transfer():
+            raise RuntimeError(f"end_weight_transfer({version}): no transfer is open (it was aborted).")
         try:
             await self._engine.end_weight_transfer(int(version))
         finally:
             self._weights_lock.release()
         return int(self._engine.version)
+
+    async def abort_weight_transfer(self, reason: str) -> None:
+        """Drop this runner's side of a failed pushed transfer: its engine (possibly half-loaded) is
+        broken, the runner fails its next poll and is restarted with the current weights."""
+        in_transfer = self._close_transfer()
+        if self._engine is not None and hasattr(self._engine, "abort_weight_transfer"):
+            await self._engine.abort_weight_transfer(reason)
+        if in_transfer:
+            self._weights_lock.release()
+        if self._fatal is None:
+            self._fatal = RuntimeError(
+                f"EnvRunner {self.runner_index}: a pushed weight transfer was aborted ({reason})"
+            )
+        if self._arrived is not None:
+            self._arrived.set()  # a poll waiting for episodes returns and raises
+
+    async def end_weight_push(self) -> None:
+        """The learner tore the transfer group down: release the engine's side of it."""
+        if self._engine is not None and hasattr(self._engine, "shutdown_weight_transfer"):
+            await self._engine.shutdown_weight_transfer()
+
+    def _close_transfer(self) -> bool:
+        """Close the open pushed transfer and cancel its lease; False when none was open."""
+        was_open, self._transfer_open = self._transfer_open, False
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.cancel()
+        return was_open
 
     # ------------------------------------------------------------------------------------------
     # the async stream

@@ -99,6 +99,8 @@ class EnvRunnerGroup:
         self._repeats: tuple[str, int] | None = None
         """(the last runner error that was not a death, how many times in a row it came)."""
         self.facts: dict[str, Any] = {}
+        self.runner_facts: list[dict[str, Any]] = []
+        """Every runner's setup facts (``facts`` is the first one's)."""
         self._weights_source: Callable[[], tuple[int, Any]] | None = None
         """Where a replacement runner gets its weights (``set_weights_source``); None: the last broadcast."""
 
@@ -137,12 +139,18 @@ class EnvRunnerGroup:
             timeout_s=max(self.spec.sample_timeout_s, ENGINE_START_TIMEOUT_S),
         )
         self.facts = facts[0]
+        self.runner_facts = list(facts)
         return self.facts
 
     @property
     def transfer_workers(self) -> list[int]:
         """Per runner, its engine's workers (their ranks in a push route's transfer group)."""
         return [int(self.facts.get("num_transfer_workers", 1))] * self.num_runners
+
+    @property
+    def transfer_devices(self) -> list[list[str]]:
+        """Per runner, the GPUs its engine runs on (``<node>/<GPU id>``, from ``setup``; [] = CPU)."""
+        return [list(f.get("transfer_devices", [])) for f in self.runner_facts]
 
     def set_weights_source(self, source: Callable[[], tuple[int, Any]] | None) -> None:
         """Where a replacement runner gets its weights: ``source()``, called at each restart.

@@ -55,6 +55,12 @@ class LearnerActor:
 
         return ray.util.get_node_ip_address(), distributed.find_free_port()
 
+    def transfer_devices(self) -> tuple[str, ...]:
+        """The GPUs Ray gave this learner (``flashrl.weight_sync.layout.gpu_slots``); () on the CPU."""
+        from flashrl.weight_sync.layout import gpu_slots
+
+        return gpu_slots(self.spec.resolve_device())
+
     def setup(self, master_addr: str, master_port: int, timeout_s: float) -> int:
         if self.world_size > 1:
             device = self.spec.resolve_device()
@@ -77,8 +83,8 @@ class LearnerActor:
     def get_weights(self) -> dict[str, torch.Tensor]:
         return self._learner.get_weights()
 
-    def weight_buckets(self, bucket_bytes: int) -> WeightBuckets | None:
-        return self._learner.weight_buckets(bucket_bytes)
+    def weight_buckets(self, bucket_bytes: int, names: str = "model") -> WeightBuckets | None:
+        return self._learner.weight_buckets(bucket_bytes, names)
 
     def start_weight_push(self, route: str, runners: list[Any], workers: list[int], **kwargs: Any) -> None:
         self._learner.start_weight_push(route, runners, workers, **kwargs)
@@ -242,8 +248,11 @@ class LearnerGroup:
             return self._local.get_weights()
         return self._call("get_weights", [actor.get_weights.remote() for actor in self._actors])[0]
 
-    def weight_buckets_refs(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightBuckets:
+    def weight_buckets_refs(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, names: str = "model") -> WeightBuckets:
         """The weights as ``WeightBuckets`` of object refs (one per bucket) for the ``shm`` route.
+
+        ``names``: ``model`` (the learner's state-dict names) or ``checkpoint`` (what vLLM loads;
+        ``flashrl.weight_sync.gather``).
 
         The refs are owned by learner rank 0 (or this process when local), which must stay alive while
         the runners fetch them.
@@ -254,11 +263,21 @@ class LearnerGroup:
         if self._local is not None:
             if not ray.is_initialized():
                 raise LearnerGroupError("weight_buckets_refs() needs a running Ray cluster; call ray.init() first.")
-            return self._local.weight_buckets(bucket_bytes)
-        refs = [actor.weight_buckets.remote(bucket_bytes) for actor in self._actors]  # every rank gathers
+            return self._local.weight_buckets(bucket_bytes, names)
+        refs = [actor.weight_buckets.remote(bucket_bytes, names) for actor in self._actors]  # every rank gathers
         return self._call("weight_buckets", refs)[0]
 
     # -- GPU push routes (vLLM's NCCL / IPC weight-transfer engines) ---------------------------------
+    def transfer_devices(self) -> list[list[str]]:
+        """Per learner rank, its GPUs as ``<node>/<GPU id>`` ([] on the CPU): a push route's layout check."""
+        from flashrl.weight_sync.layout import gpu_slots
+
+        self._check_usable()
+        if self._local is not None:
+            return [list(gpu_slots(self._local.device))]
+        devices = self._call("report their devices", [actor.transfer_devices.remote() for actor in self._actors])
+        return [list(d) for d in devices]
+
     def start_weight_push(
         self,
         route: str,

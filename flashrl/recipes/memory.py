@@ -23,6 +23,9 @@ Learner, static (``flashrl/learners/policies.py``)::
                                    prefetched one
       optimizer_offload moves master, the gradient shards and the optimizer to host memory
       (CPUOffloadPolicy; ``host``), leaving the gathered copies and unsharded gradients on the GPU
+      reduce_scatter = G x 4 x (1 + 1 / W)   G = max(R, P_l): FSDP2 reduces in float32, so the
+                                   gradient group being reduced is cast to a float32 input buffer
+                                   and reduced into a float32 output shard (``reduce_dtype``)
 
 Learner, activations of ONE pass (``flashrl/learners/learner.py``: the batch's ceil(B / W) rows per
 learner run in passes of at most ``max_tokens_per_micro_batch`` tokens, packed; a trajectory is
@@ -38,13 +41,33 @@ never split)::
     layers   = M x L x a x b                      without gradient checkpointing
              = M x L x H x b + M x a x b          with it: every layer's checkpointed input, plus the
                                                   one layer recomputed during the backward pass
+    backward = M x g x b                          the gradients one layer's backward pass holds
+        besides its saved values: the incoming and outgoing residual gradients (2H) and the larger
+        branch's, g = 2H + max(3I, 2q + 2kv) (the MLP's product, gate and up gradients, or the
+        attention output's and the query, key and value gradients); MoE: 3kI + kH + E for 3I
+    mask     = r x t^2 x (1 + b)                  without flash attention: the 4-D mask of each of
+        the pass's r rows of t tokens (padded: r = M / T rows of T; packed: one row of M), a boolean
+        one from transformers and the additive copy SDPA makes of it in the compute dtype
     head     = M x H x (2b + 4)                   final norm's input and output, the float32
                                                   gradient of the hidden states
              + 3 x c x V x 4                      c = min(logprob_chunk_size, M): one chunk's float32
                                                   logits, probabilities and their gradient
              + V x H x 4 (+ V x H x b if b < 4)   the float32 head-gradient accumulator (and its cast)
                                                   of ``flashrl/ops/logprobs.py``
-    activations = layers + head
+    activations = layers + backward + mask + head
+
+Learner, weight push (after the update: the gradients and activations are gone, the static state
+stays; ``flashrl/weight_sync``)::
+
+    bucket  = max(bucket_bytes, the largest layer) in b   each rank gathers one bucket of full
+                                                  tensors (push routes: on the GPU; shm: one full
+                                                  tensor at a time on the GPU, the bucket in RAM)
+    nccl    = 2 x (1 GiB + the largest tensor)    vLLM's two packed broadcast buffers, each filled
+                                                  past 1 GiB by at most one tensor
+    ipc     = max(1 GiB, the largest tensor)      vLLM's one reusable IPC buffer
+    push    = bucket (+ nccl or ipc on learner rank 0)
+
+    total   = weights + master + optimizer + max(gradients + activations + reduce_scatter, push)
 
 Measured (``benchmarks/learner_memory.py``, float32, 8 layers x 512, V = 151,936, T = 64, B = 4..64,
 table in ``docs/training.md``): the update's transient bytes (gradients + activations) grow with B in
@@ -97,6 +120,11 @@ from flashrl.engines.memory import (
 )
 from flashrl.recipes.architectures import DTYPE_BYTES, Architecture
 
+DEFAULT_BUCKET_BYTES = 512 * 2**20
+"""The learner's weight bucket (``flashrl.weight_sync.buckets.DEFAULT_BUCKET_BYTES``; no torch import here)."""
+VLLM_PACKED_BUFFER_BYTES = 1024**3
+"""vLLM 0.32's packed transfer buffer (``flashrl.weight_sync.vllm_push.VLLM_PACKED_BUFFER_BYTES``)."""
+
 __all__ = [
     "CheckpointMemory",
     "EnvRunnerMemory",
@@ -104,8 +132,10 @@ __all__ = [
     "checkpoint_memory",
     "env_runner_memory",
     "format_bytes",
+    "layer_backward_values_per_token",
     "layer_values_per_token",
     "learner_memory",
+    "push_bytes",
 ]
 
 GIB = 1024**3
@@ -132,14 +162,28 @@ class LearnerMemory:
     """Bytes in host memory instead (optimizer_offload: master shards, gradient shards, optimizer)."""
     sharded: bool = False
     """Whether the static state is sharded over the learners (FSDP2, num_learners >= 2)."""
+    backward_activations: int = 0
+    """The gradients of the layer whose backward pass runs (part of ``activations``)."""
+    mask: int = 0
+    """The 4-D attention masks of one pass without flash attention (part of ``activations``)."""
+    reduce_scatter: int = 0
+    """FSDP2's float32 reduce-scatter buffers (sharded learners)."""
+    push: int = 0
+    """What a weight push adds on top of the weights, master copy and optimizer (after the update)."""
 
     @property
     def static(self) -> int:
         return self.weights + self.gradients + self.master + self.optimizer
 
     @property
+    def update(self) -> int:
+        """Bytes beyond the weights, master and optimizer while an update runs."""
+        return self.gradients + self.activations + self.reduce_scatter
+
+    @property
     def total(self) -> int:
-        return self.static + self.activations
+        """The peak: the update or the push after it, whichever holds more."""
+        return self.weights + self.master + self.optimizer + max(self.update, self.push)
 
 
 @dataclass(frozen=True)
@@ -170,22 +214,33 @@ def learner_memory(
     logprob_chunk_size: int,
     max_tokens_per_micro_batch: int | None = None,
     optimizer_offload: bool = False,
+    flash_attention: bool = False,
+    pack_sequences: bool | None = None,
+    weight_sync: str = "shm",
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> LearnerMemory:
-    """The learner formula of the module docstring (``num_learners`` 0 means one learner in the driver)."""
+    """The learner formula of the module docstring (``num_learners`` 0 means one learner in the driver).
+
+    ``flash_attention``: the learner attends with a varlen flash kernel (no 4-D masks);
+    ``pack_sequences`` as the learner's (None: packed only with flash attention); ``weight_sync``
+    and ``bucket_bytes``: the route and bucket size of the weight push.
+    """
     p = arch.num_parameters()
     b = DTYPE_BYTES[dtype]
     world = max(1, num_learners)
     moments = 2 if optimizer == "adamw" else 0
-    host = 0
+    host, reduce_scatter = 0, 0
+    root = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
+    layer = (p - root) // max(1, arch.num_layers)
     if world == 1:
         weights, gradients = p * b, p * b
         master = p * 4 * 2 if b < 4 else 0
         optimizer_bytes = p * 4 * moments
     else:
         shard = math.ceil(p / world)
-        root = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
-        layer = (p - root) // max(1, arch.num_layers)
         weights = (root + 2 * layer) * b
+        group = max(root, layer)
+        reduce_scatter = group * 4 + math.ceil(group / world) * 4
         master, sharded_gradients, optimizer_bytes = shard * 4, shard * 4, shard * 4 * moments
         if optimizer_offload:
             host = master + sharded_gradients + optimizer_bytes
@@ -195,17 +250,24 @@ def learner_memory(
         arch, b, rows=math.ceil(train_batch_size / world), length=max_episode_tokens,
         budget=max_tokens_per_micro_batch, checkpointing=gradient_checkpointing, chunk=logprob_chunk_size,
     )
+    backward = tokens * layer_backward_values_per_token(arch) * b
+    packed = flash_attention if pack_sequences is None else bool(pack_sequences)
+    mask = 0 if flash_attention else _mask_bytes(tokens, max_episode_tokens, packed=packed, b=b)
     return LearnerMemory(
         weights=weights,
         gradients=gradients,
         master=master,
         optimizer=optimizer_bytes,
-        activations=layer_acts + head_acts,
+        activations=layer_acts + backward + mask + head_acts,
         tokens=tokens,
         layer_activations=layer_acts,
         head_activations=head_acts,
         host=host,
         sharded=world > 1,
+        backward_activations=backward,
+        mask=mask,
+        reduce_scatter=reduce_scatter,
+        push=push_bytes(arch, b, largest_layer=layer, route=weight_sync, bucket_bytes=bucket_bytes),
     )
 
 
@@ -239,6 +301,45 @@ def checkpoint_memory(arch: Architecture, *, dtype: str, optimizer: str, num_lea
     layer = (p - root) // max(1, arch.num_layers)
     bucket = max(EXPORT_BUCKET_BYTES, layer * b, arch.vocab_size * arch.hidden_size * b)
     return CheckpointMemory("dcp", math.ceil(p / world) * (4 + 4 * moments), 2 * bucket if export_policy else 0)
+
+
+def layer_backward_values_per_token(arch: Architecture) -> int:
+    """g of the module docstring: the gradient values one layer's backward pass holds per token."""
+    q = arch.num_attention_heads * arch.head_dim
+    kv = arch.num_key_value_heads * arch.head_dim
+    if arch.is_moe:
+        k = arch.num_experts_per_token
+        mlp = 3 * k * arch.intermediate_size + k * arch.hidden_size + arch.num_experts
+    else:
+        mlp = 3 * arch.intermediate_size
+    return 2 * arch.hidden_size + max(mlp, 2 * q + 2 * kv)
+
+
+def _mask_bytes(tokens: int, length: int, *, packed: bool, b: int) -> int:
+    """The 4-D masks of one pass of ``tokens`` tokens: one row when packed, else rows of ``length``."""
+    rows, width = (1, tokens) if packed else (max(1, tokens // max(1, length)), length)
+    return rows * width * width * (1 + b)
+
+
+def push_bytes(arch: Architecture, b: int, *, largest_layer: int, route: str, bucket_bytes: int) -> int:
+    """``push`` of the module docstring: one gathered bucket, plus vLLM's packed buffers on push routes."""
+    largest_tensor = max(arch.vocab_size * arch.hidden_size, _largest_layer_tensor(arch)) * b
+    if route == "shm":
+        return largest_tensor  # one full tensor at a time on the device; the bucket goes to RAM
+    bucket = max(int(bucket_bytes), largest_layer * b)
+    if route == "nccl":
+        return bucket + 2 * (VLLM_PACKED_BUFFER_BYTES + largest_tensor)
+    if route == "ipc":
+        return bucket + max(VLLM_PACKED_BUFFER_BYTES, largest_tensor)
+    raise ValueError(f"weight_sync: expected 'shm', 'nccl' or 'ipc', got {route!r}.")
+
+
+def _largest_layer_tensor(arch: Architecture) -> int:
+    """Elements of a decoder layer's largest tensor (an MLP projection, or a fused expert tensor)."""
+    if arch.is_moe:  # checkpoint names: one expert's projection; model names: E of them (sent split)
+        return arch.hidden_size * arch.intermediate_size
+    q = arch.num_attention_heads * arch.head_dim
+    return max(arch.hidden_size * arch.intermediate_size, arch.hidden_size * q)
 
 
 def layer_values_per_token(arch: Architecture) -> int:

@@ -36,6 +36,7 @@ from flashrl.recipes.memory import (
     learner_memory,
 )
 from flashrl.recipes.preset import NodePlan, Preset
+from flashrl.weight_sync.layout import RouteError, planned_engine_options
 
 __all__ = ["Check", "DryRunReport", "dry_run_report"]
 
@@ -258,6 +259,37 @@ def _engine_parallel_size(config: Any) -> int:
     return int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
 
 
+def _flash_attention(config: Any) -> bool:
+    """Whether the learners attend with flash attention: bfloat16 on a GPU with ``flash_attn`` installed
+    (``flashrl.learners.policies.attention_implementation``), judged on the machine making the plan."""
+    return (
+        config.num_gpus_per_learner > 0
+        and config.dtype == "bfloat16"
+        and importlib.util.find_spec("flash_attn") is not None
+    )
+
+
+def _context_problem(config: Any, arch: Architecture) -> str | None:
+    """vLLM's start-time refusal of a context above the model config's, unless its config is overridden.
+
+    vLLM derives the longest context from ``max_position_embeddings`` (after its ``hf_overrides``)
+    and raises for a longer ``max_model_len`` unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``
+    (``vllm/config/model.py``, ``_get_and_verify_max_len``).
+    """
+    if config.engine != "vllm" or not arch.max_position_embeddings:
+        return None
+    overrides = dict(config.engine_options.get("engine_args", {}).get("hf_overrides") or {})
+    allowed = int(overrides.get("max_position_embeddings", arch.max_position_embeddings))
+    if config.max_episode_tokens <= allowed:
+        return None
+    return (
+        f"max_episode_tokens={config.max_episode_tokens} exceeds the model's max_position_embeddings={allowed}: "
+        "vLLM refuses such a max_model_len at engine start. Fix: lower max_episode_tokens, or state the model "
+        "config change, engine_options={'engine_args': {'hf_overrides': {'max_position_embeddings': "
+        f"{config.max_episode_tokens}}}}} (a longer context than the model was trained for)"
+    )
+
+
 def _first_fit(bundles: list[tuple[str, dict[str, float]]], nodes: NodePlan) -> list[list[str]] | None:
     """First-fit decreasing by GPUs then CPUs; None when some bundle finds no node."""
     free = [
@@ -295,11 +327,9 @@ def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
         )
         + ")"
     ]
-    if config.max_episode_tokens > arch.max_position_embeddings > 0:
-        report.warnings.append(
-            f"max_episode_tokens={config.max_episode_tokens} exceeds the model's "
-            f"max_position_embeddings={arch.max_position_embeddings}"
-        )
+    context_problem = _context_problem(config, arch)
+    if context_problem:
+        report.errors.append(context_problem)
     lines += _learner_memory_lines(report, arch)
     on_gpu = config.num_gpus_per_env_runner > 0
     engine_dtype = str(config.engine_options.get("dtype") or ("bfloat16" if on_gpu else "float32"))
@@ -363,6 +393,14 @@ def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
 def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> list[str]:
     """One learner's memory (flashrl/recipes/memory.py) and whether it fits its GPU share or the node's RAM."""
     config, nodes = report.config, report.node_plan
+    try:
+        route = planned_engine_options(
+            config.engine, config.engine_options, learner_gpus=config.num_gpus_per_learner,
+            runner_gpus=config.num_gpus_per_env_runner, num_env_runners=config.num_env_runners,
+        ).get("weight_sync", "shm")  # fmt: skip
+    except RouteError as err:
+        report.errors.append(f"weight sync: {err}")
+        route = "shm"
     lm = learner_memory(
         arch,
         dtype=config.dtype,
@@ -374,6 +412,9 @@ def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> list[str]
         logprob_chunk_size=config.logprob_chunk_size,
         max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
         optimizer_offload=config.optimizer_offload,
+        flash_attention=_flash_attention(config),
+        pack_sequences=config.pack_sequences,
+        weight_sync=route,
     )
     layout = (
         f"FSDP2 over {config.num_learners} learners" + (", optimizer offloaded" if config.optimizer_offload else "")
@@ -394,10 +435,16 @@ def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> list[str]
         ),
         (
             f"    activations {format_bytes(lm.activations)} = layers {format_bytes(lm.layer_activations)}"
+            f" + one layer's backward {format_bytes(lm.backward_activations)}"
+            f" + attention masks {format_bytes(lm.mask)}"
             f" + log-prob head {format_bytes(lm.head_activations)} ({passes}, gradient checkpointing "
             f"{'on' if config.gradient_checkpointing else 'off'})"
         ),
-        f"    total {format_bytes(lm.total)}",
+        (
+            (f"    float32 reduce-scatter buffers {format_bytes(lm.reduce_scatter)}; " if lm.sharded else "    ")
+            + f"weight push ({route}) {format_bytes(lm.push)} after the update"
+        ),
+        f"    total {format_bytes(lm.total)} (the larger of the update and the push)",
     ]
     ck = checkpoint_memory(arch, dtype=config.dtype, optimizer=config.optimizer, num_learners=config.num_learners)
     if ck.layout == "dcp":

@@ -392,7 +392,24 @@ class FlashrlChoices:
     """Keep the sharded learners' parameters, gradients and optimizer state in host memory."""
     learner_layout: str = ""
     """One line: why the learner layout (micro-batch budget, offload) is what it is."""
+    model_config: Mapping[str, Any] = field(default_factory=dict)
+    """Model config fields the engines read differently from the hub's ``config.json`` (vLLM's
+    ``hf_overrides``), where the reference's context needs a config the hub's does not allow."""
+    model_config_source: str = ""
+    """Where ``model_config`` comes from (the reference's requirement and what its runtime does)."""
 
+
+QWEN_MATH_CONTEXT = 6144
+QWEN_MATH_CONTEXT_SOURCE = (
+    "examples/settings/qwen2p5_math_1p5b_dapo_math.json notes ('Model configuration must support a total "
+    "context of 6,144 tokens') and examples/README.md ('The Qwen Math checkpoint configuration must support "
+    "6,144-token contexts'): the hub config of Qwen/Qwen2.5-Math-1.5B has max_position_embeddings 4096; "
+    "Molt 0.2.1 passes data.max_len to vLLM as max_model_len (molt/cli/train_rl_ray.py, "
+    "create_vllm_engines) and changes no model config, so the reference's checkpoint config allowed "
+    "6,144. flashrl makes that config change explicit: max_position_embeddings 6144, RoPE unchanged "
+    "(theta 10000, no scaling: the reference names none)"
+)
+"""The reference's context for `qwen_math` and where the model-config change behind it comes from."""
 
 FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
     {
@@ -419,6 +436,8 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
             num_learners=4,
             sample_timeout_s=600.0,
             success_threshold=0.30,
+            model_config=_frozen({"max_position_embeddings": QWEN_MATH_CONTEXT}),
+            model_config_source=QWEN_MATH_CONTEXT_SOURCE,
         ),
         "qwen7b_tool": FlashrlChoices(
             script="python_tool_qwen25_7b",
@@ -431,8 +450,8 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
             num_cpus_per_env_runner=8,
             num_learners=4,
             max_tokens_per_micro_batch=16384,
-            learner_layout="FSDP2 over 4 learners, passes of at most 16,384 tokens: about 45 GiB of 80; one "
-            "padded pass of 32 x 8,192 tokens per learner needs about 144 GiB (flashrl/recipes/memory.py)",
+            learner_layout="FSDP2 over 4 learners, passes of at most 16,384 tokens: about 53 GiB of 80; one "
+            "padded pass of 32 x 8,192 tokens per learner needs about 187 GiB (flashrl/recipes/memory.py)",
             success_threshold=0.30,
         ),
         "qwen3_tool_ablation": FlashrlChoices(
@@ -447,8 +466,9 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
             num_learners=8,
             engine_args=_frozen({"tensor_parallel_size": 4, "enable_expert_parallel": True}),
             max_tokens_per_micro_batch=16384,
-            learner_layout="FSDP2 over 8 learners, passes of one 16,384-token episode: about 72 GiB of 80; one "
-            "padded pass of 16 x 16,384 tokens per learner needs about 157 GiB (flashrl/recipes/memory.py)",
+            learner_layout="FSDP2 over 8 learners, passes of one 16,384-token episode: about 76 GiB of 80 (63 "
+            "GiB of it static); one padded pass of 16 x 16,384 tokens per learner needs about 190 GiB "
+            "(flashrl/recipes/memory.py)",
             success_threshold=0.30,
             num_checkpoints_to_keep=2,
         ),
@@ -462,8 +482,8 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
             num_cpus_per_env_runner=8,
             num_learners=4,
             max_tokens_per_micro_batch=16384,
-            learner_layout="FSDP2 over 4 learners, passes of one 16,384-token episode: about 45 GiB of 80; one "
-            "padded pass of 32 x 16,384 tokens per learner needs about 250 GiB (flashrl/recipes/memory.py)",
+            learner_layout="FSDP2 over 4 learners, passes of one 16,384-token episode: about 53 GiB of 80; one "
+            "padded pass of 16 x 16,384 tokens per learner needs about 193 GiB (flashrl/recipes/memory.py)",
             # Prompts per split: the reference evaluates 140 seen + 134 unseen games (the setting
             # file's notes, examples/README.md); 140 plays every seen game once, the 134 unseen too.
             evaluation_num_episodes=140,

@@ -369,5 +369,11 @@ def _choices(resolved: ResolvedSetting, out: FlashrlFields) -> None:
     out.set("max_tokens_per_micro_batch", c.max_tokens_per_micro_batch, layout)
     out.set("optimizer_offload", c.optimizer_offload, layout)
     out.set("engine_options.dtype", "bfloat16", FLASHRL_CHOICE + " (Molt's vllm.dtype default)")
-    if c.engine_args:
-        out.set("engine_options.engine_args", dict(c.engine_args), FLASHRL_CHOICE)
+    engine_args, source = dict(c.engine_args), FLASHRL_CHOICE
+    if c.model_config:
+        # vLLM reads the model's config with these fields replaced (its `hf_overrides`); without it,
+        # vLLM refuses a max_model_len above the config's max_position_embeddings at engine start
+        engine_args["hf_overrides"] = dict(c.model_config)
+        source = c.model_config_source if not c.engine_args else f"{FLASHRL_CHOICE}; hf_overrides: {c.model_config_source}"
+    if engine_args:
+        out.set("engine_options.engine_args", engine_args, source)

@@ -10,12 +10,22 @@ learner holds at most one bucket beyond its model; the env runners fetch the ref
 
 The push routes (vLLM's NCCL / IPC weight-transfer engines) are fed from the same
 ``iter_weight_buckets`` (``flashrl.weight_sync.vllm_push``).
+
+Names: ``names="model"`` sends the learner's own state-dict names (what an engine holding the same
+transformers model loads: the torch engine); ``names="checkpoint"`` sends the names and shapes of
+the model's checkpoint files, which is what vLLM's loaders take. They differ where transformers
+converts a checkpoint at load time: in transformers 5 a mixture of experts keeps each layer's
+experts fused (``mlp.experts.gate_up_proj`` [E, 2I, H], ``mlp.experts.down_proj`` [E, H, I]) where the
+checkpoint has ``mlp.experts.<e>.gate_proj.weight`` [I, H] and so on. ``checkpoint_items``
+applies transformers' own reverse conversion (``revert_weight_conversion``, what
+``save_pretrained`` writes) tensor by tensor, so a stream still holds one bucket at a time; the
+manifest is made the same way from meta tensors (no data).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -28,7 +38,51 @@ from flashrl.weight_sync.buckets import (
     cut_buckets,
 )
 
-__all__ = ["iter_weight_buckets", "put_weight_buckets", "weight_manifest"]
+__all__ = ["WEIGHT_NAMES", "WeightNames", "checkpoint_items", "iter_weight_buckets", "put_weight_buckets", "weight_manifest"]
+
+WeightNames = Literal["model", "checkpoint"]
+WEIGHT_NAMES: tuple[WeightNames, ...] = ("model", "checkpoint")
+"""How a stream names its tensors: the learner's state dict, or the model's checkpoint files."""
+
+
+def checkpoint_items(
+    model: nn.Module, items: Iterable[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each ``(name, tensor)`` of ``model``'s state dict as the checkpoint spells it (in order).
+
+    A tensor transformers converted at load time (fused experts) becomes the checkpoint tensors it
+    came from (transformers' ``revert_weight_conversion``, one entry at a time); every other entry
+    is passed through untouched. Models without conversions (and non-transformers modules) pass
+    through whole.
+    """
+    revert = _reverter(model)
+    for name, tensor in items:
+        if revert is None:
+            yield name, tensor
+            continue
+        yield from revert(model, {name: tensor}).items()
+
+
+def _reverter(model: nn.Module) -> Callable[..., dict[str, torch.Tensor]] | None:
+    try:
+        from transformers import PreTrainedModel
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, revert_weight_conversion
+    except ImportError:  # an older transformers: no load-time conversions
+        return None
+    if not isinstance(model, PreTrainedModel):
+        return None
+    conversions = getattr(model, "_weight_conversions", None)
+    if conversions is None:
+        conversions = get_model_conversion_mapping(model, add_legacy=False)
+    if not any(isinstance(c, WeightConverter) for c in conversions or ()):
+        return None  # renamings only (legacy spellings): the state dict's names are the checkpoint's
+    return revert_weight_conversion
+
+
+def _check_names(names: str) -> None:
+    if names not in WEIGHT_NAMES:
+        raise ValueError(f"names: expected one of {WEIGHT_NAMES}, got {names!r}.")
 
 
 def _unique_entries(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -45,14 +99,26 @@ def _unique_entries(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def weight_manifest(
-    model: nn.Module, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: torch.dtype | None = None
+    model: nn.Module,
+    *,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    dtype: torch.dtype | None = None,
+    names: WeightNames = "model",
 ) -> WeightManifest:
     """The buckets ``iter_weight_buckets`` will produce (names, dtypes after the cast, full shapes)."""
-    metas = []
-    for name, tensor in _unique_entries(model):
-        out = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
-        metas.append(TensorMeta(name, str(out).removeprefix("torch."), tuple(int(s) for s in tensor.shape)))
+    _check_names(names)
+    entries: Iterable[tuple[str, torch.Tensor]] = (
+        (name, torch.empty(tuple(tensor.shape), dtype=_cast(tensor, dtype), device="meta"))
+        for name, tensor in _unique_entries(model)
+    )
+    if names == "checkpoint":
+        entries = checkpoint_items(model, entries)
+    metas = [TensorMeta.of(name, tensor) for name, tensor in entries]
     return cut_buckets(metas, bucket_bytes)
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
 
 
 def iter_weight_buckets(
@@ -61,6 +127,7 @@ def iter_weight_buckets(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = "cpu",
+    names: WeightNames = "model",
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Bucket ``k`` of ``manifest`` as ``{name: full tensor}``, one bucket at a time.
 
@@ -71,7 +138,10 @@ def iter_weight_buckets(
     """
     from flashrl.learners.fsdp import iter_full_tensors
 
+    _check_names(names)
     tensors = iter_full_tensors(model, dtype=dtype, device=device)
+    if names == "checkpoint":
+        tensors = checkpoint_items(model, tensors)
     for index, declared in enumerate(manifest):
         bucket: dict[str, torch.Tensor] = {}
         for meta in declared:
@@ -100,20 +170,22 @@ def put_weight_buckets(
     dtype: torch.dtype | None = None,
     is_sender: bool = True,
     put: Callable[[Any], Any] | None = None,
+    names: WeightNames = "model",
 ) -> WeightBuckets | None:
     """The weights as a ``WeightBuckets`` of Ray object refs, one ``ray.put`` per bucket.
 
     Each bucket is put as soon as it is complete and then dropped: the learner holds at most one
     bucket beyond its model. On a sharded model every rank calls this (the gathers are collectives);
-    ranks with ``is_sender=False`` put nothing and get None. ``put`` defaults to ``ray.put``.
+    ranks with ``is_sender=False`` put nothing and get None. ``put`` defaults to ``ray.put``;
+    ``names`` as in the module docstring (``checkpoint`` for vLLM engines).
     """
     if put is None:
         import ray
 
         put = ray.put
-    manifest = weight_manifest(model, bucket_bytes=bucket_bytes, dtype=dtype)
+    manifest = weight_manifest(model, bucket_bytes=bucket_bytes, dtype=dtype, names=names)
     refs = []
-    for bucket in iter_weight_buckets(model, manifest, dtype=dtype):
+    for bucket in iter_weight_buckets(model, manifest, dtype=dtype, names=names):
         if is_sender:
             refs.append(put(bucket))
         del bucket

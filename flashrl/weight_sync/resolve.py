@@ -23,6 +23,7 @@ __all__ = [
     "WEIGHT_SYNC_OPTIONS",
     "RouteName",
     "resolve_weight_sync",
+    "route_environment",
     "vllm_transfer_args",
 ]
 
@@ -38,9 +39,11 @@ PUSH_ROUTES: tuple[RouteName, ...] = ("nccl", "ipc")
 def resolve_weight_sync(option: str, *, on_cpu: bool) -> RouteName:
     """The route of an engine option: ``auto`` is ``shm`` on CPU and ``nccl`` on GPU.
 
-    ``ipc`` is never chosen automatically: only the caller knows that learner and engine share a
-    GPU. vLLM's weight-transfer engines live in its GPU worker, so ``nccl`` / ``ipc`` on CPU are
-    a ``ValueError``.
+    This is what an engine started on its own does; it cannot see where the learners are. A run
+    resolves ``auto`` before its engines start, from the resource layout
+    (``flashrl.weight_sync.layout.plan_route``: ``ipc`` when learner and engine share a GPU), and
+    checks the route against the GPUs Ray assigned (``check_route``). vLLM's weight-transfer
+    engines live in its GPU worker, so ``nccl`` / ``ipc`` on CPU are a ``ValueError``.
     """
     if option not in WEIGHT_SYNC_OPTIONS:
         raise ValueError(f"weight_sync must be one of {WEIGHT_SYNC_OPTIONS}; got {option!r}.")
@@ -52,6 +55,25 @@ def resolve_weight_sync(option: str, *, on_cpu: bool) -> RouteName:
             "worker. Fix: weight_sync='auto' or 'shm' on CPU."
         )
     return option  # type: ignore[return-value]
+
+
+INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
+"""vLLM's setting (``vllm/envs.py``) that lets its msgpack encoder fall back to pickle."""
+
+
+def route_environment(route: str) -> dict[str, str]:
+    """Environment the engine's process needs for ``route``, set before vLLM starts.
+
+    ``ipc``: ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``. Each update carries CUDA IPC handles
+    (``torch.multiprocessing.reductions.reduce_tensor``'s arguments: the tensor and storage
+    classes, a ``torch.dtype``), which vLLM's msgpack encoder refuses without it
+    (``vllm/v1/serial_utils.py``, ``MsgpackEncoder.enc_hook``): the first push would fail and leave
+    the engine broken. With it they are pickled over the engine's local process sockets; vLLM's own
+    example (``examples/rl/rlhf_ipc.py``) and Molt 0.2.1 (``molt/trainer/vllm/vllm_engine.py``,
+    ``_configure_vllm_env``) set the same. ``nccl`` and ``shm`` send only names, dtype names and
+    shapes, and need nothing.
+    """
+    return {INSECURE_SERIALIZATION: "1"} if route == "ipc" else {}
 
 
 def vllm_transfer_args(route: RouteName) -> dict[str, object]:

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from flashrl.weight_sync.buckets import DEFAULT_BUCKET_BYTES, WeightBuckets
+from flashrl.weight_sync.gather import WEIGHT_NAMES
+from flashrl.weight_sync.layout import TransferLayout, check_route
 from flashrl.weight_sync.resolve import PUSH_ROUTES, ROUTE_NAMES, RouteName
 
 __all__ = ["Learners", "PushRoute", "Runners", "ShmRoute", "WeightSyncRoute", "route_for"]
@@ -37,7 +39,7 @@ class Learners(Protocol):
     @property
     def version(self) -> int: ...
 
-    def weight_buckets_refs(self, bucket_bytes: int = ...) -> WeightBuckets: ...
+    def weight_buckets_refs(self, bucket_bytes: int = ..., names: str = ...) -> WeightBuckets: ...
 
     def start_weight_push(
         self,
@@ -78,10 +80,14 @@ class WeightSyncRoute(ABC):
     name: str
     """The route, as the engines resolved ``weight_sync`` (``shm``, ``nccl``, ``ipc``)."""
 
-    def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, weight_names: str = "model") -> None:
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive; got {bucket_bytes}.")
+        if weight_names not in WEIGHT_NAMES:
+            raise ValueError(f"weight_names must be one of {WEIGHT_NAMES}; got {weight_names!r}.")
         self.bucket_bytes = bucket_bytes
+        self.weight_names = weight_names
+        """How the streamed buckets name the tensors: what the engines load (``flashrl.weight_sync.gather``)."""
 
     @property
     def num_formations(self) -> int:
@@ -104,7 +110,7 @@ class WeightSyncRoute(ABC):
         """
         if learners.version == 0:
             return 0.0
-        weights = learners.weight_buckets_refs(self.bucket_bytes)
+        weights = learners.weight_buckets_refs(self.bucket_bytes, names=self.weight_names)
         return runners.broadcast_weights(learners.version, weights, wait=True)
 
     def stop(self) -> None:
@@ -118,17 +124,20 @@ class ShmRoute(WeightSyncRoute):
         wait_for_load: return only once every runner has loaded the weights (``sync_group``);
             False (async) returns at once and the runners load while they keep sampling.
         bucket_bytes: bucket size of the learner's ``weight_buckets_refs``.
+        weight_names: ``model`` or ``checkpoint``: the names the runners' engines load.
     """
 
     name = "shm"
 
-    def __init__(self, *, wait_for_load: bool, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        super().__init__(bucket_bytes=bucket_bytes)
+    def __init__(
+        self, *, wait_for_load: bool, bucket_bytes: int = DEFAULT_BUCKET_BYTES, weight_names: str = "model"
+    ) -> None:
+        super().__init__(bucket_bytes=bucket_bytes, weight_names=weight_names)
         self.wait_for_load = wait_for_load
 
     def push(self, learners: Learners, runners: Runners) -> float:
         """The runners' broadcast time (the learner's puts happen before it and are not counted)."""
-        weights = learners.weight_buckets_refs(self.bucket_bytes)
+        weights = learners.weight_buckets_refs(self.bucket_bytes, names=self.weight_names)
         return runners.broadcast_weights(learners.version, weights, wait=self.wait_for_load)
 
 
@@ -155,7 +164,7 @@ class PushRoute(WeightSyncRoute):
             raise ValueError(
                 f"PushRoute: route must be one of {PUSH_ROUTES}; got {route!r} (shm is pulled: use ShmRoute)."
             )
-        super().__init__(bucket_bytes=bucket_bytes)
+        super().__init__(bucket_bytes=bucket_bytes, weight_names="checkpoint")  # vLLM engines only
         self.name: RouteName = route  # type: ignore[assignment]
         self._formations = 0
         self._formed: tuple[Runners, int] | None = None
@@ -178,7 +187,7 @@ class PushRoute(WeightSyncRoute):
         until the next push, loads the learners' current weights through the ``shm`` stream.
         """
         def current() -> tuple[int, WeightBuckets]:
-            return learners.version, learners.weight_buckets_refs(self.bucket_bytes)
+            return learners.version, learners.weight_buckets_refs(self.bucket_bytes, names=self.weight_names)
 
         runners.set_weights_source(current)
         if self._formed is not None and self._formed[0] is runners and self._formed[1] == runners.generation:
@@ -206,7 +215,11 @@ class PushRoute(WeightSyncRoute):
 
 
 def route_for(
-    facts: Mapping[str, Any], *, wait_for_load: bool, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    facts: Mapping[str, Any],
+    *,
+    wait_for_load: bool,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    layout: TransferLayout | None = None,
 ) -> WeightSyncRoute:
     """The route of a run, from an EnvRunner's setup facts (``facts["weight_sync"]``).
 
@@ -214,11 +227,19 @@ def route_for(
         facts: what ``EnvRunnerGroup.setup()`` returned.
         wait_for_load: for ``shm``, whether a push waits until every runner has loaded (``sync_group``).
         bucket_bytes: bucket size of the learner's gathers.
+        layout: the GPUs Ray assigned the learners and the engines; a push route is checked against it
+            (``flashrl.weight_sync.layout.check_route``) before any transfer group forms.
+
+    Raises:
+        RouteError: the engines were started with a push route these GPUs cannot carry.
     """
     name = facts.get("weight_sync")
     if name == "shm":
-        return ShmRoute(wait_for_load=wait_for_load, bucket_bytes=bucket_bytes)
+        names = str(facts.get("weight_names", "model"))
+        return ShmRoute(wait_for_load=wait_for_load, bucket_bytes=bucket_bytes, weight_names=names)
     if name in PUSH_ROUTES:
+        if layout is not None:
+            check_route(name, layout)
         return PushRoute(name, bucket_bytes=bucket_bytes)
     raise ValueError(
         f"the env runners' engines report weight_sync={name!r}; expected one of {ROUTE_NAMES}. Fix: the "

@@ -42,5 +42,6 @@ def event_loop_runner() -> Iterator[asyncio.AbstractEventLoop]:
     pending = asyncio.all_tasks(loop)  # e.g. vLLM's output handler, cancelled by engine.close()
     for task in pending:
         task.cancel()
-    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    if pending:  # gather() of nothing would make a future on another loop (no test of the module ran one)
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()

@@ -130,6 +130,29 @@ def test_weight_route_and_transfer_workers_on_cpu(engine) -> None:
     assert engine.num_transfer_workers == 1
 
 
+def test_a_push_plan_is_checked_against_the_checkpoint(engine, smollm2_path: str) -> None:
+    """What learner rank 0 sends every engine before a push route's rendezvous: the checkpoint's names
+    and shapes pass (a tied head may be left out), a name vLLM's loader would not know or a wrong shape
+    is refused here, not inside a broadcast. The engine stays usable either way."""
+    from transformers import AutoModelForCausalLM
+
+    from flashrl.weight_sync.gather import weight_manifest
+    from flashrl.weight_sync.vllm_push import plan_of
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
+    plan = plan_of(weight_manifest(model, dtype=torch.bfloat16, names="checkpoint"))
+    assert engine.check_weight_plan(plan) == len(plan) == len(model.state_dict()) - 1  # tied head once
+    bad_name = [("model.layers.0.mlp.experts.gate_up_proj", "bfloat16", [4, 8, 8]), *plan]
+    with pytest.raises(ValueError, match=r"unknown \['model.layers.0.mlp.experts.gate_up_proj'\]"):
+        engine.check_weight_plan(bad_name)
+    name, dtype, shape = plan[1]
+    with pytest.raises(ValueError, match=rf"wrong shapes \['{name}: expected"):
+        engine.check_weight_plan([plan[0], (name, dtype, [shape[0] + 1, *shape[1:]]), *plan[2:]])
+    with pytest.raises(ValueError, match="Missing"):
+        engine.check_weight_plan(plan[1:])
+    engine.check_weight_plan(plan)
+
+
 def test_an_impossible_kv_budget_is_a_clear_error_before_vllm_starts(smollm2_path: str) -> None:
     with pytest.raises(ValueError) as err:
         make_engine("vllm", smollm2_path, seed=0, max_model_len=4096, kv_cache_memory_bytes=100 * 1024**2)

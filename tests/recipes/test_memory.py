@@ -36,7 +36,14 @@ def test_one_learner_fp32_sgd_one_padded_pass_without_checkpointing() -> None:
     assert m.tokens == 40 and not m.sharded
     assert m.layer_activations == 40 * 2 * A * 4  # M x L x a x b
     assert m.head_activations == 40 * 8 * (8 + 4) + 3 * 1 * 10 * 4 + 10 * 8 * 4
-    assert m.total == 8 * P + 43520 + 4280
+    # the layer whose backward runs: 2H + max(3I, 2q + 2kv) = 16 + max(48, 32) gradient values per token
+    assert m.backward_activations == 40 * 64 * 4 == 10240
+    # sdpa, padded: 4 rows of a [10 x 10] boolean mask and SDPA's float32 copy of it
+    assert m.mask == 4 * 10 * 10 * (1 + 4) == 2000
+    assert m.activations == 43520 + 10240 + 2000 + 4280
+    assert m.reduce_scatter == 0  # one learner: no FSDP
+    assert m.push == 16 * 8 * 4  # shm: one full tensor at a time (the largest, an MLP projection)
+    assert m.total == 8 * P + 43520 + 10240 + 2000 + 4280
 
 
 def test_one_learner_bf16_adamw_micro_batches_with_checkpointing() -> None:
@@ -49,6 +56,16 @@ def test_one_learner_bf16_adamw_micro_batches_with_checkpointing() -> None:
     assert m.layer_activations == 15 * 2 * 8 * 2 + 15 * A * 2 == 4560
     # final norm in/out + float32 hidden gradient; 3 chunks of 7 x V float32; the head accumulator and its cast
     assert m.head_activations == 15 * 8 * (4 + 4) + 3 * 7 * 10 * 4 + 10 * 8 * 4 + 10 * 8 * 2 == 2280
+    assert m.backward_activations == 15 * 64 * 2  # one layer's gradients, bfloat16
+    assert m.mask == 1 * 10 * 10 * (1 + 2)  # padded passes of whole episodes: one row of 10 fits in 15
+    packed = learner_memory(ARCH, dtype="bfloat16", optimizer="adamw", train_batch_size=4, num_learners=1,
+                            max_episode_tokens=10, gradient_checkpointing=True, logprob_chunk_size=7,
+                            max_tokens_per_micro_batch=15, pack_sequences=True)
+    assert packed.mask == 15 * 15 * 3  # one packed row of 15 tokens: its mask spans all of them
+    flash = learner_memory(ARCH, dtype="bfloat16", optimizer="adamw", train_batch_size=4, num_learners=1,
+                           max_episode_tokens=10, gradient_checkpointing=True, logprob_chunk_size=7,
+                           max_tokens_per_micro_batch=15, flash_attention=True)
+    assert flash.mask == 0 and flash.activations == m.activations - m.mask
 
 
 def test_a_pass_holds_at_least_one_whole_episode_and_at_most_the_learners_share() -> None:
@@ -71,10 +88,46 @@ def test_fsdp2_shards_the_static_state_over_the_learners() -> None:
     assert (m.master, m.optimizer) == (700 * 4, 700 * 8)  # P / W float32 shards, AdamW's two moments
     assert m.gradients == 700 * 4 + (root + layer) * 2  # float32 shards + unsharded root and one layer
     assert m.layer_activations == 150 * 2 * 8 * 2 + 150 * A * 2
+    # float32 reduce-scatter of the larger group (a layer, 656 > root 88): its input and its output shard
+    assert m.reduce_scatter == 656 * 4 + 328 * 4 == 3936
     offloaded = learner_memory(ARCH, optimizer_offload=True, **common)
     assert offloaded.host == 700 * 4 * 4  # master + gradient shards + two moments
     assert (offloaded.master, offloaded.optimizer, offloaded.gradients) == (0, 0, (root + layer) * 2)
     assert offloaded.total == m.total - offloaded.host
+
+
+def test_the_push_after_the_update_can_be_the_peak() -> None:
+    """Push routes gather one bucket on the GPU and vLLM adds its packed buffers (1 GiB each): for a
+    small model that is more than the update's gradients and activations."""
+    common = {"dtype": "bfloat16", "optimizer": "adamw", "train_batch_size": 4, "num_learners": 1,
+              "max_episode_tokens": 10, "gradient_checkpointing": True, "logprob_chunk_size": 4}  # fmt: skip
+    shm = learner_memory(ARCH, **common)
+    nccl = learner_memory(ARCH, weight_sync="nccl", bucket_bytes=100, **common)
+    ipc = learner_memory(ARCH, weight_sync="ipc", bucket_bytes=100, **common)
+    largest_tensor = 16 * 8 * 2  # an MLP projection in bfloat16
+    assert nccl.push == max(100, 656 * 2) + 2 * (2**30 + largest_tensor)  # bucket: one layer (1312 B) > 100
+    assert ipc.push == 656 * 2 + 2**30
+    assert nccl.total == nccl.weights + nccl.master + nccl.optimizer + nccl.push > shm.total
+    assert shm.total == shm.weights + shm.master + shm.optimizer + shm.update
+
+
+def test_qwen3_moe_on_80_gb_gpus() -> None:
+    """The MoE preset's learner (FSDP2 over 8, passes of one 16,384-token episode, nccl): 63 GiB of static
+    state, the new terms on top of it, and an MoE layer's backward (3kI + kH + E for the MLP branch)."""
+    from flashrl.recipes.architectures import ARCHITECTURES
+    from flashrl.recipes.memory import GIB, layer_backward_values_per_token
+
+    arch = ARCHITECTURES["Qwen/Qwen3-30B-A3B"]
+    assert layer_backward_values_per_token(arch) == 2 * 2048 + (3 * 8 * 768 + 8 * 2048 + 128)
+    m = learner_memory(arch, dtype="bfloat16", optimizer="adamw", train_batch_size=128, num_learners=8,
+                       max_episode_tokens=16384, gradient_checkpointing=True, logprob_chunk_size=1024,
+                       max_tokens_per_micro_batch=16384, weight_sync="nccl")  # fmt: skip
+    assert 62 * GIB < m.static < 64 * GIB
+    root = 151936 * 2048 * 2 + 2048  # untied embedding and head, final norm
+    layer = (arch.num_parameters() - root) // 48
+    assert m.reduce_scatter == layer * 4 + -(-layer // 8) * 4  # a layer (622M) outweighs the root
+    assert m.mask == 16384 * 16384 * 3  # sdpa (no flash_attn): one padded row of 16,384
+    assert 75 * GIB < m.total < 78 * GIB  # of 80 GiB: little room for the CUDA context and fragmentation
 
 
 def test_formula_against_the_committed_measurement() -> None:
@@ -92,7 +145,8 @@ def test_formula_against_the_committed_measurement() -> None:
             m = learner_memory(arch, dtype="float32", optimizer="adamw", train_batch_size=row["batch_size"],
                                num_learners=1, max_episode_tokens=cfg["length"],
                                gradient_checkpointing=cfg["gradient_checkpointing"],
-                               logprob_chunk_size=cfg["chunk_size"], max_tokens_per_micro_batch=budget)
+                               logprob_chunk_size=cfg["chunk_size"], max_tokens_per_micro_batch=budget,
+                               pack_sequences=path == "micro_packed")
             assert abs(m.gradients + m.activations - measured) <= 0.3 * measured, (row["batch_size"], path)
             checked += 1
     assert checked >= 8

@@ -77,6 +77,55 @@ def test_learner_forms_pushes_and_tears_down(make_spec, batch, fake_engines) -> 
     assert engines[1].closed and log.count(("shutdown",)) == 2
 
 
+def test_a_hung_or_failed_push_is_torn_down_on_both_sides(make_spec, fake_engines) -> None:
+    """A send that outlives its deadline (a broadcast whose peer stopped receiving) raises, shuts the
+    learner's side down and has every runner abort; the next start forms the group again."""
+    import threading
+
+    from flashrl.weight_sync.vllm_push import TransferTimeout
+
+    engines, log = fake_engines
+    learner = Learner(make_spec())
+    learner.start_weight_push("nccl", ["r0", "r1"], [1, 1], master_address="h", master_port=1, deadline_s=0.3)
+    (engine,) = engines
+    runner_calls: list = []
+    engine.client._all = lambda method, per_runner=None, *args: runner_calls.append((method, args))
+    release = threading.Event()
+    engine.send_weights = lambda: release.wait(30)  # hangs until the communicator is aborted
+    engine.shutdown = lambda: (log.append(("shutdown",)), release.set())
+    with pytest.raises(TransferTimeout):
+        learner.push_weights()
+    assert log[-1] == ("shutdown",)
+    assert runner_calls == [("abort_weight_transfer", ("a pushed transfer ran out of time",))]
+    with pytest.raises(RuntimeError, match="before start_weight_push"):
+        learner.push_weights()  # the group is gone
+    learner.stop_weight_push()  # nothing left to tear down
+    assert runner_calls == [("abort_weight_transfer", ("a pushed transfer ran out of time",))]
+
+    learner.start_weight_push("nccl", ["r0", "r1"], [1, 1], master_address="h", master_port=1, deadline_s=5)
+    engine = engines[-1]
+    engine.client._all = lambda method, per_runner=None, *args: runner_calls.append((method, args))
+
+    def broken() -> None:
+        raise RuntimeError("NCCL error: remote process exited")
+
+    engine.send_weights = broken
+    with pytest.raises(RuntimeError, match="NCCL error"):
+        learner.push_weights()
+    assert engine.closed and runner_calls[-1][0] == "abort_weight_transfer"
+    assert "NCCL error" in runner_calls[-1][1][0]
+
+
+def test_a_normal_stop_releases_the_runners_side_too(make_spec, fake_engines) -> None:
+    engines, _ = fake_engines
+    learner = Learner(make_spec())
+    learner.start_weight_push("ipc", ["r0"], [1], master_address="h", master_port=1)
+    runner_calls: list = []
+    engines[0].client._all = lambda method, per_runner=None, *args: runner_calls.append(method)
+    learner.stop_weight_push()
+    assert engines[0].closed and runner_calls == ["end_weight_push"]
+
+
 def test_local_learner_group_passes_a_rendezvous_address(make_spec, fake_engines) -> None:
     engines, _ = fake_engines
     group = LearnerGroup(make_spec(), local=True)
@@ -107,7 +156,8 @@ class FakeLearners:
     def stop_weight_push(self) -> None:
         self.calls.append(("stop",))
 
-    def weight_buckets_refs(self, bucket_bytes):
+    def weight_buckets_refs(self, bucket_bytes, names="model"):
+        assert names == "checkpoint"  # a replacement runner of a push route hosts vLLM: checkpoint names
         return f"buckets of v{self.version} ({bucket_bytes} B)"
 
 

@@ -16,9 +16,11 @@ class Learners:
     def __init__(self, version: int) -> None:
         self.version = version
         self.calls: list = []
+        self.names: list[str] = []
 
-    def weight_buckets_refs(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> str:
+    def weight_buckets_refs(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, names: str = "model") -> str:
         self.calls.append(("buckets", bucket_bytes))
+        self.names.append(names)
         return f"v{self.version}/{bucket_bytes}"
 
     def start_weight_push(self, route, runners, workers_per_runner, *, bucket_bytes=DEFAULT_BUCKET_BYTES) -> None:

@@ -143,3 +143,141 @@ def test_a_push_on_an_shm_engine_is_refused() -> None:
     engine._llm, engine._broken, engine.weight_sync = object(), None, "shm"
     with pytest.raises(RuntimeError, match="weight_sync='shm'.*'nccl' or 'ipc'"):
         engine._check_push_route()
+
+
+# -- the ipc route: vLLM's serializer and buffer ---------------------------------------------------
+def _ipc_update_info() -> dict:
+    """One packed IPC update exactly as vLLM's trainer builds it (``_do_send``), its handle shaped as
+    ``torch.multiprocessing.reductions.reduce_tensor`` returns it for a CUDA buffer: the tensor and
+    storage classes and a ``torch.dtype`` among plain values (no GPU is needed to spell them)."""
+    from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateInfo
+
+    ipc_args = (torch.Tensor, torch.Size([2**20]), (1,), 0, torch.storage.UntypedStorage, torch.uint8, 0,
+                b"cuda-ipc-handle", 2**20, 0, False, b"ref-counter", 0, b"event", True)  # fmt: skip
+    info = IPCWeightTransferUpdateInfo(names=["model.norm.weight"], dtype_names=["bfloat16"], shapes=[[64]],
+                                       ipc_handles={"GPU-uuid": ipc_args}, tensor_sizes=[128])  # fmt: skip
+    return dataclasses.asdict(info)
+
+
+def test_ipc_updates_need_the_insecure_serialization_setting_the_engine_sets(monkeypatch) -> None:
+    """vLLM's engine client encodes an update as a utility call (`core_client._call_utility_async`);
+    its msgpack encoder refuses the handle's classes unless the setting that `route_environment`
+    gives an ipc engine is on, and then the engine core's decoder gets them back."""
+    from vllm import envs
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from flashrl.weight_sync.resolve import route_environment
+
+    envs.disable_envs_cache()  # read the environment at each access, as before an engine starts
+    call = (0, 1, "collective_rpc", ("update_weights", None, (), {"update_info": _ipc_update_info()}))
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    with pytest.raises(TypeError, match="is not serializable"):
+        MsgpackEncoder().encode(call)
+    assert route_environment("nccl") == {} and route_environment("shm") == {}
+    for key, value in route_environment("ipc").items():
+        monkeypatch.setenv(key, value)
+    decoded = MsgpackDecoder().decode(MsgpackEncoder().encode(call))
+    handle = decoded[3][3]["update_info"]["ipc_handles"]["GPU-uuid"]
+    assert handle[0] is torch.Tensor and handle[4] is torch.storage.UntypedStorage and handle[5] is torch.uint8
+
+
+def test_the_ipc_buffer_holds_the_largest_tensor() -> None:
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+    from vllm.distributed.weight_transfer.packed_tensor import DEFAULT_PACKED_BUFFER_SIZE_BYTES
+
+    from flashrl.weight_sync.buckets import TensorMeta
+    from flashrl.weight_sync.vllm_push import VLLM_PACKED_BUFFER_BYTES, ipc_buffer_bytes
+
+    assert VLLM_PACKED_BUFFER_BYTES == DEFAULT_PACKED_BUFFER_SIZE_BYTES == 2**30
+    embed = TensorMeta("model.embed_tokens.weight", "bfloat16", (152064, 3584))  # Qwen2.5-7B
+    norm = TensorMeta("model.norm.weight", "bfloat16", (3584,))
+    assert embed.nbytes == 1_089_994_752 > 2**30
+    assert ipc_buffer_bytes(((embed,), (norm,))) == 1_089_994_752
+    assert ipc_buffer_bytes(((norm,),)) == 2**30  # small models keep vLLM's default
+    info = push_init_info("ipc", rank=0, world_size=2, master_address=None, master_port=None,
+                          ipc_buffer=1_089_994_752)  # fmt: skip
+    assert isinstance(info, IPCTrainerInitInfo) and info.packed_buffer_size_bytes == 1_089_994_752
+
+
+# -- the plan before any rendezvous; a deadline on every transfer ------------------------------------
+def test_the_engines_check_the_plan_before_the_rendezvous(tiny_llama_path: str, monkeypatch) -> None:
+    """`start_push_transfer` has every engine check the names and shapes before vLLM's trainer engine
+    (the NCCL rendezvous) is reached; a refusal stops it there."""
+    from transformers import AutoModelForCausalLM
+    from vllm.distributed.weight_transfer import factory
+
+    from flashrl.weight_sync import vllm_push
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32)
+    reached: list = []
+    monkeypatch.setattr(factory.WeightTransferTrainerFactory, "trainer_init",
+                        classmethod(lambda cls, info, **kw: reached.append(info) or "engine"))  # fmt: skip
+    client = EnvRunnerSyncClient(["r0", "r1"], [1, 1], version=lambda: 0)
+    calls: list = []
+
+    def refuse(method, per_runner=None, *args):
+        calls.append((method, args))
+        raise ValueError("update_weights needs the model's full state_dict(): unknown ['x']")
+
+    client._all = refuse  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="unknown"):
+        vllm_push.start_push_transfer("nccl", model, client, rank=0, device="cpu", master_address="h", master_port=1)
+    (method, (plan,)), = calls
+    assert method == "check_weight_plan" and reached == []
+    assert plan == [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in model.state_dict().items()
+                    if n != "lm_head.weight"]  # fmt: skip  (tied head sent once)
+    calls.clear()
+    client._all = lambda method, per_runner=None, *args: calls.append((method, args))  # type: ignore[method-assign]
+    assert vllm_push.start_push_transfer("nccl", model, client, rank=0, device="cpu", master_address="h",
+                                         master_port=1) == "engine"  # fmt: skip
+    assert [m for m, _ in calls] == ["check_weight_plan"] and len(reached) == 1
+    calls.clear()
+    vllm_push.start_push_transfer("nccl", model, client, rank=1, device="cpu", master_address="h", master_port=1)
+    assert calls == []  # only the sender talks to the runners
+
+
+def test_the_client_leases_aborts_and_releases_every_runner() -> None:
+    from flashrl.weight_sync.vllm_push import LEASE_FACTOR
+
+    client = EnvRunnerSyncClient(["r0", "r1"], [1, 1], version=lambda: 3, timeout_s=5.0)
+    calls: list = []
+    client._all = lambda method, per_runner=None, *args: calls.append((method, args))  # type: ignore[method-assign]
+    client.start_weight_update()
+    assert calls[-1] == ("begin_weight_transfer", (LEASE_FACTOR * 5.0,))
+    client.abort("a broadcast hung")
+    client.shutdown()
+    assert calls[-2:] == [("abort_weight_transfer", ("a broadcast hung",)), ("end_weight_push", ())]
+
+    def fail(method, per_runner=None, *args):
+        raise RuntimeError("runner died")
+
+    client._all = fail  # type: ignore[method-assign]
+    client.abort("x")  # teardown never raises: the runners are replaced anyway
+    client.shutdown()
+
+
+def test_a_send_past_its_deadline_is_torn_down_and_raises() -> None:
+    import threading
+    import time
+
+    from flashrl.weight_sync.vllm_push import TransferTimeout, send_with_deadline
+
+    release = threading.Event()
+
+    class Hung:
+        def send_weights(self) -> None:  # a broadcast whose peer never arrives, until aborted
+            release.wait(30)
+
+    torn: list = []
+    start = time.monotonic()
+    with pytest.raises(TransferTimeout, match="within 0.3 s"):
+        send_with_deadline(Hung(), 0.3, on_timeout=lambda: torn.append("abort") or release.set())
+    assert torn == ["abort"] and time.monotonic() - start < 5
+
+    class Fails:
+        def send_weights(self) -> None:
+            raise ValueError("WeightSource metadata() disagrees with iteration")
+
+    with pytest.raises(ValueError, match="disagrees"):
+        send_with_deadline(Fails(), 5.0, on_timeout=lambda: torn.append("unexpected"))
+    assert torn == ["abort"]

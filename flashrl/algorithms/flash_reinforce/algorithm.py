@@ -52,6 +52,7 @@ from flashrl.metrics import (
     policy_lags,
     progress_line,
 )
+from flashrl.weight_sync.layout import TransferLayout, planned_engine_options
 from flashrl.weight_sync.route import route_for
 
 logger = logging.getLogger("flashrl")
@@ -108,7 +109,9 @@ class FlashReinforce(Trainable):
         self.stream: EpisodeStream | None = None
         self.learner_group = self._new_learner_group()
         self.stream = EpisodeStream(
-            EnvRunnerGroup(cfg.env_runner_spec(), model_path=self.model_path),
+            EnvRunnerGroup(
+                cfg.env_runner_spec(engine_options=_planned_engine_options(cfg)), model_path=self.model_path
+            ),
             rollout_mode=cfg.rollout_mode,
             group_size=cfg.group_size,
             evaluation_num_samples_per_prompt=cfg.evaluation_num_samples_per_prompt,
@@ -163,7 +166,10 @@ class FlashReinforce(Trainable):
         )
 
     def _new_weight_sync(self) -> Any:
-        return route_for(self.env_runner_group.facts, wait_for_load=self.algo_config.rollout_mode == "sync_group")
+        """The route the runners' engines resolved, checked against the GPUs Ray gave each side."""
+        layout = TransferLayout.of(self.learner_group.transfer_devices(), self.env_runner_group.transfer_devices)
+        return route_for(self.env_runner_group.facts, wait_for_load=self.algo_config.rollout_mode == "sync_group",
+                         layout=layout)
 
     @property
     def env_runner_group(self) -> EnvRunnerGroup | None:
@@ -474,6 +480,17 @@ class FlashReinforce(Trainable):
     def stop(self) -> None:
         """Release the actors and the engines (Tune calls this at the end of a trial)."""
         super().stop()
+
+
+def _planned_engine_options(config: FlashReinforceConfig) -> dict[str, Any]:
+    """The engine options the runners start with: ``weight_sync`` resolved from the resource layout."""
+    return planned_engine_options(
+        config.engine,
+        config.engine_options,
+        learner_gpus=config.num_gpus_per_learner,
+        runner_gpus=config.num_gpus_per_env_runner,
+        num_env_runners=config.num_env_runners,
+    )
 
 
 def _check_envs(config: FlashReinforceConfig) -> int | None:

@@ -51,6 +51,7 @@ from flashrl.learners.spec import LearnerSpec
 from flashrl.loggers import logger_problems
 from flashrl.user_code import describe
 from flashrl.validation import DERIVED, SECTION, Checks, SpecError, is_int, is_number, setting
+from flashrl.weight_sync.layout import route_problem
 
 ROLLOUT_MODES = ("async", "sync_group")
 GROUP_BASELINES = ("group_mean", "group_norm")
@@ -441,6 +442,9 @@ class FlashReinforceConfig(_TuneConfig):
             elif self.env_runner_spec in built:
                 problems += _env_config_problems(built[self.env_runner_spec])
         problems += self._batch_problems()
+        route = route_problem(self.engine, self.engine_options, learner_gpus=self.num_gpus_per_learner,
+                              runner_gpus=self.num_gpus_per_env_runner, num_env_runners=self.num_env_runners)  # fmt: skip
+        problems += [route] if route else []
         if problems:
             bullet = "\n  - "
             unique = list(dict.fromkeys(problems))  # a loss problem shows once, though two parts build the loss
