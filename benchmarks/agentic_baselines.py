@@ -33,7 +33,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from _reports import fmt, machine, table, write_json  # noqa: E402
 
-from flashrl.envs.tool_tasks import TOOL_GENERATORS, ToolTaskFamily, held_out_rows  # noqa: E402
+from flashrl.envs.tool_tasks import ANSWER_HINT, TOOL_GENERATORS, ToolTaskFamily, held_out_rows  # noqa: E402
 
 ENV = "flashrl/PythonTool-v0"
 MODEL = "smollm2-135m-instruct"
@@ -45,6 +45,12 @@ FAMILIES: tuple[ToolTaskFamily, ...] = (
     ToolTaskFamily("mul2_short", "products_2digit", "short"),
     ToolTaskFamily("mul3_one_shot", "products_3digit", "one_shot"),
     ToolTaskFamily("sum6_one_shot", "sums_6x3digit", "one_shot"),
+    # two replies: the call, then the answer (the second reply is verified at the turn limit)
+    ToolTaskFamily("mul2_one_shot_t2", "products_2digit", "one_shot", max_turns=2),
+    # ... and every tool output ends with an instruction to answer (shown in the worked example too)
+    ToolTaskFamily("mul2_hint_t2", "products_2digit", "one_shot_hint", max_turns=2, observation_suffix=ANSWER_HINT),
+    ToolTaskFamily("mul3_hint_t2", "products_3digit", "one_shot_hint", max_turns=2, observation_suffix=ANSWER_HINT),
+    ToolTaskFamily("sum6_hint_t2", "sums_6x3digit", "one_shot_hint", max_turns=2, observation_suffix=ANSWER_HINT),
 )
 
 
@@ -171,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "engine_start_s": engine_start_s,
             "families": {f.name: {"generator": f.generator, "prompt": f.prompt, "max_turns": f.max_turns,
+                                  "observation_suffix": f.observation_suffix,
                                   "first_task_ids": [r["id"] for r in rows_by_family[f.name][:3]]} for f in families},
             "results": results,
         })
@@ -183,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             family = next(f for f in families if f.name == name)
             results.append({
                 "family": family.name, "generator": family.generator, "prompt": family.prompt,
-                "max_turns": family.max_turns, "temperature": temperature, "wall_s": seconds,
+                "max_turns": family.max_turns, "observation_suffix": family.observation_suffix,
+                "temperature": temperature, "wall_s": seconds, "load_average": list(os.getloadavg()),
                 **summarize(report, args.num_tasks),
                 "example": transcript(report.episodes[0], tokenizer) if report.episodes else None,
             })
