@@ -8,6 +8,10 @@ evaluation protocol of ``flashrl eval`` (``flashrl/cli.py``: prompt ``i`` is tas
 from ``--seed``): what is measured here is what training would see. Each family is one evaluation
 split of one runner, so the engine starts once per temperature.
 
+Small generated ALFWorld games (``ALFWORLD_FAMILIES``: four receptacles, no distractors, walkthroughs
+of at most 4 commands, admissible commands shown) run the same way on ``flashrl/ALFWorld-v0``; one
+invocation plays families of one env.
+
 Per family and temperature: success rate, mean turns, tool calls per episode, the share of episodes
 that called the tool, and how episodes ended (``answered``: a boxed answer; ``turn_limit``; ``context``:
 the token budget ran out; dropped episodes by the runner's skip reason).

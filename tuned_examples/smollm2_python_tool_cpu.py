@@ -7,17 +7,17 @@
 Real components end to end: vLLM's CPU build samples, an EnvRunner actor plays
 `flashrl/PythonTool-v0` ("What is a * b?", a and b in 11..99: products the model does not know by
 heart), two replies an episode: the model writes a ```python block, the real sandbox runs it and
-answers with what it printed followed by "Now reply with only the result in \\boxed{}."
-(PythonTool's `observation_suffix`), and the second reply is graded by the math verifier (reward 1
-when its boxed answer, else its last number, is a * b). The system prompt is the tool protocol plus
-one worked episode of exactly that shape (`flashrl.envs.tool_tasks`, prompt `one_shot_hint`).
+answers with what it printed, and the second reply is graded by the math verifier (reward 1 when its
+boxed answer, else its last number, is a * b). The system prompt is the tool protocol plus one worked
+episode of exactly that shape (`flashrl.envs.tool_tasks`, prompt `one_shot`).
 
-The untrained model wins about a fifth of these episodes when sampled (docs/benchmarks.md, "Agentic
-task candidates": family `mul2_hint_t2`): it calls the tool right most of the time, but then often
-calls it again or rambles instead of copying the printed number into `\\boxed{}`; the reward
-teaches that last step. Held-out success (sampled at the training temperature, 64 products the
-training stream never shows: the held-out draw of the benchmark, the training rows are other
-products) is measured before, every 10 updates and after.
+Sampled at 0.7 the untrained model wins 0.08 of the held-out episodes (5/64; greedy 2/16, at
+temperature 1 none: docs/benchmarks.md, "Agentic task candidates", family `mul2_one_shot_t2`): it
+calls the tool right most of the time, then mostly repeats the call instead of copying the printed
+number into `\\boxed{}`; the reward is for that last step. Held-out success (sampled at the training
+temperature, the benchmark's 64 held-out products, which the 2048 training products never include) is
+measured before, every 10 updates and after. Not yet shown to learn: the target (+0.15 in about 20
+minutes on 2 cores) has not been run.
 
 Writes under --output: TensorBoard logs, progress.jsonl, curves.png, checkpoint_final/, result.json.
 """
@@ -31,11 +31,13 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 import numpy as np  # noqa: E402
 
 from flashrl.algorithms import FlashReinforceConfig  # noqa: E402
-from flashrl.envs.tool_tasks import ANSWER_HINT, TOOL_GENERATORS, ToolTaskFamily, held_out_rows  # noqa: E402
+from flashrl.envs.tool_tasks import TOOL_GENERATORS, ToolTaskFamily, held_out_rows  # noqa: E402
 from flashrl.recipes import CPU_PINS, NodePlan, Preset, run_preset  # noqa: E402
 
-#: The measured family (docs/benchmarks.md): two-digit products, one worked example, the answer hint, 2 replies.
-FAMILY = ToolTaskFamily("mul2_hint_t2", "products_2digit", "one_shot_hint", max_turns=2, observation_suffix=ANSWER_HINT)
+#: The measured family (docs/benchmarks.md): two-digit products, one worked example, 2 replies. The variant with
+#: an answer instruction after each tool output measured 0.06 against 0.08:
+#: ToolTaskFamily("mul2_hint_t2", "products_2digit", "one_shot_hint", max_turns=2, observation_suffix=ANSWER_HINT)
+FAMILY = ToolTaskFamily("mul2_one_shot_t2", "products_2digit", "one_shot", max_turns=2)
 #: Sampling (and held-out) temperature: at 1.0 the untrained model wins no episode, at 0.7 it wins some.
 TEMPERATURE = 0.7
 
@@ -43,15 +45,17 @@ PRESET = Preset(
     name="smollm2_python_tool_cpu",
     description="SmolLM2-135M-Instruct, two-digit products with a Python tool (2 replies), vLLM CPU build, 2 CPU cores",
     success_metric="evaluation/episode_return_mean",
-    success_threshold=0.4,
+    success_threshold=0.23,
     stop_iters=40,
     node_plan=NodePlan(num_nodes=1, gpus_per_node=0, cpus_per_node=os.cpu_count() or 2, host_memory_gib=24),
     pins=CPU_PINS,
     needs_gpu=False,
     needs_sandbox=True,
     sources={
-        "task family mul2_hint_t2, temperature 0.7": "ours: the untrained model's success on the held-out "
-        "products sampled at 0.7 is inside 5-40%; at 1.0 it is 0/16 (docs/benchmarks.md, 'Agentic task candidates')",
+        "task family mul2_one_shot_t2, temperature 0.7": "ours: the untrained model's success on the held-out "
+        "products sampled at 0.7 is 0.08 (5/64), inside 5-40%; at 1.0 it is 0/16 (docs/benchmarks.md, "
+        "'Agentic task candidates')",
+        "success 0.23 held-out after 40 updates": "ours: the untrained 0.08 plus 0.15 (not yet shown reachable)",
         "train_batch_size=16, lr=3e-6 (AdamW), delta=0.05": "ours: the CPU main job's values "
         "(tuned_examples/smollm2_arithmetic_cpu.py)",
         "max_new_tokens=128, max_episode_tokens=640": "ours: the benchmark's reply limit; an episode is at most about 520 tokens (a 200-token prompt, two 128-token replies, the tool output)",
