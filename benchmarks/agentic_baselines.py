@@ -8,6 +8,10 @@ evaluation protocol of ``flashrl eval`` (``flashrl/cli.py``: prompt ``i`` is tas
 from ``--seed``): what is measured here is what training would see. Each family is one evaluation
 split of one runner, so the engine starts once per temperature.
 
+Small generated ALFWorld games (``ALFWORLD_FAMILIES``: four receptacles, no distractors, walkthroughs
+of at most 4 commands, admissible commands shown) run the same way on ``flashrl/ALFWorld-v0``; one
+invocation plays families of one env.
+
 Per family and temperature: success rate, mean turns, tool calls per episode, the share of episodes
 that called the tool, and how episodes ended (``answered``: a boxed answer; ``turn_limit``; ``context``:
 the token budget ran out; dropped episodes by the runner's skip reason).
@@ -27,15 +31,17 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from _reports import fmt, machine, table, write_json  # noqa: E402
 
-from flashrl.envs.tool_tasks import TOOL_GENERATORS, ToolTaskFamily, held_out_rows  # noqa: E402
+from flashrl.envs.tool_tasks import ANSWER_HINT, TOOL_GENERATORS, ToolTaskFamily, held_out_rows  # noqa: E402
 
 ENV = "flashrl/PythonTool-v0"
+ALFWORLD_ENV = "flashrl/ALFWorld-v0"
 MODEL = "smollm2-135m-instruct"
 
 #: The candidates: the default tool prompt, a one-shot worked example, a short prompt; two task sizes.
@@ -45,7 +51,49 @@ FAMILIES: tuple[ToolTaskFamily, ...] = (
     ToolTaskFamily("mul2_short", "products_2digit", "short"),
     ToolTaskFamily("mul3_one_shot", "products_3digit", "one_shot"),
     ToolTaskFamily("sum6_one_shot", "sums_6x3digit", "one_shot"),
+    # two replies: the call, then the answer (the second reply is verified at the turn limit)
+    ToolTaskFamily("mul2_one_shot_t2", "products_2digit", "one_shot", max_turns=2),
+    # ... and every tool output ends with an instruction to answer (shown in the worked example too)
+    ToolTaskFamily("mul2_hint_t2", "products_2digit", "one_shot_hint", max_turns=2, observation_suffix=ANSWER_HINT),
+    ToolTaskFamily("mul3_hint_t2", "products_3digit", "one_shot_hint", max_turns=2, observation_suffix=ANSWER_HINT),
+    ToolTaskFamily("sum6_hint_t2", "sums_6x3digit", "one_shot_hint", max_turns=2, observation_suffix=ANSWER_HINT),
 )
+
+
+
+@dataclass(frozen=True)
+class AlfworldFamily:
+    """Small generated ALFWorld games: few receptacles, short walkthroughs, admissible commands shown.
+
+    Held-out games: split ``valid_unseen`` (ALFRED's held-out floor plans) of the generator's seed 0;
+    a training job would draw from ``train``.
+    """
+
+    name: str
+    task_types: tuple[str, ...]
+    max_turns: int
+    max_receptacles: int = 4
+    num_distractors: int = 0
+    max_walkthrough_steps: int = 4
+
+    def env_config(self, num_tasks: int) -> dict[str, Any]:
+        from flashrl.envs.alfworld.generator import GeneratorConfig
+
+        generator = GeneratorConfig(max_receptacles=self.max_receptacles, num_distractors=self.num_distractors,
+                                    max_walkthrough_steps=self.max_walkthrough_steps)
+        return {"split": "valid_unseen", "num_games": num_tasks, "task_types": list(self.task_types), "seed": 0,
+                "generator": generator, "max_turns": self.max_turns, "order": "sequential"}
+
+
+#: Four-receptacle rooms, no distractor objects, tasks the planner solves in at most 4 commands.
+ALFWORLD_FAMILIES: tuple[AlfworldFamily, ...] = (
+    AlfworldFamily("alfworld_place_r4_t8", ("pick_and_place_simple",), max_turns=8),
+    AlfworldFamily("alfworld_light_r4_t8", ("look_at_obj_in_light",), max_turns=8),
+)
+
+
+def env_of(family: ToolTaskFamily | AlfworldFamily) -> str:
+    return ALFWORLD_ENV if isinstance(family, AlfworldFamily) else ENV
 
 
 def termination(episode: Any) -> str:
@@ -84,12 +132,12 @@ def summarize(report: Any, num_tasks: int) -> dict[str, Any]:
     }
 
 
-def make_config(args: argparse.Namespace, temperature: float, splits: dict[str, dict[str, Any]]) -> Any:
+def make_config(args: argparse.Namespace, temperature: float, splits: dict[str, dict[str, Any]], env: str) -> Any:
     from flashrl.cli import evaluation_config
 
     first = next(iter(splits.values()))
     return evaluation_config(
-        env=ENV,
+        env=env,
         env_config=first,
         evaluation_env_config=first,
         evaluation_splits=splits,
@@ -130,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-tasks", type=int, default=64, help="held-out tasks per family")
     parser.add_argument("--families", nargs="+", default=[f.name for f in FAMILIES],
-                        choices=[f.name for f in FAMILIES])
+                        choices=[f.name for f in FAMILIES + ALFWORLD_FAMILIES],
+                        help="all of one env (PythonTool or ALFWorld): one runner plays them")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--engine", default="vllm", choices=["vllm", "torch"])
     parser.add_argument("--max-new-tokens", type=int, default=128, help="per reply")
@@ -147,11 +196,19 @@ def main(argv: list[str] | None = None) -> int:
 
     model_path = resolve_model(MODEL)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    families = [f for f in FAMILIES if f.name in args.families]
+    families = [f for f in FAMILIES + ALFWORLD_FAMILIES if f.name in args.families]
+    envs = {env_of(f) for f in families}
+    if len(envs) != 1:
+        parser.error(f"--families must all be of one env; got families of {sorted(envs)}. Run each env on its own.")
+    env = envs.pop()
     rows_by_family = {
-        f.name: held_out_rows(TOOL_GENERATORS[f.generator], args.num_tasks, seed=args.task_seed) for f in families
+        f.name: held_out_rows(TOOL_GENERATORS[f.generator], args.num_tasks, seed=args.task_seed)
+        for f in families if isinstance(f, ToolTaskFamily)
     }
-    splits = {f.name: f.env_config(rows_by_family[f.name]) for f in families}
+    splits = {
+        f.name: f.env_config(rows_by_family[f.name]) if isinstance(f, ToolTaskFamily) else f.env_config(args.num_tasks)
+        for f in families
+    }
     results: list[dict[str, Any]] = []
     engine_start_s: dict[str, float] = {}
 
@@ -161,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "agentic_baselines",
             "complete": complete,
             "model": MODEL,
-            "env": ENV,
+            "env": env,
             "engine": args.engine,
             "machine": machine(),
             "settings": {
@@ -170,20 +227,21 @@ def main(argv: list[str] | None = None) -> int:
                 "seed": args.seed, "task_seed": args.task_seed, "dtype": "float32",
             },
             "engine_start_s": engine_start_s,
-            "families": {f.name: {"generator": f.generator, "prompt": f.prompt, "max_turns": f.max_turns,
-                                  "first_task_ids": [r["id"] for r in rows_by_family[f.name][:3]]} for f in families},
+            "families": {f.name: {**asdict(f), "first_task_ids": [r["id"] for r in rows_by_family.get(f.name, [])[:3]]}
+                         for f in families},
             "results": results,
         })
 
     for temperature in args.temperatures:
         print(f"temperature {temperature:g}:", flush=True)
-        config = make_config(args, temperature, splits)
+        config = make_config(args, temperature, splits, env)
 
         def done(name: str, report: Any, seconds: float, temperature: float = temperature) -> None:
             family = next(f for f in families if f.name == name)
             results.append({
-                "family": family.name, "generator": family.generator, "prompt": family.prompt,
-                "max_turns": family.max_turns, "temperature": temperature, "wall_s": seconds,
+                **asdict(family),
+                "family": family.name,
+                "temperature": temperature, "wall_s": seconds, "load_average": list(os.getloadavg()),
                 **summarize(report, args.num_tasks),
                 "example": transcript(report.episodes[0], tokenizer) if report.episodes else None,
             })

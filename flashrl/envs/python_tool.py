@@ -173,10 +173,14 @@ class PythonToolEnv(MathEnv):
     ``max_turns`` (default 4), ``sandbox`` (a :class:`SandboxConfig` or a ready
     :class:`Sandbox`), ``max_observation_chars`` (stdout + stderr shown per run),
     ``observation_role``, ``tool_format`` (``"fenced"`` or ``"hermes"``), ``max_calls_per_turn``
-    (hermes; default 4), and every :class:`MathEnv` argument.
+    (hermes; default 4), ``observation_suffix`` (default ``""``: text appended, after a blank line, to
+    every tool observation, e.g. ``"Now give the final answer in \boxed{}."``: a standing instruction
+    that small models need to turn a printed result into an answer; with ``"hermes"`` it goes after
+    the last ``tool`` message of the turn), and every :class:`MathEnv` argument.
 
     ## Version history
-    * v0: initial version; ``tool_format="hermes"`` added (the default, fenced, is unchanged).
+    * v0: initial version; ``tool_format="hermes"`` added (the default, fenced, is unchanged);
+      ``observation_suffix`` added (the default, empty, is unchanged).
     """
 
     def __init__(
@@ -191,6 +195,7 @@ class PythonToolEnv(MathEnv):
         observation_role: str = "user",
         tool_format: ToolFormat = "fenced",
         max_calls_per_turn: int = 4,
+        observation_suffix: str = "",
         question_field: str = "question",
         answer_field: str = "answer",
         id_field: str | None = None,
@@ -209,6 +214,8 @@ class PythonToolEnv(MathEnv):
             preset = "arithmetic"
         if tool_format not in TOOL_FORMATS:
             raise ValueError(f"tool_format must be one of {TOOL_FORMATS}; got {tool_format!r}.")
+        if not isinstance(observation_suffix, str):
+            raise TypeError(f"observation_suffix must be a string; got {type(observation_suffix).__name__}.")
         if not isinstance(max_calls_per_turn, int) or max_calls_per_turn < 1:
             raise ValueError(f"max_calls_per_turn must be an int >= 1; got {max_calls_per_turn!r}.")
         default_template = TOOL_CALL_TEMPLATE if tool_format == "hermes" else TOOL_TEMPLATE
@@ -233,6 +240,7 @@ class PythonToolEnv(MathEnv):
         self.sandbox = sandbox if isinstance(sandbox, Sandbox) else Sandbox(sandbox or DEFAULT_SANDBOX)
         self.tool_format = tool_format
         self.max_calls_per_turn = max_calls_per_turn
+        self.observation_suffix = observation_suffix
         self.tool = Tool("python", PYTHON_TOOL_DESCRIPTION, self._run_code, PYTHON_TOOL_PARAMETERS, ("code",))
         """The ``python`` tool of ``tool_format="hermes"`` (its schema goes to the chat template)."""
         self._tool_calls = 0
@@ -257,6 +265,10 @@ class PythonToolEnv(MathEnv):
             result, max_chars=self.max_observation_chars, wall_time_s=self.sandbox.config.wall_time_s
         )
 
+    def _with_suffix(self, content: str) -> str:
+        """A tool observation followed by ``observation_suffix`` (after a blank line), if one is set."""
+        return f"{content}\n\n{self.observation_suffix}" if self.observation_suffix else content
+
     def _step_action(self, action: str) -> StepResult:
         if self.tool_format == "hermes":
             return self._step_tool_calls(action)
@@ -269,7 +281,7 @@ class PythonToolEnv(MathEnv):
             return [], reward, answered, not answered, info
         info: dict[str, Any] = {"sandbox_backend": self.sandbox.backend}
         if reply.code_blocks:
-            content = self._run_code("\n".join(reply.code_blocks))
+            content = self._with_suffix(self._run_code("\n".join(reply.code_blocks)))
             self._tool_calls += 1
             info.update(self._last_run)
         else:
@@ -300,6 +312,8 @@ class PythonToolEnv(MathEnv):
             )
             self._tool_calls += run
             info.update(self._last_run, tool_calls_refused=refused)
+            last = messages[-1]
+            messages[-1] = {**last, "content": self._with_suffix(last["content"])}
         else:
             messages = [{"role": self.observation_role, "content": (
                 "No tool call and no final answer found. Call the python tool to run code, or give the "

@@ -38,6 +38,17 @@ ONE_SHOT_SYSTEM_PROMPT = (
     "User: Exit status: 0\nstdout:\n```\n2368\n```\nAssistant: \\boxed{2368}"
 )
 
+#: The instruction ``observation_suffix`` appends to every tool output in the ``*_hint`` families.
+ANSWER_HINT = "Now reply with only the result in \\boxed{}."
+
+#: The one-shot example with the hint where the environment puts it: the worked episode shows the
+#: tool's output, the hint after it, then the boxed copy of the printed number.
+ONE_SHOT_HINT_SYSTEM_PROMPT = (
+    TOOL_SYSTEM_PROMPT
+    + "\n\nExample.\nUser: What is 37 * 64?\nAssistant:\n```python\nprint(37 * 64)\n```\n"
+    "User: Exit status: 0\nstdout:\n```\n2368\n```\n\n" + ANSWER_HINT + "\nAssistant: \\boxed{2368}"
+)
+
 #: A shorter protocol for a small model: one instruction per sentence, the call shown inline.
 SHORT_SYSTEM_PROMPT = (
     "Compute with Python. Reply with only a code block like\n```python\nprint(12 * 34)\n```\n"
@@ -47,6 +58,7 @@ SHORT_SYSTEM_PROMPT = (
 TOOL_PROMPTS: dict[str, str] = {
     "default": TOOL_SYSTEM_PROMPT,
     "one_shot": ONE_SHOT_SYSTEM_PROMPT,
+    "one_shot_hint": ONE_SHOT_HINT_SYSTEM_PROMPT,
     "short": SHORT_SYSTEM_PROMPT,
 }
 
@@ -63,6 +75,8 @@ class ToolTaskFamily:
     """Key of :data:`TOOL_PROMPTS`."""
     max_turns: int = 3
     """Replies per episode (a tool call, then the answer, plus one spare)."""
+    observation_suffix: str = ""
+    """PythonTool's ``observation_suffix``: an instruction after every tool output (``""``: none)."""
 
     def __post_init__(self) -> None:
         if self.generator not in TOOL_GENERATORS:
@@ -74,13 +88,16 @@ class ToolTaskFamily:
 
     def env_config(self, rows: list[dict[str, str]]) -> dict[str, object]:
         """``flashrl/PythonTool-v0`` arguments that play ``rows`` in order with this family's prompt."""
-        return {
+        config: dict[str, object] = {
             "tasks": rows,
             "id_field": "id",
             "system_prompt": TOOL_PROMPTS[self.prompt],
             "max_turns": self.max_turns,
             "order": "sequential",
         }
+        if self.observation_suffix:
+            config["observation_suffix"] = self.observation_suffix
+        return config
 
 
 def held_out_rows(generator: ArithmeticGenerator, num_tasks: int, *, seed: int) -> list[dict[str, str]]:

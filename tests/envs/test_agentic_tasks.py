@@ -10,6 +10,7 @@ import flashrl.envs  # noqa: F401  (registers the envs)
 from flashrl.envs.math.generators import ArithmeticGenerator
 from flashrl.envs.python_tool import TOOL_SYSTEM_PROMPT
 from flashrl.envs.tool_tasks import (
+    ANSWER_HINT,
     ONE_SHOT_SYSTEM_PROMPT,
     TOOL_GENERATORS,
     TOOL_PROMPTS,
@@ -96,5 +97,25 @@ def test_family_env_plays_rows_in_order_and_rewards_the_tool_answer():
         _, _, _, _, _ = env.step("no code here")
         _, reward, terminated, truncated, step_info = env.step("\\boxed{2969}")  # off by one
         assert (reward, terminated, step_info["success"]) == (0.0, True, False)
+    finally:
+        env.close()
+
+
+def test_hint_family_shows_the_hint_its_worked_example_shows():
+    rows = held_out_rows(TOOL_GENERATORS["products_2digit"], 2, seed=1)
+    family = ToolTaskFamily("mul2_hint_t2", "products_2digit", "one_shot_hint", max_turns=2,
+                            observation_suffix=ANSWER_HINT)
+    assert family.env_config(rows)["observation_suffix"] == ANSWER_HINT
+    assert "observation_suffix" not in ToolTaskFamily("x", "products_2digit", "one_shot").env_config(rows)
+    env = gym.make("flashrl/PythonTool-v0", **family.env_config(rows))
+    try:
+        messages, _ = env.reset(seed=0, options={"task_index": 0})
+        obs, *_ = env.step("```python\nprint(37 * 64)\n```")  # the worked example's own call
+        # the example in the system prompt is, character for character, what the env answers
+        assert f"User: {obs[0]['content']}\nAssistant: \\boxed{{2368}}" in messages[0]["content"]
+        assert obs[0]["content"].endswith("\n\nNow reply with only the result in \\boxed{}.")
+        # two replies: the second is graded at the turn limit (the last number when nothing is boxed)
+        _, reward, terminated, truncated, info = env.step("53 * 56 = 2968")
+        assert (reward, terminated, truncated, info["turn_limit_reached"]) == (1.0, False, True, True)
     finally:
         env.close()

@@ -135,6 +135,25 @@ def test_sandbox_limits_reach_the_observation() -> None:
     assert obs[0]["content"].endswith("Error: [Errno 1] Operation not permitted\n```")
 
 
+def test_observation_suffix_follows_every_tool_output_not_the_reminder(sandbox: Sandbox) -> None:
+    hint = "Now reply with only the result in \\boxed{}."
+    env = make_env(sandbox, observation_suffix=hint, max_turns=3)
+    env.reset(seed=0)
+    obs, *_ = env.step(code("print(12 * 34 - 5)"))
+    assert obs == [{"role": "user", "content": "Exit status: 0\nstdout:\n```\n403\n```\n\n" + hint}]
+    obs, *_ = env.step("Hmm.")  # no code: the protocol reminder, unchanged
+    assert obs[0]["content"].startswith("No ```python code block") and hint not in obs[0]["content"]
+    hermes = make_env(sandbox, observation_suffix=hint, tool_format="hermes")
+    hermes.reset(seed=0)
+    obs, *_ = hermes.step(call("print(1)") + call("print(2)"))  # the hint once, after the last result
+    assert obs == [
+        {"role": "tool", "content": "Exit status: 0\nstdout:\n```\n1\n```"},
+        {"role": "tool", "content": "Exit status: 0\nstdout:\n```\n2\n```\n\n" + hint},
+    ]
+    with pytest.raises(TypeError, match="observation_suffix must be a string; got int"):
+        make_env(sandbox, observation_suffix=1)
+
+
 def test_no_code_no_answer_gets_a_reminder(sandbox: Sandbox) -> None:
     env = make_env(sandbox, observation_role="tool")
     env.reset(seed=0)
