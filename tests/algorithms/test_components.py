@@ -80,8 +80,8 @@ def test_none_baseline():
 
 
 def test_unknown_name_lists_the_choices():
-    with pytest.raises(ValueError, match=r"Unknown baseline 'median'; expected one of \['batch_mean'"):
-        flash_reinforce_loss(torch.zeros(1, 1) - 1, torch.zeros(1, 1) - 1, torch.ones(1), torch.ones(1, 1, dtype=torch.bool), delta=0.1, baseline="median")
+    with pytest.raises(ValueError, match=r"Unknown baseline 'no_such_baseline'; expected one of \['batch_mean'"):
+        flash_reinforce_loss(torch.zeros(1, 1) - 1, torch.zeros(1, 1) - 1, torch.ones(1), torch.ones(1, 1, dtype=torch.bool), delta=0.1, baseline="no_such_baseline")
 
 
 def test_custom_baseline_object_in_a_few_lines():

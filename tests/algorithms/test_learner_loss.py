@@ -16,7 +16,7 @@ from flashrl.learners import Loss
     [
         ({"delta": -0.1}, "delta"),
         ({"delta": float("nan")}, "delta"),
-        ({"baseline": "median"}, "baseline"),
+        ({"baseline": "no_such_baseline"}, "baseline"),
         ({"trust_region": "ppo_clip"}, "trust_region"),
         ({"aggregation": "sum"}, "aggregation"),
         ({"negative_token_fraction": 1.5}, "negative_token_fraction"),

@@ -100,7 +100,7 @@ def test_from_dict_names_the_closest_field():
         ({"delta": float("nan")}, "delta: expected a number >= 0 (math.inf = no trust region), got nan"),
         ({"train_batch_size": 1}, "train_batch_size: expected >= 2 with baseline 'batch_mean'"),
         ({"engine": "tgi"}, "engine: expected one of ('vllm', 'torch'), got 'tgi'"),
-        ({"baseline": "median"}, "baseline: expected one of"),
+        ({"baseline": "no_such_baseline"}, "baseline: expected one of"),
         ({"baseline": "group_mean"}, "baseline: expected a per-batch baseline in 'async' mode"),
         ({"negative_token_fraction": 1.5}, "negative_token_fraction: expected a number in [0, 1], got 1.5"),
         ({"async_queue_size": 0}, "async_queue_size: expected None or an integer >= 1 (batches ahead of the learner), got 0"),

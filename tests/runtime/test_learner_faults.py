@@ -106,6 +106,7 @@ def test_a_killed_learner_restarts_from_the_newest_checkpoint_and_redoes_the_los
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # about 95 s on 2 shared cores; the restart from a checkpoint runs in the default suite
 def test_before_any_checkpoint_a_restart_resumes_from_the_start_and_the_limit_stops_the_run(
     ray_session, tiny_config
 ):

@@ -106,6 +106,9 @@ def test_route_for_checks_a_push_route_against_the_layout() -> None:
 
 
 def test_gpu_slots_of_a_process_without_ray_gpus(monkeypatch) -> None:
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # a driver outside Ray (an earlier test may have joined)
     assert gpu_slots("cpu") == () and gpu_slots(None) == ()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     assert gpu_slots("cuda:1") == ("local/5",) and gpu_slots("cuda") == ("local/3",)
