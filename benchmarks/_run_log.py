@@ -10,6 +10,8 @@ from typing import Any
 
 from _reports import jsonable
 
+from flashrl.checkpoints import fsync_path
+
 
 class RunLog:
     """Finished runs, one JSON line each, next to the report (`<report>.runs.tmp`); append-only.
@@ -93,7 +95,7 @@ class RunLog:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
-        _fsync_folder(self.path.parent)
+        fsync_path(self.path.parent)
 
     def _end_line(self) -> None:
         """After a line cut short, the next run starts on a line of its own."""
@@ -138,11 +140,3 @@ class RunLog:
 
     def __len__(self) -> int:
         return len(self._runs)
-
-
-def _fsync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -122,7 +122,7 @@ def write_checkpoint(
     _fsync_folders(tmp)
     # The manifest goes last: a folder without it is an interrupted save, never a checkpoint.
     _write_json(os.path.join(tmp, MARKER), manifest)
-    _fsync_path(tmp)
+    fsync_path(tmp)
     _replace(tmp, path)
     return path
 
@@ -142,7 +142,7 @@ def record_checkpoint(folder: str | os.PathLike[str], path: str | os.PathLike[st
     if os.path.dirname(path) != folder:
         raise ValueError(f"record_checkpoint: {path} is not a checkpoint in {folder}.")
     _write_text(os.path.join(folder, LATEST_FILE), os.path.basename(path) + "\n")
-    _fsync_path(folder)
+    fsync_path(folder)
     removed = []
     for name in sorted(os.listdir(folder)):
         base = name.removesuffix(TMP_SUFFIX).removesuffix(OLD_SUFFIX)
@@ -166,7 +166,7 @@ def record_checkpoint(folder: str | os.PathLike[str], path: str | os.PathLike[st
             os.rename(os.path.join(folder, name), old)  # gone at once; the files go after
             _remove_tree(old)
             removed.append(name)
-    _fsync_path(folder)
+    fsync_path(folder)
     return removed
 
 
@@ -341,7 +341,8 @@ def _sha256(file: str, *, sync: bool) -> str:
     return digest.hexdigest()
 
 
-def _fsync_path(path: str) -> None:
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a folder by its path (a folder: the entries renamed or created in it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -351,7 +352,7 @@ def _fsync_path(path: str) -> None:
 
 def _fsync_folders(root: str) -> None:
     for folder, _, _ in os.walk(root, topdown=False):
-        _fsync_path(folder)
+        fsync_path(folder)
 
 
 def _write_json(path: str, data: Any) -> None:
@@ -416,13 +417,13 @@ def _replace(tmp: str, path: str) -> None:
     if not os.path.lexists(path):
         os.rename(tmp, path)
     elif _exchange(tmp, path):  # tmp now holds the old checkpoint
-        _fsync_path(parent)
+        fsync_path(parent)
         _remove_tree(tmp)
     else:  # two renames: in between, the old checkpoint is at <path>.old (read_checkpoint says so)
         old = path + OLD_SUFFIX
         _remove_tree(old)
         os.rename(path, old)
         os.rename(tmp, path)
-        _fsync_path(parent)
+        fsync_path(parent)
         _remove_tree(old)
-    _fsync_path(parent)
+    fsync_path(parent)
