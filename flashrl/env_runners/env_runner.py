@@ -95,6 +95,8 @@ class EnvRunner:
         self.env_timeout_s = env_timeout_s
         """Time limit of one env.reset / env.step call (None: none); see `EnvTimeout`."""
         self._engine: Any = None
+        self._stopped = False
+        """Set by `stop()`: weight pushes that arrive later are ignored."""
         self._pools: dict[tuple[int, str | None], list[gym.Env]] = defaultdict(list)
         """Idle env instances per (stream, evaluation split)."""
         self._executor = ThreadPoolExecutor(
@@ -203,7 +205,8 @@ class EnvRunner:
             self._changed.set()
 
     async def stop(self) -> None:
-        """Cancel in-flight episodes and release the engine."""
+        """Cancel in-flight episodes and release the engine; later weight pushes are ignored."""
+        self._stopped = True
         if self._stream_task is not None:
             self._stream_task.cancel()
         for task in list(self._tasks):
@@ -240,17 +243,21 @@ class EnvRunner:
         version that is superseded before it loads is never fetched at all.
 
         Calls coalesce: if several versions arrive while one is loading, only the newest is loaded
-        next, and a version not newer than the served one is ignored.
+        next, and a version not newer than the served one is ignored. A call that arrives while
+        or after the runner stops (a broadcast racing the algorithm's shutdown) loads nothing and
+        returns -1.
         """
+        if self._stopped:
+            return -1
         await self.setup()
         self._pending_weights = (int(version), weights)
         async with self._weights_lock:
-            if self._pending_weights is not None:
+            if self._pending_weights is not None and self._engine is not None:
                 version, weights = self._pending_weights
                 self._pending_weights = None
                 if version > self._engine.version:
                     await self._engine.update_weights(weights, version)
-        return int(self._engine.version)
+        return -1 if self._engine is None else int(self._engine.version)
 
     # The GPU push routes (vLLM's NCCL / IPC weight-transfer engines): learner rank 0 drives these
     # through `flashrl.weight_sync.vllm_push.EnvRunnerSyncClient`.

@@ -118,7 +118,11 @@ def test_async_vs_sync_quick(ray_cluster, bench, tmp_path):
         assert report["configs"]["async"][name] == report["configs"]["sync_group"][name], name
     assert report["configs"]["async"]["episodes_in_flight_per_env_runner"] == 4  # B = 8 over 2 runners
     assert runs["async"]["episodes_into_learner"] == runs["sync_group"]["episodes_into_learner"] == 16
-    assert runs["sync_group"]["episodes_sampled"] == 16 and runs["async"]["episodes_sampled"] >= 16
+    assert runs["sync_group"]["episodes_sampled"] == 16
+    # async counts the episodes started after the warmup: up to B = 8 that were already in flight when
+    # it ended are trained but not counted, the refills of the last update may not be reported yet, and
+    # at the end up to 8 more can be in flight and 8 finished ones buffered (K = 4 per runner)
+    assert 16 - 8 <= runs["async"]["episodes_sampled"] <= 16 + 8 + 8
     for run in runs.values():
         assert run["iterations"] == 2 and run["missing_metrics"] == []
         assert sum(run["policy_lag_distribution"].values()) == pytest.approx(1.0)
