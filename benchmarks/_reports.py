@@ -38,8 +38,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
 
 
-def config_record(config: Any, *, model: str) -> dict[str, Any]:
-    """The config as a dict: the model as its spec (not this machine's folder), task lists summarised."""
+def config_record(config: Any, *, model: str, tasks_source: str | None = None) -> dict[str, Any]:
+    """The config as a dict: the model as its spec (not this machine's folder), task lists summarised.
+
+    `tasks_source` names where a task list comes from (default: the main job's `easy_sums()`).
+    """
     record = config.serialize()
     record["model"] = model
     for key in ("env_config", "evaluation_env_config"):
@@ -49,7 +52,7 @@ def config_record(config: Any, *, model: str) -> dict[str, Any]:
             env["tasks"] = {
                 "count": len(tasks),
                 "first_ids": [t.get("id") for t in tasks[:3]],
-                "source": f"{MAIN_JOB.as_posix()}: easy_sums()",
+                "source": tasks_source or f"{MAIN_JOB.as_posix()}: easy_sums()",
             }
         record[key] = env
     return record

@@ -29,8 +29,11 @@ ROW_METRICS = {
     "started_lifetime": "env_runners/num_started_lifetime",
     "lost_lifetime": "env_runners/num_lost_episodes_lifetime",
     "skipped_stale_lifetime": "env_runners/num_skipped_stale_lifetime",
+    "turns_mean": "env_runners/episode_turns_mean",
 }
 """Short name in the report -> the `algo.train()` metric (docs/runtime.md, Metrics)."""
+OPTIONAL_ROW_METRICS = {"tool_calls_mean": "env_runners/episode_info/tool_calls_mean"}
+"""Recorded when the env reports them (a tool env), None otherwise; never counted as missing."""
 LAG_HIST = "env_runners/policy_lag_hist/"
 SKIPPED = "env_runners/num_skipped_"
 
@@ -42,6 +45,8 @@ def _row(result: Mapping[str, Any], update: int, rollouts: int, missing: set[str
         if value is None:
             missing.add(key)
         row[short] = None if value is None else float(value)
+    for short, key in OPTIONAL_ROW_METRICS.items():
+        row[short] = None if result.get(key) is None else float(result[key])
     row["skipped_lifetime"] = float(sum(v for k, v in result.items() if k.startswith(SKIPPED)))
     row["policy_lag_hist"] = {
         k[len(LAG_HIST) :]: float(v) for k, v in result.items() if k.startswith(LAG_HIST)
@@ -57,7 +62,15 @@ def _evaluate(algo: Any, update: int, rollouts: int) -> dict[str, Any]:
         "accuracy": float(metrics[ACCURACY]),
         "num_episodes": int(metrics.get("evaluation/num_episodes", 0)),
         "seconds": float(metrics.get("timers/evaluation_s", math.nan)),
+        # what the agent did on the held-out episodes (flashrl.env_runners.evaluation)
+        "turns_mean": _maybe(metrics, "evaluation/episode_turns_mean"),
+        "tool_calls_mean": _maybe(metrics, "evaluation/episode_info/tool_calls_mean"),
+        "truncated": _maybe(metrics, "evaluation/termination/truncated"),
     }
+
+
+def _maybe(metrics: Mapping[str, Any], key: str) -> float | None:
+    return None if metrics.get(key) is None else float(metrics[key])
 
 
 def run_updates(

@@ -17,7 +17,10 @@ Metrics, as the reference's runtime reports them (Molt: ``pass1`` and ``pass{k}`
 - the same under ``evaluation/<split>/`` for each named split, and ``avg@k``, ``pass@k`` and
   ``num_prompts`` under ``evaluation/[<split>/]<datasource>/`` for each benchmark, read from the
   episode info field ``evaluation_datasource_key`` (e.g. ``data_source``); episodes without it
-  count as ``unknown`` when others have it, and no per-benchmark key appears when none has it.
+  count as ``unknown`` when others have it, and no per-benchmark key appears when none has it;
+- what an agent did, from `flashrl.metrics.episodes` under the same prefixes: ``episode_turns_mean``
+  (``_min``, ``_max``), ``episode_tokens_mean``, ``episode_generated_tokens_mean``,
+  ``termination/<reason>`` and ``episode_info/<name>_mean`` (e.g. ``episode_info/tool_calls_mean``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any, Protocol
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import RunnerReport
 from flashrl.episode import Episode
+from flashrl.metrics.episodes import episode_metrics
 
 UNKNOWN_DATASOURCE = "unknown"
 """Benchmark name of an episode without the datasource field (when other episodes have it)."""
@@ -124,6 +128,8 @@ def _split_metrics(
         f"{prefix}num_skipped": float(skipped),
     }
     out.update(_prompt_metrics(prefix, items, k))
+    agent = episode_metrics([ep for _, ep in items])  # turns, tool calls, terminations (no per-source keys)
+    out.update({prefix + key.removeprefix("env_runners/"): value for key, value in agent.items()})
     if datasource_key is not None and any(datasource_key in ep.info for _, ep in items):
         by_source: dict[str, list[tuple[Any, Episode]]] = defaultdict(list)
         for key, ep in items:

@@ -158,3 +158,17 @@ def test_ablations_add_seeds_to_a_committed_report(ray_cluster, bench, tmp_path)
         module.main([*common, "--updates", "3", "--resume"])
     with pytest.raises(SystemExit, match="no finished run"):
         module.main([*common[:1], "--output", str(tmp_path / "none.json"), "--report-only"])
+
+
+def test_agentic_learning_quick(ray_cluster, bench, tmp_path):
+    out, fig = tmp_path / "ag.json", tmp_path / "ag.png"
+    report = bench("agentic_learning").main(["--quick", "--seeds", "0", "--output", str(out), "--figure", str(fig)])
+    assert _load(out)["summary"]["num_seeds"] == 1
+    _figure(fig)
+    (run,) = report["runs"]
+    assert run["missing_metrics"] == [] and [p["update"] for p in run["curve"]] == [0, 2]
+    for point in run["curve"]:  # PythonTool reports tool calls; the turn limit is 2 replies
+        assert 1.0 <= point["turns_mean"] <= 2.0 and point["tool_calls_mean"] is not None
+    assert all(row["tool_calls_mean"] is not None and row["turns_mean"] >= 1 for row in run["updates"])
+    assert report["config"]["env_config"]["tasks"]["source"].endswith("products()")
+    assert report["config"]["engine"] == "torch" and report["config"]["train_batch_size"] == 4

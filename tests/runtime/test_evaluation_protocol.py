@@ -36,7 +36,26 @@ def test_avg_and_pass_at_k_by_hand():
     assert m["evaluation/pass@2"] == pytest.approx(2 / 3)
     assert m["evaluation/episode_return_mean"] == pytest.approx(2 / 5)
     assert (m["evaluation/num_prompts"], m["evaluation/num_episodes"], m["evaluation/num_skipped"]) == (3, 5, 1)
-    assert not any(k.count("/") > 1 for k in m)  # no datasource field on any episode: no per-benchmark keys
+    agent_keys = ("evaluation/termination/", "evaluation/episode_info/")
+    # no datasource field on any episode: no per-benchmark keys
+    assert not any(k.count("/") > 1 and not k.startswith(agent_keys) for k in m)
+
+
+def test_what_the_agent_did_is_measured_on_the_held_out_episodes():
+    # 3 episodes: 2, 1 and 3 model turns; tool calls 1, 0 and 2; one truncated at the turn limit.
+    def played(index, turns, tool_calls, truncated, reward):
+        info = {"episode_index": index, "replica": 0, "tool_calls": tool_calls}
+        return Episode(f"p{index}", [1] * (2 * turns + 1), [False] + [True, False] * turns,
+                       [0.0] * (2 * turns + 1), reward=reward, policy_versions=[0] * turns,
+                       terminated=not truncated, truncated=truncated, info=info)
+
+    episodes = [played(0, 2, 1, False, 1.0), played(1, 1, 0, False, 0.0), played(2, 3, 2, True, 0.0)]
+    m = evaluation_metrics({"a": [_report(episodes)]}, num_samples=1, datasource_key=None)
+    for prefix in ("evaluation/", "evaluation/a/"):
+        assert m[prefix + "episode_turns_mean"] == 2.0 and m[prefix + "episode_turns_max"] == 3.0
+        assert m[prefix + "episode_info/tool_calls_mean"] == 1.0
+        assert m[prefix + "termination/truncated"] == 1.0 and m[prefix + "termination/terminated"] == 2.0
+        assert m[prefix + "episode_generated_tokens_mean"] == 2.0
 
 
 def test_per_split_and_per_benchmark_keys():
