@@ -92,7 +92,10 @@ def make_config(args) -> FlashReinforceConfig:
             max_new_tokens=128,
             max_episode_tokens=640,
         )
-        .learners(num_learners=0)
+        # an episode is up to 640 tokens: 16 in one forward/backward pass held 17 GB of activations (the
+        # 2-core machine's 24 GiB then killed the runner); passes of at most 2048 tokens accumulate the
+        # same gradient in a fraction of that
+        .learners(num_learners=0, max_tokens_per_micro_batch=2048)
         .training(
             model="smollm2-135m-instruct",
             dtype="float32",
