@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(render(runs, args.target_gain))
     print(f"wrote {write_json(args.output, report)}")
     before = curves["accuracy"][0]["mean"]
-    title = f"{scale['model']}: PythonTool products, {len(runs)} seeds (B=16, T=0.7)"
+    title = f"{scale['model']}: PythonTool products, {len(runs)} seed(s) (B=16, T=0.7)"
     print(f"wrote {plot(curves, args.figure, title=title, target=before + args.target_gain)}")
     return report
 
