@@ -176,6 +176,26 @@ def test_weights_reach_the_engine(tiny_config):
     assert torch.count_nonzero(asyncio.run(scenario())) == 0
 
 
+def test_a_weight_push_racing_stop_loads_nothing(tiny_config):
+    # A broadcast the algorithm sent just before it stopped the runners: it must not raise on the
+    # released engine (it did: AttributeError on None), and a push after stop starts no engine.
+    config = tiny_config(env="flashrl-test/Parity-v0")
+    runner = _runner(config)
+
+    async def scenario():
+        await runner.setup()
+        weights = {k: torch.zeros_like(v) for k, v in runner._engine.model.state_dict().items()}
+        async with runner._weights_lock:  # a load in progress: the push waits for the lock
+            push = asyncio.create_task(runner.set_weights(1, weights))
+            await asyncio.sleep(0.05)
+            await runner.stop()
+        raced = await push
+        late = await runner.set_weights(2, weights)
+        return raced, late, runner._engine
+
+    assert asyncio.run(scenario()) == (-1, -1, None)
+
+
 class _BadEngine:
     """A real engine whose completions are rewritten: the bad output an engine may produce."""
 
