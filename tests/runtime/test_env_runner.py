@@ -161,13 +161,18 @@ def test_an_episode_is_a_function_of_its_index(tiny_config):
     assert stream_seed(0, 0, 5) == stream_seed(0, 0, 5) != stream_seed(0, 0, 6)
 
 
+async def _set_up_with_zero_weights(runner: EnvRunner) -> dict[str, torch.Tensor]:
+    """Start the runner's engine; all-zero weights of its model's shapes."""
+    await runner.setup()
+    return {k: torch.zeros_like(v) for k, v in runner._engine.model.state_dict().items()}
+
+
 def test_weights_reach_the_engine(tiny_config):
     config = tiny_config(env="flashrl-test/Parity-v0")
     runner = _runner(config)
 
     async def scenario():
-        await runner.setup()
-        weights = {k: torch.zeros_like(v) for k, v in runner._engine.model.state_dict().items()}
+        weights = await _set_up_with_zero_weights(runner)
         await runner.set_weights(1, weights)
         served = runner._engine.model.state_dict()["model.norm.weight"].clone()
         await runner.stop()
@@ -183,8 +188,7 @@ def test_a_weight_push_racing_stop_loads_nothing(tiny_config):
     runner = _runner(config)
 
     async def scenario():
-        await runner.setup()
-        weights = {k: torch.zeros_like(v) for k, v in runner._engine.model.state_dict().items()}
+        weights = await _set_up_with_zero_weights(runner)
         async with runner._weights_lock:  # a load in progress: the push waits for the lock
             push = asyncio.create_task(runner.set_weights(1, weights))
             await asyncio.sleep(0.05)
