@@ -16,14 +16,17 @@ temperature 1 none: docs/benchmarks.md, "Agentic task candidates", family `mul2_
 calls the tool right most of the time, then mostly repeats the call instead of copying the printed
 number into `\\boxed{}`; the reward is for that last step. Held-out success (sampled at the training
 temperature, the benchmark's 64 held-out products, which the 2048 training products never include) is
-measured before, every 10 updates and after; the run stops at the first evaluation that reaches 0.23
-(the untrained 0.08 plus 0.15).
+measured before, every 10 updates and after; the run stops at the first evaluation that reaches 0.35:
+the untrained model's held-out success depends on the evaluation's samples, which follow the seed
+(0.08 with seed 0, 0.20 with seed 1, same 64 tasks), and 0.35 is the higher of the two plus 0.15, so
+sampling luck alone does not stop a run.
 
 Measured (`benchmarks/agentic_learning.py`, docs/benchmarks.md "Agentic learning"): seed 0 went
-0.08 -> 0.19 after 10 updates -> 0.42 after 20, at 55-125 s per update on 2 cores (vLLM generating
-about 20 tokens/s over an iteration; the learner's passes over 16 episodes of 300-600 tokens take
-most of it), so the run stops after 20 updates, about 35 minutes: learning, but slower than the
-20 minutes aimed for.
+0.08 -> 0.19 after 10 updates -> 0.42 after 20 -> 0.72 after 40, at 48-149 s per update on 2 cores
+(vLLM generating about 20 tokens/s over an iteration; the learner's passes over 16 episodes of about
+360 tokens take most of it), so the run stops after 20 updates, about 32 minutes: learning, but
+slower than the 20 minutes aimed for. Seed 1 went 0.20 -> 0.30 after 10 updates (with the earlier
+threshold of 0.23 it stopped there, 20 minutes from a fresh clone's command).
 
 Writes under --output: TensorBoard logs, progress.jsonl, curves.png, checkpoint_final/, result.json.
 """
@@ -51,7 +54,7 @@ PRESET = Preset(
     name="smollm2_python_tool_cpu",
     description="SmolLM2-135M-Instruct, two-digit products with a Python tool (2 replies), vLLM CPU build, 2 CPU cores",
     success_metric="evaluation/episode_return_mean",
-    success_threshold=0.23,
+    success_threshold=0.35,
     stop_iters=40,
     node_plan=NodePlan(num_nodes=1, gpus_per_node=0, cpus_per_node=os.cpu_count() or 2, host_memory_gib=24),
     pins=CPU_PINS,
@@ -61,8 +64,9 @@ PRESET = Preset(
         "task family mul2_one_shot_t2, temperature 0.7": "ours: the untrained model's success on the held-out "
         "products sampled at 0.7 is 0.08 (5/64), inside 5-40%; at 1.0 it is 0/16 (docs/benchmarks.md, "
         "'Agentic task candidates')",
-        "success 0.23 held-out after 40 updates": "ours: the untrained 0.08 plus 0.15 (seed 0 measured "
-        "0.42 after 20 updates: benchmarks/results/agentic_learning.json)",
+        "success 0.35 held-out, at most 40 updates": "ours: the higher untrained held-out success measured "
+        "(0.20 with seed 1's evaluation samples; 0.08 with seed 0's) plus 0.15; seed 0 passed it after 20 "
+        "updates (0.42: benchmarks/results/agentic_learning.json)",
         "max_tokens_per_micro_batch=2048": "ours: one pass over 16 episodes of up to 640 tokens held 17 GB of "
         "activations on the 24 GiB machine; the dry run estimates 3.2 GiB with 2048-token passes",
         "train_batch_size=16, lr=3e-6 (AdamW), delta=0.05": "ours: the CPU main job's values "
