@@ -172,3 +172,15 @@ def test_agentic_learning_quick(ray_cluster, bench, tmp_path):
     assert all(row["tool_calls_mean"] is not None and row["turns_mean"] >= 1 for row in run["updates"])
     assert report["config"]["env_config"]["tasks"]["source"].endswith("products()")
     assert report["config"]["engine"] == "torch" and report["config"]["train_batch_size"] == 4
+
+
+def test_learner_dtype_quick(bench, tmp_path):
+    out = tmp_path / "dtype.json"
+    report = bench("learner_dtype").main(["--quick", "--output", str(out)])
+    saved = _load(out)
+    assert [r["dtype"] for r in saved["rows"]] == ["float32", "bfloat16"]
+    assert all(len(r["update_s"]) == 1 and r["update_s_mean"] > 0 for r in saved["rows"])
+    assert saved["speedup_bf16"] == pytest.approx(saved["rows"][0]["update_s_mean"] / saved["rows"][1]["update_s_mean"])
+    agree = report["agreement"]  # bf16 rounds the same weights: log-probs move, but not by much
+    assert agree["tokens"] == saved["batch"]["loss_tokens"] > 0
+    assert 0 < agree["abs_logprob_diff_mean"] < 1 and 0 <= agree["bernoulli_kl_mean"] <= agree["trajectory_drift_max"]
