@@ -43,14 +43,16 @@ from _reports import fmt, machine, table, write_json
 
 NAME = "learner_dtype"
 DTYPES = ("float32", "bfloat16")
+#: The tool job's batch shape as measured in its runs (ours: episodes of 300-420 tokens, about 200 of them the
+#: prompt; tuned_examples/smollm2_python_tool_cpu.py sets B = 16 and max_tokens_per_micro_batch = 2048).
 FULL = {"model": "smollm2-135m-instruct", "batch_size": 16, "prompt_tokens": 200, "min_tokens": 300,
         "max_tokens": 420, "micro_batch_tokens": 2048, "timed_updates": 3}
 QUICK = {"model": "tiny", "batch_size": 4, "prompt_tokens": 16, "min_tokens": 40, "max_tokens": 64,
          "micro_batch_tokens": 128, "timed_updates": 1}
 TEMPERATURE = 0.7
-"""The tool job's sampling temperature: the learner recomputes log-probs at it."""
+"""tuned_examples/smollm2_python_tool_cpu.py's TEMPERATURE: the learner recomputes log-probs at it."""
 DELTA = 0.05
-"""The tool job's trust-region threshold."""
+"""tuned_examples/smollm2_python_tool_cpu.py's delta (trust-region threshold)."""
 
 
 def text_tokens(model_path: str) -> list[int]:
