@@ -335,6 +335,9 @@ class Learner:
     def weight_buckets(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, names: str = "model") -> WeightBuckets | None:
         """The policy's weights as object refs, one ``ray.put`` per bucket (rank 0; None on other ranks).
 
+        In ``weight_sync_dtype`` (default: the compute dtype); a bfloat16 learner syncing at float32
+        sends its float32 master weights (``LocalPolicy.sync_model``).
+
         At most one bucket is held beyond the model; sharded, every rank calls this (the gathers are
         collectives). EnvRunners fetch the buckets one at a time (``docs/engines.md``, Weight sync).
         ``names``: ``model`` (the state dict's) or ``checkpoint`` (the checkpoint files', for vLLM;
@@ -343,9 +346,9 @@ class Learner:
         from flashrl.weight_sync.gather import put_weight_buckets
 
         return put_weight_buckets(
-            self.policy.model,
+            self.policy.sync_model,
             bucket_bytes=bucket_bytes,
-            dtype=self.spec.torch_dtype,
+            dtype=self.spec.sync_torch_dtype,
             is_sender=self.rank == 0,
             names=names,  # type: ignore[arg-type]
         )
@@ -381,11 +384,11 @@ class Learner:
         try:
             self._push = start_push_transfer(
                 route,
-                self.policy.model,
+                self.policy.sync_model,
                 client,
                 rank=self.rank,
                 bucket_bytes=bucket_bytes,
-                dtype=self.spec.torch_dtype,
+                dtype=self.spec.sync_torch_dtype,
                 device=self.device,
                 master_address=master_address,
                 master_port=master_port,

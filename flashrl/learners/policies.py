@@ -9,13 +9,15 @@
   policy computes in bfloat16 and reduces in float32 over float32 master shards.
 
 Both expose the same small surface to ``Learner``: ``run`` (a computation on the model),
-``zero_grad``, ``clip_and_step``, ``full_weights``, ``train_state`` / ``load_train_state`` (full
-tensors, parameter names as keys, so a state moves between the two) and ``save_policy``. Every method
+``zero_grad``, ``clip_and_step``, ``full_weights``, ``sync_model`` (the module weight sync sends,
+at ``LearnerSpec.weight_sync_dtype``), ``train_state`` / ``load_train_state`` (full tensors, parameter
+names as keys, so a state moves between the two) and ``save_policy``. Every method
 of ``ShardedPolicy`` is a collective: call it on every rank, in the same order.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -71,11 +73,19 @@ class LocalPolicy:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # Low-precision training keeps float32 master weights (and so float32 optimizer state): a bf16
         # weight cannot register a step smaller than about 0.4% of itself, which RL learning rates are.
-        if spec.torch_dtype != torch.bfloat16:
-            self.master_params = self.params
-        else:
-            self.master_params = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
+        # The masters are a float32 copy of the model (never run forward), so they can also be sent to
+        # the engines as weights (``weight_sync_dtype='float32'``).
+        self.master_model = self.model if spec.torch_dtype != torch.bfloat16 else copy.deepcopy(self.model).float()
+        self.master_params = [p for p in self.master_model.parameters() if p.requires_grad]
         self.optimizer = OPTIMIZERS[spec.optimizer](self.master_params, spec)
+
+    @property
+    def sync_model(self) -> torch.nn.Module:
+        """The module whose weights the engines receive: the float32 masters when the sync dtype asks for
+        float32 and the model computes in bfloat16, else the model itself."""
+        if self.master_model is not self.model and self.spec.sync_torch_dtype == torch.float32:
+            return self.master_model
+        return self.model
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
@@ -104,7 +114,7 @@ class LocalPolicy:
         if grad_clip is not None:
             torch.nn.utils.clip_grads_with_norm_(self.master_params, grad_clip, grad_norm)
         self.optimizer.step()
-        if self.master_params is not self.params:
+        if self.master_model is not self.model:
             with torch.no_grad():
                 for p, master in zip(self.params, self.master_params):
                     p.copy_(master)
@@ -145,9 +155,9 @@ class LocalPolicy:
         with torch.no_grad():
             for name, tensor in self.model.state_dict(keep_vars=True).items():
                 tensor.copy_(model[name])
-            if self.master_params is not self.params:
-                for name, master in zip(self.names, self.master_params):
-                    master.copy_(model[name])
+            if self.master_model is not self.model:
+                for name, tensor in self.master_model.state_dict(keep_vars=True).items():
+                    tensor.copy_(model[name])
         if optimizer is None:
             self.optimizer.state.clear()
             return
@@ -242,6 +252,12 @@ class ShardedPolicy:
         self.optimizer.step()
         self.zero_grad()
         return float(grad_norm)
+
+    @property
+    def sync_model(self) -> torch.nn.Module:
+        """The module whose weights the engines receive: the sharded model (its shards are the float32
+        masters; the sync dtype casts them as they are gathered)."""
+        return self.model
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Rank 0: the full tensors on the CPU under Hugging Face names (tied names share one); others: {}."""

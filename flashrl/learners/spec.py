@@ -89,6 +89,12 @@ class LearnerSpec:
     local folder: an algorithm resolves the name first, ``flashrl.models.resolve_model``)."""
     dtype: str = "float32"
     """Learner compute dtype: 'float32' or 'bfloat16' (float32 master weights, optimizer, gradient sums)."""
+    weight_sync_dtype: str | None = None
+    """Dtype of the weights sent to the engines: None = the compute dtype; 'float32' with a bfloat16
+    learner sends its float32 master weights, which a float32 engine (vLLM on CPU, the torch engine)
+    needs to see small steps: a bfloat16 weight moves only when its master crosses a rounding step
+    (about 0.4% of the weight), so at RL learning rates a bf16-rounded push leaves the sampler's
+    policy nearly frozen for many updates."""
     lr: float = 1e-6
     """Peak learning rate of the single optimizer step per batch (lr_schedule scales it per update)."""
     lr_schedule: str = "constant"
@@ -136,6 +142,11 @@ class LearnerSpec:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def sync_torch_dtype(self) -> torch.dtype:
+        """The dtype of the weights the engines receive (``weight_sync_dtype``, else the compute dtype)."""
+        return DTYPES[self.weight_sync_dtype] if self.weight_sync_dtype is not None else self.torch_dtype
 
     def resolve_device(self) -> torch.device:
         """The torch device of ``device`` ("auto" picks the visible GPU when there is one)."""
@@ -209,6 +220,12 @@ def _check_values(spec: LearnerSpec, check: Checks) -> None:
                  "e.g. .training(model='smollm2-135m-instruct')")
     check.expect(spec.dtype in DTYPES, "dtype", f"one of {tuple(DTYPES)}", spec.dtype,
                  "use 'float32' on CPU, 'bfloat16' on GPU")
+    check.expect(spec.weight_sync_dtype in (None, "float32", "bfloat16"), "weight_sync_dtype",
+                 "None (the compute dtype), 'float32' or 'bfloat16'", spec.weight_sync_dtype,
+                 "use 'float32' when a bfloat16 learner feeds float32 engines, else None")
+    if spec.dtype == "float64" and spec.weight_sync_dtype is not None:
+        check.expect(False, "weight_sync_dtype", "None with dtype='float64' (exact tests sync at float64)",
+                     spec.weight_sync_dtype, "leave weight_sync_dtype unset")
     check.expect(spec.optimizer in OPTIMIZERS, "optimizer", f"one of {sorted(OPTIMIZERS)}", spec.optimizer,
                  "use 'adamw', or register yours with flashrl.learners.register_optimizer")
     check.expect(spec.grad_clip is None or (is_number(spec.grad_clip) and spec.grad_clip > 0), "grad_clip",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from flashrl.algorithms import FlashReinforceConfig
 from flashrl.algorithms.flash_reinforce.config import ConfigError
@@ -109,3 +110,23 @@ def test_learner_fields_are_validated(change, needle):
     with pytest.raises(ConfigError, match="Fix:") as info:
         config.validate()
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "runners", "training", "expected"),
+    [
+        ("bfloat16", {"engine": "vllm"}, {}, "float32"),  # vLLM's CPU build holds float32
+        ("bfloat16", {"engine": "vllm", "num_gpus_per_env_runner": 1}, {}, None),  # the checkpoint's dtype
+        ("bfloat16", {"engine": "vllm", "engine_options": {"dtype": "bfloat16"}}, {}, None),
+        ("bfloat16", {"engine": "torch"}, {}, "float32"),
+        ("bfloat16", {"engine": "torch", "engine_options": {"dtype": "bfloat16"}}, {}, None),
+        ("bfloat16", {"engine": "vllm"}, {"weight_sync_dtype": "bfloat16"}, "bfloat16"),  # the user's choice wins
+        ("float32", {"engine": "vllm"}, {}, None),
+    ],
+)
+def test_a_bfloat16_learner_sends_float32_masters_to_float32_engines(dtype, runners, training, expected):
+    config = _valid().env_runners(**runners).training(dtype=dtype, **training)
+    config.validate()
+    spec = config.learner_spec(model="m")
+    assert spec.weight_sync_dtype == expected
+    assert spec.sync_torch_dtype == {"float32": torch.float32, "bfloat16": torch.bfloat16, None: spec.torch_dtype}[expected]

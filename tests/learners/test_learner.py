@@ -274,6 +274,33 @@ def test_bfloat16_trains_float32_master_weights(make_spec, batch, next_batch):
         assert torch.equal(a, b)
 
 
+def test_bfloat16_learner_syncs_its_float32_masters_when_asked(make_spec, batch, monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "put", lambda bucket: bucket)  # the buckets themselves, no cluster
+
+    def sent(learner: Learner) -> dict[str, torch.Tensor]:
+        return {name: t for bucket in learner.weight_buckets(bucket_bytes=2**16).buckets for name, t in bucket.items()}
+
+    learner = Learner(make_spec(dtype="bfloat16", weight_sync_dtype="float32", optimizer="adamw", lr=1e-5))
+    default = Learner(make_spec(dtype="bfloat16", optimizer="adamw", lr=1e-5))
+    for one in (learner, default):
+        assert one.update(batch)["applied"] == 1.0
+    masters = dict(zip(learner.policy.names, learner.policy.master_params))
+    weights = sent(learner)
+    assert {t.dtype for t in weights.values()} == {torch.float32}
+    assert masters.keys() <= weights.keys()
+    for name, master in masters.items():
+        assert torch.equal(weights[name], master.detach()), name
+    # The step is below bf16's resolution for most entries: the masters moved where the bf16 model did not,
+    # which is what the default (bf16) sync sends.
+    model = dict(learner.policy.model.named_parameters())
+    assert any(not torch.equal(weights[n], model[n].detach().float()) for n in masters)
+    assert {t.dtype for t in sent(default).values()} == {torch.bfloat16}
+    for name, tensor in sent(default).items():
+        assert torch.equal(tensor, dict(default.policy.model.state_dict())[name]), name
+
+
 def test_distributed_learner_needs_a_process_group(make_spec):
     with pytest.raises(RuntimeError, match="not initialised"):
         Learner(make_spec(), rank=0, world_size=2)

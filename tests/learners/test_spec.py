@@ -29,6 +29,8 @@ def test_every_field_has_a_one_line_docstring():
     ("overrides", "field"),
     [
         ({"dtype": "float16"}, "dtype"),
+        ({"weight_sync_dtype": "float16"}, "weight_sync_dtype"),
+        ({"dtype": "float64", "weight_sync_dtype": "float32"}, "weight_sync_dtype"),
         ({"optimizer": "lion"}, "optimizer"),
         ({"lr": 0.0}, "lr"),
         ({"lr": float("nan")}, "lr"),

@@ -361,9 +361,29 @@ class FlashReinforceConfig(_TuneConfig):
         ``overrides`` win."""
         derived = {"temperature": self.temperature, "seed": self.seed, "routing_replay": self.routing_replay,
                    "loss": self.build_loss()}
+        if self.weight_sync_dtype is None and self.dtype == "bfloat16" and self.engines_dtype() == "float32":
+            derived["weight_sync_dtype"] = "float32"  # the engines hold float32: send the masters, not bf16 roundings
         if self.num_epochs is not None:
             derived["total_updates"] = self.schedule_horizon(train_size)
         return LearnerSpec(**{**self._values["learners"], **derived, **overrides})
+
+    def engines_dtype(self) -> str | None:
+        """The env runners' engine weight dtype where this config fixes it, else None (the checkpoint's, on GPU).
+
+        The torch engine: its ``dtype`` option (float32 by default). vLLM: its ``dtype`` option, else
+        float32 when the runners have no GPU (vLLM's CPU build; ``flashrl.engines.vllm_engine``). A
+        bfloat16 learner whose engines hold float32 syncs its float32 masters
+        (``LearnerSpec.weight_sync_dtype``) unless told otherwise.
+        """
+        options = self.engine_options or {}
+        if self.engine == "torch":
+            return str(options.get("dtype", "float32"))
+        if self.engine == "vllm":
+            dtype = options.get("dtype")
+            if dtype is not None:
+                return None if dtype == "auto" else str(dtype)
+            return "float32" if not self.num_gpus_per_env_runner else None
+        return None
 
     def schedule_horizon(self, train_size: int | None) -> int | None:
         """The run's updates: total_updates, or with num_epochs ceil(N / prompts_per_batch) x num_epochs.
