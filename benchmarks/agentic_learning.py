@@ -3,8 +3,9 @@
 The job is `tuned_examples/smollm2_python_tool_cpu.py` (imported, not copied): SmolLM2-135M-Instruct
 on `flashrl/PythonTool-v0`, two-digit products, two replies an episode (a ```python call that the real
 sandbox runs, then the answer), vLLM's CPU build sampling at the job's temperature. Each seed runs
-`--updates` updates of B = 16 rollouts; the 64 held-out products (never trained on) are played before
-training, every `--eval-every` updates and after the last, sampled at the training temperature as the
+`--updates` updates of B = 16 rollouts (the learner in the job's dtype unless `--dtype` says
+otherwise); the 64 held-out products (never trained on) are played before training, every
+`--eval-every` updates and after the last, sampled at the training temperature as the
 job's own evaluation does. Recorded per evaluation: success, model turns, tool calls and turn-limit
 endings per episode; per update: the batch's return, turns, tool calls, accepted fraction, drift, lag.
 
@@ -13,8 +14,11 @@ The issue's bar: held-out success up by at least `--target-gain` (0.15) within a
 the first evaluation that reached the bar and the minutes of updates and evaluations up to it (the
 engine start excluded), the minutes the whole run took, and whether the gain at the end meets the bar.
 
-    python benchmarks/agentic_learning.py --seeds 0 1 2        # the full run: about 20 minutes a seed
+    python benchmarks/agentic_learning.py --seeds 0 1 2        # the full run: about 27 minutes a seed
     python benchmarks/agentic_learning.py --quick              # smoke: tiny random model, torch engine
+    python benchmarks/agentic_learning.py --dtype float32 --updates 40 --eval-every 10 \
+        --output benchmarks/results/agentic_learning_fp32.json --figure docs/figures/agentic_learning_fp32.png --resume
+                                                               # the float32 learner's record (seed 0), resumed
 
 Writes `benchmarks/results/agentic_learning.json` and `docs/figures/agentic_learning.png` (success,
 turns and tool calls vs rollouts; mean over seeds and min..max); `--quick` writes under the system
@@ -42,7 +46,7 @@ from _training import run_updates
 
 NAME = "agentic_learning"
 TOOL_JOB = Path("tuned_examples") / "smollm2_python_tool_cpu.py"
-FULL = {"model": "smollm2-135m-instruct", "engine": None, "batch_size": None, "updates": 40, "eval_every": 10,
+FULL = {"model": "smollm2-135m-instruct", "engine": None, "batch_size": None, "updates": 20, "eval_every": 5,
         "eval_episodes": None}
 """The job as it ships (None: the job's own value)."""
 QUICK = {"model": "tiny", "engine": "torch", "batch_size": 4, "updates": 2, "eval_every": 2, "eval_episodes": 4}
@@ -51,6 +55,14 @@ CURVE_KEYS = ("accuracy", "turns_mean", "tool_calls_mean")
 
 def tool_job() -> Any:
     return load_script(TOOL_JOB, "flashrl_bench_smollm2_python_tool_cpu")
+
+
+def job_dtype() -> str:
+    """The learner dtype the tool job ships with."""
+    from flashrl.recipes import recipe_parser
+
+    job = tool_job()
+    return str(job.make_config(recipe_parser(job.PRESET).parse_args([])).dtype)
 
 
 def make_config(scale: dict[str, Any], *, model_path: str, seed: int) -> Any:
@@ -67,6 +79,8 @@ def make_config(scale: dict[str, Any], *, model_path: str, seed: int) -> Any:
         changes |= {"train_batch_size": scale["batch_size"], "episodes_in_flight_per_env_runner": scale["batch_size"]}
     if scale["eval_episodes"] is not None:
         changes["evaluation_num_episodes"] = scale["eval_episodes"]
+    if scale.get("dtype") is not None:  # the learner's; a bfloat16 one sends its float32 masters to vLLM on CPU
+        changes["dtype"] = scale["dtype"]
     config.update_from_dict(changes)
     return config
 
@@ -147,9 +161,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke: tiny random model, torch engine, 2 updates")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--updates", type=int, default=None, help="updates per seed (default 40; quick 2)")
-    parser.add_argument("--eval-every", type=int, default=None, help="default 10 (quick 2)")
+    parser.add_argument("--updates", type=int, default=None, help="updates per seed (default 20; quick 2)")
+    parser.add_argument("--eval-every", type=int, default=None, help="default 5 (quick 2)")
     parser.add_argument("--target-gain", type=float, default=0.15)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                        help="the learner's compute dtype (default: the job's, bfloat16)")
     parser.add_argument("--output", default=None)
     parser.add_argument("--figure", default=None)
     parser.add_argument("--resume", action="store_true", help="keep the seeds already in the run log")
@@ -167,6 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for key in ("updates", "eval_every"):
         if getattr(args, key) is not None:
             scale[key] = getattr(args, key)
+    scale["dtype"] = args.dtype or job_dtype()  # recorded either way: a report says which learner it measured
     log = RunLog(args.output, key_fields=("seed",), settings={"scale": scale}, resume=args.resume,
                  discard=args.discard_log or args.quick)
     connected = connect_ray()
@@ -210,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(render(runs, args.target_gain))
     print(f"wrote {write_json(args.output, report)}")
     before = curves["accuracy"][0]["mean"]
-    title = f"{scale['model']}: PythonTool products, {len(runs)} seed(s) (B=16, T=0.7)"
+    title = f"{scale['model']}: PythonTool products, {len(runs)} seed(s) (B=16, T=0.7, {config.dtype} learner)"
     print(f"wrote {plot(curves, args.figure, title=title, target=before + args.target_gain)}")
     return report
 
