@@ -153,8 +153,8 @@ def render(runs: list[dict[str, Any]], target_gain: float) -> str:
                      "yes" if s["meets_target"] else "no", fmt(s["minutes_to_target"], ".1f"),
                      fmt(s["minutes"], ".1f"),
                      fmt(s["policy_lag_mean"], ".2f"), fmt(s["accepted_fraction_mean"], ".3f")])
-    return table(["seed", "held-out success by evaluation", "gain", "best gain", f">= +{target_gain}", f"minutes to +{target_gain}", "minutes",
-                  "lag", "accepted"], rows)
+    return table(["seed", "held-out success by evaluation", "gain", "best gain", f">= +{target_gain}",
+                  f"minutes to +{target_gain}", "minutes", "lag", "accepted"], rows)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

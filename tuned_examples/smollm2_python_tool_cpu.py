@@ -23,7 +23,8 @@ sampling luck alone does not stop a run.
 
 Measured (`benchmarks/agentic_learning.py`, docs/benchmarks.md "Agentic learning"), 20 updates on
 2 cores at about 55 s each (the learner in bfloat16 over float32 masters, which are what vLLM
-receives; a float32 learner took 117 s per update on the same machine): seed 0 went 0.08 -> 0.23
+receives; seed 1's first update took 118 s with a float32 learner on the same machine, 57 s
+with this one): seed 0 went 0.08 -> 0.23
 after 15 updates (20 minutes) -> 0.36 after 20, seed 2 0.05 -> 0.31 (20 minutes) -> 0.36, seed 1
 0.20 -> 0.34 (+0.14 in 27 minutes). The bfloat16 learner's drift grows with training (up to 9.8e-2
 per token by update 19, against delta 0.05; 5 of 320 trajectories rejected in seed 2). The float32
@@ -68,8 +69,8 @@ PRESET = Preset(
         "success 0.35 held-out, at most 40 updates": "ours: the higher untrained held-out success measured "
         "(0.20 with seed 1's evaluation samples; 0.08 with seed 0's) plus 0.15; seeds 0 and 2 passed it after 20 "
         "updates (0.359: benchmarks/results/agentic_learning.json)",
-        "dtype='bfloat16' (float32 masters sent to vLLM)": "ours: about 55 s per update against 117 s for a "
-        "float32 learner on the same machine, the same held-out success after 10 updates with seed 0 (0.19); "
+        "dtype='bfloat16' (float32 masters sent to vLLM)": "ours: seed 1's first update took 57 s against 118 s "
+        "with a float32 learner on the same machine (one update each; about 55 s on average over 20), the same held-out success after 10 updates with seed 0 (0.19); "
         "benchmarks/results/agentic_learning.json and agentic_learning_fp32.json",
         "max_tokens_per_micro_batch=2048": "ours: one pass over 16 episodes of up to 640 tokens held 17 GB of "
         "activations on the 24 GiB machine; the dry run estimates 3.2 GiB with 2048-token passes",
