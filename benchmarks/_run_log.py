@@ -138,5 +138,9 @@ class RunLog:
             os.fsync(f.fileno())
         self._runs[self._key(run)] = json.loads(line)
 
+    def runs(self) -> list[dict[str, Any]]:
+        """Every logged run, in the order they were added (a re-run replaces its earlier line)."""
+        return list(self._runs.values())
+
     def __len__(self) -> int:
         return len(self._runs)

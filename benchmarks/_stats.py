@@ -37,20 +37,25 @@ def lag_distribution(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     }
 
 
-def rollouts_sampled(run: Mapping[str, Any]) -> float | None:
-    """Training episodes the runners started during the measured updates (after the warmup).
+def generated_at(row: Mapping[str, Any], rollout_mode: str, at_warmup_end: Mapping[str, Any]) -> float | None:
+    """Training episodes the runners started from the warmup's end up to this update's row.
 
-    Async: trained + dropped + still in flight or pending at the end. `env_runners/num_started_lifetime`
-    counts the async stream only (it stays 0 in sync_group mode, where every episode sampled is
-    trained on or dropped and counted): sync_group's are the trained plus the dropped ones.
+    Async: trained + dropped + still in flight or pending. `env_runners/num_started_lifetime` counts
+    the async stream only (it stays 0 in sync_group mode, where every episode sampled is trained on or
+    dropped and counted): sync_group's are the trained plus the dropped ones.
     """
-    rows = run["updates"]
-    if not rows or rows[-1]["started_lifetime"] is None:
+    if row.get("started_lifetime") is None:
         return None
-    last, warm = rows[-1], run["at_warmup_end"]
-    if run["rollout_mode"] == "async":
-        return last["started_lifetime"] - warm["started_lifetime"]
-    return last["rollouts"] + last["skipped_lifetime"] - warm["skipped_lifetime"]
+    if rollout_mode == "async":
+        return row["started_lifetime"] - at_warmup_end["started_lifetime"]
+    return row["rollouts"] + row["skipped_lifetime"] - at_warmup_end["skipped_lifetime"]
+
+
+def rollouts_sampled(run: Mapping[str, Any]) -> float | None:
+    """Training episodes the runners started during the measured updates (after the warmup):
+    `generated_at` the last update."""
+    rows = run["updates"]
+    return generated_at(rows[-1], run["rollout_mode"], run["at_warmup_end"]) if rows else None
 
 
 def run_summary(run: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from _stats import generated_at
+
 ACCURACY = "evaluation/episode_return_mean"
 """Held-out greedy accuracy: the main job's reward is 1 for a correct sum, 0 otherwise."""
 
@@ -54,11 +56,12 @@ def _row(result: Mapping[str, Any], update: int, rollouts: int, missing: set[str
     return row
 
 
-def _evaluate(algo: Any, update: int, rollouts: int) -> dict[str, Any]:
+def _evaluate(algo: Any, update: int, rollouts: int, generated: float | None) -> dict[str, Any]:
     metrics = algo.evaluate()
     return {
         "update": update,
         "rollouts": rollouts,
+        "generated": generated,
         "accuracy": float(metrics[ACCURACY]),
         "num_episodes": int(metrics.get("evaluation/num_episodes", 0)),
         "seconds": float(metrics.get("timers/evaluation_s", math.nan)),
@@ -74,13 +77,22 @@ def _maybe(metrics: Mapping[str, Any], key: str) -> float | None:
 
 
 def run_updates(
-    config: Any, *, updates: int, eval_every: int | None, label: str, warmup: int = 0
+    config: Any,
+    *,
+    updates: int,
+    eval_every: int | None,
+    label: str,
+    warmup: int = 0,
+    until_generated: int | None = None,
 ) -> dict[str, Any]:
     """Build the algorithm, run `warmup + updates` iterations, evaluate, stop it.
 
     With `eval_every`, the held-out set is scored before the first update, after every `eval_every`
     updates and after the last. `rollouts` counts the trajectories trained on (the learner's
-    budget); `started_lifetime` also counts those sampled but not (yet) trained on.
+    budget); `started_lifetime` also counts those sampled but not (yet) trained on, and each
+    evaluation's `generated` is what the runners had started by then (`_stats.generated_at`).
+    With `until_generated`, the run ends after the first update at which that many have been
+    started (`updates` is then an upper bound, an error if reached first).
 
     Returns:
         {"curve": [evaluations], "updates": [one row per measured update], "missing_metrics": [...],
@@ -94,10 +106,11 @@ def run_updates(
     rows: list[dict[str, Any]] = []
     missing: set[str] = set()
     rollouts = 0
+    reached = False
     at_warmup_end = {"started_lifetime": 0.0, "skipped_lifetime": 0.0}
     try:
         if eval_every:
-            curve.append(_evaluate(algo, 0, 0))
+            curve.append(_evaluate(algo, 0, 0, 0.0))
         for i in range(1, warmup + updates + 1):
             result = algo.train()
             update = i - warmup
@@ -107,8 +120,11 @@ def run_updates(
                 continue
             rollouts += int(result["num_episodes"])
             rows.append(_row(result, update, rollouts, missing))
-            if eval_every and (update % eval_every == 0 or update == updates):
-                curve.append(_evaluate(algo, update, rollouts))
+            generated = generated_at(rows[-1], config.rollout_mode, at_warmup_end)
+            reached = until_generated is not None and generated is not None and generated >= until_generated
+            last = update == updates or reached
+            if eval_every and (update % eval_every == 0 or last):
+                curve.append(_evaluate(algo, update, rollouts, generated))
             accuracy = (
                 f", held-out {curve[-1]['accuracy']:.3f}" if curve and curve[-1]["update"] == update else ""
             )
@@ -116,6 +132,12 @@ def run_updates(
                 f"  {label} update {update}/{updates}: {result['timers/iteration_s']:.1f} s, "
                 f"return {result.get('env_runners/batch_episode_return_mean', math.nan):.2f}{accuracy}",
                 flush=True,
+            )
+            if last:
+                break
+        if until_generated is not None and not reached:
+            raise RuntimeError(
+                f"{label}: {updates} updates generated fewer than {until_generated} rollouts; raise the bound"
             )
     finally:
         algo.stop()

@@ -184,3 +184,23 @@ def test_learner_dtype_quick(bench, tmp_path):
     agree = report["agreement"]  # bf16 rounds the same weights: log-probs move, but not by much
     assert agree["tokens"] == saved["batch"]["loss_tokens"] > 0
     assert 0 < agree["abs_logprob_diff_mean"] < 1 and 0 <= agree["bernoulli_kl_mean"] <= agree["trajectory_drift_max"]
+
+
+@pytest.mark.slow  # 3 arms, each a fresh algorithm: about 90 s on 2 cores
+def test_paired_comparison_quick(ray_cluster, bench, tmp_path):
+    out, fig = tmp_path / "pc.json", tmp_path / "pc.png"
+    report = bench("paired_comparison").main(
+        ["--task", "sums", "--quick", "--seeds", "0", "--output", str(out), "--figure", str(fig)]
+    )
+    report = _load(out)
+    _figure(fig)
+    assert report["settings"]["budget"] == 16 and report["settings"]["held_out"] == 8
+    assert sorted(r["arm"] for r in report["runs"]) == ["flash_async", "flash_sync", "grpo"]
+    for run in report["runs"]:
+        # every run spent at least the budget in generated rollouts, and stopped at the first update that did
+        generated = [p["generated"] for p in run["curve"]]
+        assert generated[0] == 0 and generated[-1] >= 16 and generated[-2] < 16, generated
+        assert 0.0 <= run["metrics"]["area"] <= 1.0 and run["metrics"]["accuracy_at_budget"] is not None
+    sync = next(r for r in report["runs"] if r["arm"] == "flash_sync")
+    assert sync["rollout_mode"] == "sync_group" and [p["generated"] for p in sync["curve"]] == [0, 4, 8, 12, 16]
+    assert set(report["comparisons"]) == {"flash_async - grpo", "flash_async - flash_sync", "flash_sync - grpo"}

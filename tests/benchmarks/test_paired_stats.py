@@ -1,0 +1,105 @@
+"""The pre-registered comparison's statistics and bookkeeping (benchmarks/_paired.py, paired_comparison.py),
+against values computed by hand or taken from standard tables."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from _paired import (
+    accuracy_at,
+    area_to_budget,
+    first_reaching,
+    holm,
+    paired_difference,
+    sign_flip_p_value,
+    t_quantile,
+)
+
+
+def test_area_cuts_the_curve_at_the_budget_by_interpolation():
+    curve = [{"generated": 0, "accuracy": 0.3}, {"generated": 80, "accuracy": 0.5},
+             {"generated": 500, "accuracy": 0.7}]
+    # 0..80: 80 * 0.4 = 32; 80..480: accuracy at 480 is 0.5 + 0.2 * 400/420; 400 * (0.5 + that) / 2
+    at_480 = 0.5 + 0.2 * 400 / 420
+    assert accuracy_at(curve, 480) == pytest.approx(at_480)
+    assert area_to_budget(curve, 480) == pytest.approx((32 + 400 * (0.5 + at_480) / 2) / 480)
+    assert area_to_budget(curve, 80) == pytest.approx(0.4)
+
+
+def test_area_refuses_a_curve_that_did_not_spend_the_budget_or_does_not_start_at_zero():
+    with pytest.raises(ValueError, match="reaching generated = 480"):
+        area_to_budget([{"generated": 0, "accuracy": 0.3}, {"generated": 400, "accuracy": 0.5}], 480)
+    with pytest.raises(ValueError, match="starting at generated = 0"):
+        area_to_budget([{"generated": 16, "accuracy": 0.3}, {"generated": 480, "accuracy": 0.5}], 480)
+
+
+def test_first_reaching():
+    curve = [{"generated": 0, "accuracy": 0.3}, {"generated": 96, "accuracy": 0.45}, {"generated": 192, "accuracy": 0.5}]
+    assert first_reaching(curve, 0.45) == 96
+    assert first_reaching(curve, 0.6) is None
+
+
+@pytest.mark.parametrize(("df", "expected"), [(1, 12.706), (2, 4.303), (11, 2.201), (30, 2.042)])
+def test_t_quantile_matches_the_tables(df, expected):
+    assert round(t_quantile(0.975, df), 3) == expected
+
+
+def test_sign_flip_p_value_by_enumeration():
+    # sum 6: only +++ and --- reach |sum| >= 6 among 8 patterns
+    assert sign_flip_p_value([1.0, 2.0, 3.0]) == 0.25
+    # [1, 3]: |sum| >= 4 for ++ and -- only
+    assert sign_flip_p_value([1.0, 3.0]) == 0.5
+    assert sign_flip_p_value([1.0, -1.0]) == 1.0
+
+
+def test_paired_difference_interval():
+    out = paired_difference([0.1, 0.2, 0.3])
+    se = math.sqrt(0.01 / 3)  # sample variance 0.01
+    assert out["mean"] == pytest.approx(0.2) and out["std_error"] == pytest.approx(se)
+    assert out["interval"] == pytest.approx([0.2 - 4.302653 * se, 0.2 + 4.302653 * se])
+    assert out["p_value"] == 0.25
+    assert paired_difference([0.1])["interval"] is None
+
+
+def test_holm_is_step_down_and_monotone():
+    assert holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "c": 0.06, "b": 0.06})
+
+
+def test_pilot_choice_takes_the_best_mean_area_and_breaks_ties_toward_the_main_jobs_rate(bench):
+    module = bench("paired_comparison")
+    runs = [{"arm": "grpo", "lr": lr, "seed": s, "metrics": {"area": area}}
+            for lr, areas in ((1e-6, (0.40, 0.42)), (3e-6, (0.45, 0.47)), (1e-5, (0.46, 0.4601)))
+            for s, area in zip((100, 101), areas, strict=True)]
+    choice = module.best_learning_rate(runs, "grpo")  # 3e-6: 0.460, 1e-5: 0.46005 -> a tie at 3 decimals
+    assert choice["lr"] == 3e-6
+    runs[-1]["metrics"]["area"] = 0.48
+    assert module.best_learning_rate(runs, "grpo")["lr"] == 1e-5
+    with pytest.raises(ValueError, match="expected 2 pilot runs at lr 1e-05, found 1"):
+        module.best_learning_rate(runs[:-1], "grpo")
+
+
+def test_schedule_rotates_the_arms_seed_by_seed(bench):
+    module = bench("paired_comparison")
+    task = module.TASKS["sums"]
+    lrs = {"flash_async": 3e-6, "flash_sync": 1e-5, "grpo": 1e-6}
+    order = module.schedule("sums", "counted", task, [0, 1, 2], lrs)
+    assert [(arm, seed) for arm, _, seed in order] == [
+        ("flash_async", 0), ("flash_sync", 0), ("grpo", 0),
+        ("flash_sync", 1), ("grpo", 1), ("flash_async", 1),
+        ("grpo", 2), ("flash_async", 2), ("flash_sync", 2),
+    ]
+    assert order[1][1] == 1e-5
+    pilot = module.schedule("sums", "pilot", task, [100], lrs)
+    assert len(pilot) == 9 and {lr for _, lr, _ in pilot} == {1e-6, 3e-6, 1e-5}
+
+
+def test_compare_pairs_seeds_both_arms_have(bench):
+    module = bench("paired_comparison")
+    task = module.TASKS["tool"]
+    runs = [{"arm": arm, "seed": seed, "metrics": {"area": area, "accuracy_at_budget": area + 0.1}}
+            for arm, seed, area in (("flash_async", 0, 0.5), ("grpo", 0, 0.4), ("flash_async", 1, 0.6),
+                                    ("grpo", 1, 0.3), ("flash_async", 2, 0.9))]
+    out = module.compare(runs, task)["flash_async - grpo"]
+    assert out["seeds"] == [0, 1] and out["area_differences"] == pytest.approx([0.1, 0.3])
+    assert out["area"]["mean"] == pytest.approx(0.2) and out["area"]["p_value_holm"] == 0.5
