@@ -1,0 +1,135 @@
+"""The README quotes only recorded figures, and its Layout table names every part of `flashrl/`.
+
+A README line that names a JSON file (`benchmarks/results/x.json`, in backticks) quotes figures from
+it: every number on that line outside backticks must be one of the file's numbers, rounded to the
+digits the line gives (`0.562` for 0.5625, `11.9` for 11.92; `45%` is read as 0.45). Each job's
+expected result must be such a line, so a figure with no file cannot stand in for one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+CITED_JSON = re.compile(r"`((?:benchmarks|docs)/[\w./-]+\.json)`")
+BACKTICKED = re.compile(r"`[^`]*`")
+LINK_TARGET = re.compile(r"\]\([^)]*\)")
+NUMBER = re.compile(r"(?<![\w.])(\d+(?:,\d{3})*(?:\.\d+)?)(%?)(?![\w.]*\w)")
+
+MAIN_JOBS = {
+    "tuned_examples/smollm2_arithmetic_cpu.py": "benchmarks/results/learning_efficiency.json",
+    "tuned_examples/smollm2_python_tool_cpu.py": "benchmarks/results/agentic_learning.json",
+}
+"""Each main job and the file its README result line must cite."""
+
+
+def json_numbers(value: object) -> Iterator[float]:
+    """Every finite number in a JSON document (booleans excluded)."""
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from json_numbers(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from json_numbers(item)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        yield float(value)
+
+
+def quoted_numbers(line: str) -> list[tuple[str, float, int]]:
+    """(as written, value, decimals) of each figure on a line, outside backticks and link targets."""
+    prose = LINK_TARGET.sub("]", BACKTICKED.sub(" ", line))
+    out = []
+    for match in NUMBER.finditer(prose):
+        text, percent = match.group(1).replace(",", ""), match.group(2)
+        decimals = len(text.split(".")[1]) if "." in text else 0
+        value = float(text)
+        if percent:
+            value, decimals = value / 100, decimals + 2
+        out.append((match.group(0), value, decimals))
+    return out
+
+
+def unrecorded(line: str, numbers: list[float]) -> list[str]:
+    """The figures on ``line`` that no number of the file gives at the quoted precision."""
+    missing = []
+    for written, value, decimals in quoted_numbers(line):
+        # a half-way case may round either way in binary: accept a value within half a unit of the last digit
+        tolerance = 0.5 * 10**-decimals + 1e-12
+        if not any(abs(x - value) <= tolerance for x in numbers):
+            missing.append(written)
+    return missing
+
+
+def cited_lines(text: str) -> list[tuple[int, str, str]]:
+    """(line number, line, cited JSON path) of every README line that names one JSON file."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        paths = set(CITED_JSON.findall(line))
+        if len(paths) > 1:
+            raise AssertionError(f"README line {number} cites {sorted(paths)}: cite one file per line")
+        if paths:
+            rows.append((number, line, paths.pop()))
+    return rows
+
+
+def test_every_figure_on_a_cited_line_is_in_its_file() -> None:
+    rows = cited_lines(README.read_text())
+    problems = []
+    for number, line, path in rows:
+        file = ROOT / path
+        assert file.is_file(), f"README line {number} cites {path}, which does not exist"
+        numbers = list(json_numbers(json.loads(file.read_text())))
+        missing = unrecorded(line, numbers)
+        if missing:
+            problems.append(f"line {number}: {missing} not in {path}")
+    assert not problems, "README figures without a record: " + "; ".join(problems)
+
+
+@pytest.mark.parametrize("job", sorted(MAIN_JOBS))
+def test_each_main_job_has_a_recorded_result(job: str) -> None:
+    text = README.read_text()
+    assert f"python {job}" in text, f"the README no longer runs {job}"
+    after = text[text.index(f"python {job}"):]
+    cited = [path for _, line, path in cited_lines(after) if quoted_numbers(line)]
+    assert cited and cited[0] == MAIN_JOBS[job], (
+        f"expected the first cited line after `python {job}` to quote {MAIN_JOBS[job]}, got {cited[:1]}"
+    )
+
+
+def test_the_checker_rejects_a_figure_its_file_lacks() -> None:
+    numbers = [0.5625, 11.924865, 0.2448, 64.0, 3.0]
+    assert unrecorded("accuracy 0.562 at 11.9 s, gain 0.245 over 64 sums, 3 seeds", numbers) == []
+    assert unrecorded("accuracy 0.564 at 11.9 s", numbers) == ["0.564"]  # 0.5625 gives 0.562 or 0.563
+    assert unrecorded("11.8 s per update", numbers) == ["11.8"]
+    assert unrecorded("56% of 64 `results/x_0.77.json`", numbers) == []  # 56% is 0.5625 at two digits
+    assert unrecorded("0.77 -> 0.64", numbers) == ["0.77", "0.64"]
+
+
+def layout_names(text: str) -> set[str]:
+    """The backticked names in the first column of the README's Layout table."""
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            names.update(re.findall(r"`([^`]+)`", line.split("|")[1]))
+    return names
+
+
+def test_layout_table_names_every_package_and_module() -> None:
+    names = layout_names(README.read_text())
+    parts = sorted(
+        f"{p.name}/" if p.is_dir() else p.name
+        for p in (ROOT / "flashrl").iterdir()
+        if (p.is_dir() and (p / "__init__.py").is_file()) or (p.suffix == ".py" and p.name != "__init__.py")
+    )
+    assert len(parts) >= 15, parts
+    missing = [part for part in parts if part not in names]
+    assert not missing, f"flashrl/ parts without a row in the README's Layout table: {missing}"
