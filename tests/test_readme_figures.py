@@ -1,9 +1,10 @@
 """The README quotes only recorded figures, and its Layout table names every part of `flashrl/`.
 
-A README line that names a JSON file (`benchmarks/results/x.json`, in backticks) quotes figures from
-it: every number on that line outside backticks must be one of the file's numbers, rounded to the
-digits the line gives (`0.562` for 0.5625, `11.9` for 11.92; `45%` is read as 0.45). Each job's
-expected result must be such a line, so a figure with no file cannot stand in for one.
+A README paragraph (or table row) that names a JSON file (`benchmarks/results/x.json`, in backticks)
+quotes figures from it: every number in it outside backticks must be one of the file's numbers,
+rounded to the digits the paragraph gives (`0.562` for 0.5625, `11.9` for 11.92; `45%` is read as
+0.45). Each main job's expected result must be such a paragraph, so a figure with no file cannot stand
+in for one.
 """
 
 from __future__ import annotations
@@ -68,15 +69,33 @@ def unrecorded(line: str, numbers: list[float]) -> list[str]:
     return missing
 
 
+def blocks(text: str) -> Iterator[tuple[int, str]]:
+    """(first line number, text) of each paragraph and each table row, code blocks left out."""
+    start, lines, in_code = 0, [], False
+    for number, line in enumerate([*text.splitlines(), ""], 1):
+        if line.startswith("```"):
+            in_code = not in_code
+        if in_code or line.startswith("```") or not line.strip() or line.startswith("|"):
+            if lines:
+                yield start, " ".join(lines)
+            lines = []
+            if line.startswith("|") and not in_code:
+                yield number, line
+            continue
+        if not lines:
+            start = number
+        lines.append(line)
+
+
 def cited_lines(text: str) -> list[tuple[int, str, str]]:
-    """(line number, line, cited JSON path) of every README line that names one JSON file."""
+    """(first line number, paragraph, cited JSON path) of every README paragraph naming one JSON file."""
     rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        paths = set(CITED_JSON.findall(line))
+    for number, block in blocks(text):
+        paths = set(CITED_JSON.findall(block))
         if len(paths) > 1:
-            raise AssertionError(f"README line {number} cites {sorted(paths)}: cite one file per line")
+            raise AssertionError(f"README paragraph at line {number} cites {sorted(paths)}: cite one file each")
         if paths:
-            rows.append((number, line, paths.pop()))
+            rows.append((number, block, paths.pop()))
     return rows
 
 
@@ -97,8 +116,8 @@ def test_every_figure_on_a_cited_line_is_in_its_file() -> None:
 def test_each_main_job_has_a_recorded_result(job: str) -> None:
     text = README.read_text()
     assert f"python {job}" in text, f"the README no longer runs {job}"
-    after = text[text.index(f"python {job}"):]
-    cited = [path for _, line, path in cited_lines(after) if quoted_numbers(line)]
+    command_line = text[: text.index(f"python {job}")].count("\n") + 1
+    cited = [path for number, block, path in cited_lines(text) if number > command_line and quoted_numbers(block)]
     assert cited and cited[0] == MAIN_JOBS[job], (
         f"expected the first cited line after `python {job}` to quote {MAIN_JOBS[job]}, got {cited[:1]}"
     )
@@ -111,6 +130,11 @@ def test_the_checker_rejects_a_figure_its_file_lacks() -> None:
     assert unrecorded("11.8 s per update", numbers) == ["11.8"]
     assert unrecorded("56% of 64 `results/x_0.77.json`", numbers) == []  # 56% is 0.5625 at two digits
     assert unrecorded("0.77 -> 0.64", numbers) == ["0.77", "0.64"]
+
+
+def test_paragraphs_are_checked_whole_and_code_is_left_out() -> None:
+    text = "a `x.json`\nwrapped 0.5\n\n```bash\npython run.py `y.json` 7\n```\n| `z.json` | 3 |\nafter\n"
+    assert list(blocks(text)) == [(1, "a `x.json` wrapped 0.5"), (7, "| `z.json` | 3 |"), (8, "after")]
 
 
 def layout_names(text: str) -> set[str]:
