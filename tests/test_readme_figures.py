@@ -157,3 +157,15 @@ def test_layout_table_names_every_package_and_module() -> None:
     assert len(parts) >= 15, parts
     missing = [part for part in parts if part not in names]
     assert not missing, f"flashrl/ parts without a row in the README's Layout table: {missing}"
+
+
+def test_layout_names_every_tests_folder() -> None:
+    section = README.read_text().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    paragraph = next((b for _, b in blocks(section) if "`tests/`" in b), "")
+    assert paragraph, "the Layout section no longer describes `tests/`"
+    named = set(re.findall(r"`([^`/]+)`", paragraph.split("`tests/`", 1)[1]))
+    folders = sorted(p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and any(p.glob("test_*.py")))
+    missing = [folder for folder in folders if folder not in named]
+    assert not missing, f"tests/ folders the README's Layout does not name: {missing}"
+    extra = [name for name in named if name.isidentifier() and not (ROOT / "tests" / name).is_dir()]
+    assert not extra, f"the README's Layout names tests/ folders that do not exist: {extra}"
