@@ -23,7 +23,8 @@ README = ROOT / "README.md"
 CITED_JSON = re.compile(r"`((?:benchmarks|docs)/[\w./-]+\.json)`")
 BACKTICKED = re.compile(r"`[^`]*`")
 LINK_TARGET = re.compile(r"\]\([^)]*\)")
-NUMBER = re.compile(r"(?<![\w.])(\d+(?:,\d{3})*(?:\.\d+)?)(%?)(?![\w.]*\w)")
+NUMBER = re.compile(r"(?<![\w.])(\d+(?:,\d{3})*(?:\.(\d+))?(?:e([-+]?\d+))?)(%?)(?=x\b|(?![\w.]*\w))")
+"""A figure: 0.562, 1,440, 5.2e-4, 45%, or a ratio's number (1.64x); not a name such as x86 or 2nd."""
 
 MAIN_JOBS = {
     "tuned_examples/smollm2_arithmetic_cpu.py": "benchmarks/results/learning_efficiency.json",
@@ -44,27 +45,28 @@ def json_numbers(value: object) -> Iterator[float]:
         yield float(value)
 
 
-def quoted_numbers(line: str) -> list[tuple[str, float, int]]:
-    """(as written, value, decimals) of each figure on a line, outside backticks and link targets."""
-    prose = LINK_TARGET.sub("]", BACKTICKED.sub(" ", line))
+def quoted_numbers(text: str) -> list[tuple[str, float, float]]:
+    """(as written, value, unit of its last digit) of each figure, outside backticks and link targets."""
+    prose = LINK_TARGET.sub("]", BACKTICKED.sub(" ", text))
     out = []
     for match in NUMBER.finditer(prose):
-        text, percent = match.group(1).replace(",", ""), match.group(2)
-        decimals = len(text.split(".")[1]) if "." in text else 0
-        value = float(text)
+        written, fraction, exponent, percent = match.groups()
+        value = float(written.replace(",", ""))
+        unit = 10.0 ** (-len(fraction or "") + int(exponent or 0))
         if percent:
-            value, decimals = value / 100, decimals + 2
-        out.append((match.group(0), value, decimals))
+            value, unit = value / 100, unit / 100
+        out.append((match.group(0), value, unit))
     return out
 
 
 def unrecorded(line: str, numbers: list[float]) -> list[str]:
     """The figures on ``line`` that no number of the file gives at the quoted precision."""
     missing = []
-    for written, value, decimals in quoted_numbers(line):
-        # a half-way case may round either way in binary: accept a value within half a unit of the last digit
-        tolerance = 0.5 * 10**-decimals + 1e-12
-        if not any(abs(x - value) <= tolerance for x in numbers):
+    for written, value, unit in quoted_numbers(line):
+        # half a unit of the last digit either way (0.5625 may be written 0.562 or 0.563); prose
+        # drops signs ("ended 0.062 lower"), so magnitudes are compared
+        tolerance = 0.5 * unit * (1 + 1e-9)
+        if not any(abs(abs(x) - value) <= tolerance for x in numbers):
             missing.append(written)
     return missing
 
@@ -130,6 +132,9 @@ def test_the_checker_rejects_a_figure_its_file_lacks() -> None:
     assert unrecorded("11.8 s per update", numbers) == ["11.8"]
     assert unrecorded("56% of 64 `results/x_0.77.json`", numbers) == []  # 56% is 0.5625 at two digits
     assert unrecorded("0.77 -> 0.64", numbers) == ["0.77", "0.64"]
+    assert unrecorded("1.81x, 5.6e-1, on x86 cores", [1.8123, 0.5625]) == []
+    assert unrecorded("1.82x and 5.7e-1", [1.8123, 0.5625]) == ["1.82", "5.7e-1"]
+    assert unrecorded("0.062 lower", [-0.0625]) == []
 
 
 def test_paragraphs_are_checked_whole_and_code_is_left_out() -> None:
