@@ -72,10 +72,11 @@ stays; ``flashrl/weight_sync``)::
 Measured (``benchmarks/learner_memory.py``, float32, 8 layers x 512, V = 151,936, T = 64, B = 4..64,
 table in ``docs/training.md``): the update's transient bytes (gradients + activations) grow with B in
 the single padded pass (1.0 -> 2.0 GiB) and stay flat under a 256-token budget (1.1 GiB); the formula
-is within 22% of every point (``tests/recipes/test_memory.py`` holds it within 30%). It is a sum, so
+is within 24.4% of every point (B = 16, single pass: 1248 MiB predicted, 1004 measured;
+``tests/recipes/test_memory.py`` holds it within 30%). It is a sum, so
 it over-predicts where phases do not overlap (the tied embedding's gradient sum at the end of the
 backward pass comes after the layers' activations are freed) and under-predicts the accumulation's
-temporary of a second pass by about 10%.
+temporary of a second pass by about 8.5% (B = 8..64 under the budget).
 
 Checkpoint save, host memory (``flashrl/checkpoints.py``; V x H the embedding, P_l one layer)::
 
