@@ -18,6 +18,8 @@ import torch.distributed as dist
 __all__ = [
     "all_reduce_max",
     "all_reduce_sum",
+    "backend_devices",
+    "check_collective_device",
     "default_backend",
     "find_free_port",
     "init_process_group",
@@ -30,8 +32,43 @@ def is_distributed() -> bool:
 
 
 def default_backend(device: torch.device) -> str:
-    """NCCL for CUDA tensors, gloo for CPU tensors."""
-    return "nccl" if device.type == "cuda" else "gloo"
+    """The process group's backends: on CUDA, NCCL for CUDA tensors AND gloo for CPU tensors.
+
+    A CUDA learner still issues collectives on host tensors: with ``optimizer_offload`` FSDP2's
+    ``CPUOffloadPolicy`` keeps the gradient shards on the host, so the clip's global norm is
+    all-reduced as a CPU tensor, which an NCCL-only group refuses ("No backend type associated with
+    device type cpu", pytorch/pytorch#148532). ``"cuda:nccl,cpu:gloo"`` is what Lightning and Molt
+    use when offloading; flashrl always sets it on CUDA (the gloo side costs nothing unless used).
+    """
+    return "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
+
+
+def backend_devices(backend_config: str) -> set[str]:
+    """Device types a process group serves, from its backend config (``dist.get_backend_config()``):
+    ``"cuda:nccl,cpu:gloo"`` -> {"cuda", "cpu"}; a bare name is the backend's own devices."""
+    bare = {"gloo": {"cpu", "cuda"}, "nccl": {"cuda"}, "mpi": {"cpu", "cuda"}}
+    devices: set[str] = set()
+    for part in backend_config.replace(" ", "").lower().split(","):
+        if ":" in part:
+            devices.add(part.split(":", 1)[0])
+        elif part:
+            devices |= bare.get(part, set())
+    return devices
+
+
+def check_collective_device(tensor: torch.Tensor, backend_config: str | None = None) -> None:
+    """Raise a clear error when the default group has no backend for ``tensor``'s device type.
+
+    Every collective flashrl issues goes through this check, so a group built without a backend for
+    the tensor's device fails with the fix instead of torch's bare "No backend type associated".
+    """
+    config = backend_config if backend_config is not None else str(dist.get_backend_config())
+    if tensor.device.type not in backend_devices(config):
+        raise RuntimeError(
+            f"a collective on a {tensor.device.type} tensor, but the process group's backends are {config!r}. "
+            f"Fix: initialise it with flashrl.learners.distributed.default_backend(device) "
+            f"('cuda:nccl,cpu:gloo' on GPUs), or move the tensor to a device the group serves."
+        )
 
 
 def find_free_port() -> int:
@@ -66,6 +103,7 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     """Elementwise sum over ranks (a copy; the input is left alone)."""
     out = values.clone()
     if is_distributed():
+        check_collective_device(out)
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out
 
@@ -74,5 +112,6 @@ def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
     """Elementwise max over ranks (a copy; the input is left alone)."""
     out = values.clone()
     if is_distributed():
+        check_collective_device(out)
         dist.all_reduce(out, op=dist.ReduceOp.MAX)
     return out

@@ -77,6 +77,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import DTensor
 
 from flashrl.checkpoints import CheckpointError, load_error_reason
+from flashrl.learners.distributed import check_collective_device
 
 __all__ = [
     "call_through_root",
@@ -252,6 +253,7 @@ def load_pretrained_sharded(
         for name, buffer in model.named_buffers():
             if _rank() == 0:
                 buffer.copy_(buffers[clean_name(name)])
+            check_collective_device(buffer)
             dist.broadcast(buffer, src=0)
     return model.eval()
 
@@ -322,7 +324,10 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float | None) -> to
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    if not isinstance(t, DTensor):
+        return t
+    check_collective_device(t.to_local())  # an offloaded norm is a CPU tensor: the group needs a CPU backend
+    return t.full_tensor()
 
 
 # --------------------------------------------------------------------------------------------------
