@@ -49,6 +49,6 @@ def test_the_check_reads_torchs_own_backend_config_of_a_real_group(tmp_path):
         dist.all_reduce(t := torch.ones(2)); print(t.tolist())
         dist.destroy_process_group()
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["['cpu']", "[1.0, 1.0]"]
