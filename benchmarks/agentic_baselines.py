@@ -175,7 +175,7 @@ async def play(config: Any, model_path: str, names: list[str], done: Callable[[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--num-tasks", type=int, default=64, help="held-out tasks per family")
     parser.add_argument("--families", nargs="+", default=[f.name for f in FAMILIES],
                         choices=[f.name for f in FAMILIES + ALFWORLD_FAMILIES],

@@ -158,7 +158,7 @@ def render(runs: list[dict[str, Any]], target_gain: float) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--quick", action="store_true", help="smoke: tiny random model, torch engine, 2 updates")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--updates", type=int, default=None, help="updates per seed (default 20; quick 2)")

@@ -148,7 +148,7 @@ def weight_update_seconds(engine: Any, model_path: str, loop, repeats: int) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument(
         "--model", default="smollm2-135m-instruct", help="model spec (built-in, folder, hub id)"
     )

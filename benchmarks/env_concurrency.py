@@ -226,7 +226,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--steps", type=int, default=8, help="timed steps per env")
     parser.add_argument("--envs", nargs="+", default=["alfworld", "alfworld_in_process_lock", "python_tool", "math"])

@@ -152,7 +152,7 @@ def render(rows: list[dict[str, Any]], agree: dict[str, float]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--quick", action="store_true", help="smoke: tiny random model, small batch")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)

@@ -228,7 +228,7 @@ PATHS = ("single_pass", "micro_packed")
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[4, 8, 16, 32])
     parser.add_argument("--length", type=int, default=64, help="tokens per trajectory (all equal)")
     parser.add_argument("--budget", type=int, default=256, help="max_tokens_per_micro_batch of the new path")

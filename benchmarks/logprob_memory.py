@@ -82,7 +82,7 @@ def measure(*args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--tokens", type=int, nargs="+", default=None, help="default: 1k..8k on CUDA, 256..2k on CPU")
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--hidden", type=int, default=1536)

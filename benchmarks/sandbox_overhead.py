@@ -52,7 +52,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--calls", type=int, default=30, help="calls per row (after one warm-up call)")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/sandbox_overhead.json"))
     args = parser.parse_args()

@@ -121,7 +121,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--models", nargs="+", default=["tiny", "smollm2-135m-instruct"],
                         help="'tiny' (random 2-layer Llama), built-in names or HF folders")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions; the best is kept")

@@ -55,7 +55,7 @@ def make_config(args: argparse.Namespace) -> FlashReinforceConfig:
 
 def run(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Train until `--iterations` or the callback's stop; returns each iteration's result."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, hub id or folder")
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=4)

@@ -29,7 +29,7 @@ def tiny_model() -> str:
 def run(edit: Callable[[FlashReinforceConfig], FlashReinforceConfig], argv: list[str] | None = None,
         ) -> list[dict[str, Any]]:
     """Train ``--iterations`` iterations of ``edit(base config)``; returns each iteration's results."""
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--model", default=None, help="policy model (default: a tiny random-weight Llama)")
     parser.add_argument("--iterations", type=int, default=2)
     args = parser.parse_args(argv)
