@@ -190,6 +190,12 @@ def vllm_engine_args(
     if o.kv_cache_memory_bytes is not None:
         args["kv_cache_memory_bytes"] = int(o.kv_cache_memory_bytes)
     args.update(o.engine_args)
+    if parallel_size(args) > 1 and "distributed_executor_backend" not in o.engine_args:
+        # vLLM picks its Ray executor whenever a placement group is current (vllm/config/parallel.py):
+        # inside an EnvRunner actor of a Tune trial's PACK group it would ask Ray for GPUs this actor
+        # already holds and wait for ever. The actor reserves the engine's GPUs (the dry-run plan checks
+        # num_gpus_per_env_runner == tensor x pipeline parallel size); worker processes use them.
+        args["distributed_executor_backend"] = "mp"
     context = args.get("max_model_len")
     if context is None:  # GPU without a set context: vLLM sizes and checks the KV cache itself
         return args
@@ -208,6 +214,11 @@ def vllm_engine_args(
         budget = kv_cache_budget(num_seqs=int(args["max_num_seqs"]), **check)
         args["kv_cache_memory_bytes"] = budget.reserved_bytes
     return args
+
+
+def parallel_size(args: Mapping[str, Any]) -> int:
+    """GPUs one engine spans: tensor x pipeline parallel size of its ``AsyncEngineArgs`` fields."""
+    return int(args.get("tensor_parallel_size") or 1) * int(args.get("pipeline_parallel_size") or 1)
 
 
 def routed_experts_args(*, on_cpu: bool) -> dict[str, Any]:

@@ -145,3 +145,14 @@ def test_the_plan_and_the_cpu_engine_reserve_the_same_bytes(seqs: int, tokens: i
     engine = _args(**options)
     assert plan.kv_cache_reserved == engine["kv_cache_memory_bytes"]
     assert plan.total == arch.num_parameters() * 4 + engine["kv_cache_memory_bytes"]
+
+
+def test_a_tensor_parallel_engine_uses_worker_processes_not_rays_executor() -> None:
+    """Inside an EnvRunner actor under Tune's placement group vLLM would pick its Ray executor and wait for
+    GPUs the actor already holds: a multi-GPU engine gets the multiprocessing executor explicitly."""
+    args = _args(on_cpu=False, engine_args={"tensor_parallel_size": 4, "enable_expert_parallel": True})
+    assert args["distributed_executor_backend"] == "mp"
+    assert _args(on_cpu=False, engine_args={"pipeline_parallel_size": 2})["distributed_executor_backend"] == "mp"
+    assert "distributed_executor_backend" not in _args(on_cpu=False)  # one GPU: vLLM's own "uni"
+    given = _args(on_cpu=False, engine_args={"tensor_parallel_size": 2, "distributed_executor_backend": "ray"})
+    assert given["distributed_executor_backend"] == "ray"  # the user's choice stands
