@@ -97,6 +97,7 @@ class FlashRLWorkerExtension:
         runner = self.model_runner  # type: ignore[attr-defined]
         with self._flashrl_config():
             finalize_layerwise_reload(runner.get_model(), runner.model_config)
+            _prepack_cpu_moe_experts(runner.get_model())
         _retie_output_embedding(runner.get_model(), runner.model_config.hf_config)
         # what GPUModelRunner.reload_weights resets after a reload: state derived from the old weights
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
@@ -122,6 +123,33 @@ class FlashRLWorkerExtension:
 
         config = getattr(self, "vllm_config", None)
         return set_current_vllm_config(config) if config is not None else nullcontext()
+
+
+def _prepack_cpu_moe_experts(model: torch.nn.Module) -> int:
+    """Redo the CPU MoE experts' prepacking that vLLM 0.32 skips on a weight update; return the layers.
+
+    ``UnquantizedFusedMoEMethod._setup_kernel`` runs ``moe_kernel.fused_experts.process_weights_after_loading``
+    only on the first load (``is_weight_update = self.moe_kernel is not None``): on CPU that call pads the
+    intermediate dimension and prepacks ``w13_weight``/``w2_weight`` into the grouped-gemm layout
+    (``cpu_prepack_moe_weight``, same shape, another element order). On a layerwise reload the new
+    checkpoint-layout experts are copied into the old storage unpacked, and the kernel reads them as
+    packed: the engine then samples from scrambled experts (docs/engines.md, "Known defect (MoE)", now
+    worked around here). Re-running the experts' own step after the session packs them as a fresh start
+    does. GPU experts keep their layout (the first load's shuffle is copied back), so this touches CPU
+    experts only.
+    """
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a vLLM without the CPU experts: nothing of theirs to repack
+        return 0
+    repacked = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(module)
+            repacked += 1
+    return repacked
 
 
 def _no_mtp_check() -> Any:

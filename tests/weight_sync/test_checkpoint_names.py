@@ -98,12 +98,6 @@ def test_a_dense_model_is_passed_through(tiny_llama_path: str) -> None:
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect: on vLLM 0.32's CPU build the checkpoint-named stream is accepted and every layer "
-    "loads (no 'Failed to load weights'), but the engine then samples differently from an engine started on "
-    "the same checkpoint; the MoE layers' in-place reload is not yet right (cause not found)",
-)
 def test_vllm_loads_the_checkpoint_named_stream_of_a_moe(tmp_path, smollm2_path: str, chat_prompts) -> None:
     """vLLM's CPU build serves a tiny Qwen3-MoE; the learner's fused model, changed, is streamed to it under
     the checkpoint's names (the names vLLM's `load_weights` takes on every route: the NCCL consumer feeds
