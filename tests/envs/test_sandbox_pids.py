@@ -181,7 +181,7 @@ def _hidden_folders() -> dict[str, set[str]]:
     return hidden
 
 
-def _unprivileged_preexec(hidden: dict[str, set[str]]):
+def _unprivileged_preexec(hidden: dict[str, set[str]], uid: int):
     def preexec() -> None:  # in the forked child, still root, before exec
         libc = ctypes.CDLL(None, use_errno=True)
 
@@ -204,30 +204,36 @@ def _unprivileged_preexec(hidden: dict[str, set[str]]):
                 check(libc.mount(source, path.encode(), None, _MS_BIND | _MS_REC, None) == 0, f"bind {path}")
                 os.close(fd)
         os.setgroups([])
-        os.setresgid(UNPRIVILEGED_UID, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
-        os.setresuid(UNPRIVILEGED_UID, UNPRIVILEGED_UID, UNPRIVILEGED_UID)  # clears every capability
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # clears every capability
 
     return preexec
 
 
-def _run_scenario(scenario: str, backend: str, user: str) -> dict:
+def _run_python(args: list[str], user: str, uid: int = UNPRIVILEGED_UID) -> dict:
+    """Run the interpreter with ``args`` as ``user`` ("self", or "unprivileged": ``uid`` when this
+    process is root); its last line of output, as JSON."""
     preexec = None
     if user == "unprivileged" and os.getuid() == 0:
-        hidden = _hidden_folders()
-        preexec = _unprivileged_preexec(hidden)
+        preexec = _unprivileged_preexec(_hidden_folders(), uid)
     elif user == "self" and os.getuid() != 0:
         pytest.skip(f"runs as root only (this process is uid {os.getuid()}); the unprivileged run covers it")
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
-    proc = subprocess.run([sys.executable, __file__, scenario, backend], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True,
                           env=env, cwd="/", preexec_fn=preexec, timeout=240, check=False)
     assert proc.returncode == 0 and proc.stdout.strip(), (proc.stdout, proc.stderr[-3000:])
     report = json.loads(proc.stdout.strip().splitlines()[-1])
+    if preexec is not None:
+        assert report.get("uid", uid) == uid
+    return report
+
+
+def _run_scenario(scenario: str, backend: str, user: str) -> dict:
+    report = _run_python([__file__, scenario, backend], user)
     if "skip" in report:
         if _require_optional():
             pytest.fail(report["skip"])
         pytest.skip(report["skip"])
-    expected_uid = UNPRIVILEGED_UID if preexec is not None else os.getuid()
-    assert report.get("uid", expected_uid) == expected_uid
     return report
 
 
@@ -253,6 +259,37 @@ def test_other_processes_cannot_be_reached_by_pid(backend: str, user: str) -> No
     assert seen["own"] == {"nice": [0, 3], "affinity": 0, "prlimit": True, "session": True, "fcntl": os.O_RDWR,
                            "ioctl_fionread": 4}, report
     assert report["victim_after"] == report["victim_before"] and report["victim_alive"], report
+
+
+NPROC_FALLBACK = """
+import json, os, subprocess, sys, threading
+sys.path.insert(0, sys.argv[1])  # imported by path, as the launcher does
+import _namespaces
+stand_in = subprocess.Popen(['/bin/sleep', '60'])  # another task of the same uid
+_namespaces._unshare_user = lambda flags=0, required=True: False  # a machine without user namespaces
+limit = _namespaces.cap_tasks(5, run_uid=0, in_own_user_ns=False)
+hold = threading.Event()
+try:
+    for _ in range(100):
+        threading.Thread(target=hold.wait, daemon=True).start()
+except RuntimeError:
+    pass
+tasks = len(os.listdir('/proc/self/task'))
+hold.set()
+stand_in.kill()
+print(json.dumps({"limit": limit, "tasks": tasks, "uid": os.getuid()}))
+"""
+
+
+def test_task_cap_without_user_namespaces_counts_the_uids_other_tasks() -> None:
+    # Unprivileged (root is exempt from the limit), under a uid of its own (a process of the other
+    # tests may still be exiting): the uid's tasks are this single-threaded interpreter and the
+    # stand-in, so the limit is 1 other + 5, and the interpreter reaches 5.
+    if os.getuid() != 0:
+        pytest.skip(f"needs a uid that runs no other task, which only root can pick (this is uid {os.getuid()})")
+    sandbox_dir = str(REPO / "flashrl" / "envs" / "sandbox")
+    report = _run_python(["-I", "-S", "-c", NPROC_FALLBACK, sandbox_dir], "unprivileged", UNPRIVILEGED_UID + 1)
+    assert (report["limit"], report["tasks"]) == (6, 5), report
 
 
 def test_max_tasks_must_be_positive() -> None:
