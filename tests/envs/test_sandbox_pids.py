@@ -292,6 +292,22 @@ def test_task_cap_without_user_namespaces_counts_the_uids_other_tasks() -> None:
     assert (report["limit"], report["tasks"]) == (6, 5), report
 
 
+@pytest.mark.parametrize(("extents", "expected"), [
+    ([(0, 0, 4294967295)], 0x7F12_3456),  # the initial namespace: the drawn run uid
+    ([(0, 100000, 65536)], 65535),  # a rootless container: its highest uid
+    ([(0, 100000, 65534), (65534, 0, 1)], 65533),  # not the one mapped onto the host's root
+    ([(0, 1000, 1)], None),  # uid 0 alone (of a host user: the cap holds without a switch)
+    ([(0, 0, 1)], None),  # uid 0 alone, the host's root: the launcher refuses to run
+])
+def test_root_takes_a_uid_its_namespace_maps(extents: list[tuple[int, int, int]], expected: int | None) -> None:
+    sys.path.insert(0, str(REPO / "flashrl" / "envs" / "sandbox"))
+    try:
+        import _namespaces
+    finally:
+        sys.path.pop(0)
+    assert _namespaces._run_uid_for_root(0x7F12_3456, extents) == expected
+
+
 def test_max_tasks_must_be_positive() -> None:
     with pytest.raises(ValueError, match=r"SandboxConfig.max_tasks: expected a positive number, got 0"):
         SandboxConfig(max_tasks=0)

@@ -12,8 +12,8 @@ untrusted code runs.
   of its own the limit counts this run's tasks only, not the uid's other processes. The kernel skips
   the check for a real uid of 0 (``INIT_USER``) and for CAP_SYS_RESOURCE / CAP_SYS_ADMIN in the
   initial namespace, so root first takes a per-run real and effective uid (``run_uid``, no process
-  owns it) while keeping file-system uid 0: files read and written exactly as before, tasks counted
-  apart. Where no user namespace can be made (unprivileged, none allowed), the limit counts every
+  owns it; inside a container's user namespace, the highest uid that namespace maps) while keeping
+  file-system uid 0: files read and written exactly as before, tasks counted apart. Where no user namespace can be made (unprivileged, none allowed), the limit counts every
   task of the uid, so it is set to the uid's tasks now plus the cap.
 """
 
@@ -97,6 +97,23 @@ def _tasks_of(uid: int) -> int:
     return total
 
 
+def _uid_map() -> list[tuple[int, int, int]]:
+    """This process's user namespace's uid map: (first uid, first uid in the parent, count) extents."""
+    with open("/proc/self/uid_map") as f:
+        return [(int(a), int(b), int(c)) for a, b, c in (line.split() for line in f if line.strip())]
+
+
+def _run_uid_for_root(run_uid: int, extents: list[tuple[int, int, int]]) -> int | None:
+    """The uid root takes for the run: ``run_uid`` in the initial user namespace (every uid is
+    mapped there); inside another one (a container's), the highest uid it maps onto a uid other than
+    the parent namespace's 0; None when there is none."""
+    if extents == [(0, 0, 4294967295)]:
+        return run_uid
+    # An extent's last uid is the candidate, unless it is 0 or maps onto the parent's 0.
+    candidates = [first + count - 1 for first, lower, count in extents if first + count - 1 and lower + count - 1]
+    return max(candidates, default=None)
+
+
 def _take_run_uid(run_uid: int) -> None:
     """As root: real and effective uid ``run_uid`` (saved uid and file-system uid stay 0)."""
     import resource
@@ -121,7 +138,13 @@ def cap_tasks(max_tasks: int, run_uid: int, in_own_user_ns: bool) -> int:
     import resource
 
     if os.getuid() == 0:
-        _take_run_uid(run_uid)
+        extents = _uid_map()
+        uid = _run_uid_for_root(run_uid, extents)
+        if uid is not None:
+            _take_run_uid(uid)
+        elif (0, 0) in {(first, lower) for first, lower, _ in extents}:  # this root may be the host's
+            raise OSError("cannot cap the run's tasks: uid 0 here may be the host's root (exempt from "
+                          "RLIMIT_NPROC) and this user namespace maps no other uid to run under")
         in_own_user_ns = False
     others = 0
     if not in_own_user_ns and not _unshare_user(required=False):
