@@ -121,6 +121,21 @@ other = {
     "fcntl_setown_high_bits": attempt(raw_setown),
     "ioctl_fiosetown": attempt(lambda: fcntl.ioctl(a, 0x8901, struct.pack('i', pid))),
 }
+nr = {'x86_64': {'ioprio_set': 251, 'migrate_pages': 256, 'process_madvise': 440, 'kcmp': 312},
+      'aarch64': {'ioprio_set': 30, 'migrate_pages': 238, 'process_madvise': 440, 'kcmp': 272}}[os.uname().machine]
+def raw(name, *args):
+    def call():
+        if libc.syscall(nr[name], *args) < 0:
+            raise OSError(ctypes.get_errno(), name)
+    return call
+absent = {  # not on the allow-list at all: ENOSYS (38), or a listed escape route: EPERM (1)
+    "sched_setscheduler": attempt(lambda: os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))),
+    "ioprio_set": attempt(raw('ioprio_set', 1, pid, 0)),
+    "migrate_pages": attempt(raw('migrate_pages', pid, 0, None, None)),
+    "process_madvise": attempt(raw('process_madvise', -1, None, 0, 0, 0)),
+    "kcmp": attempt(raw('kcmp', pid, os.getpid(), 0, 0, 0)),
+    "pidfd_open": attempt(lambda: os.pidfd_open(pid)),
+}
 me = os.getpid()
 own = {
     "nice": [attempt(lambda: os.setpriority(os.PRIO_PROCESS, 0, 3)), os.getpriority(os.PRIO_PROCESS, me)],
@@ -130,7 +145,7 @@ own = {
     "fcntl": fcntl.fcntl(a, fcntl.F_GETFL) & os.O_RDWR,
     "ioctl_fionread": len(fcntl.ioctl(a, 0x541B, b"\\0" * 4)),
 }
-print(json.dumps({"other": other, "own": own}))
+print(json.dumps({"other": other, "absent": absent, "own": own}))
 """
 
 
@@ -255,6 +270,9 @@ def test_other_processes_cannot_be_reached_by_pid(backend: str, user: str) -> No
     seen = json.loads(report["stdout"])
     assert seen["other"] == dict.fromkeys(seen["other"], errno.EPERM), report
     assert len(seen["other"]) == 14
+    assert seen["absent"] == {"sched_setscheduler": errno.ENOSYS, "ioprio_set": errno.ENOSYS,
+                              "migrate_pages": errno.ENOSYS, "process_madvise": errno.EPERM,
+                              "kcmp": errno.EPERM, "pidfd_open": errno.EPERM}, report
     # Its own process stays reachable through the same calls (pid 0 or its own pid).
     assert seen["own"] == {"nice": [0, 3], "affinity": 0, "prlimit": True, "session": True, "fcntl": os.O_RDWR,
                            "ioctl_fionread": 4}, report
