@@ -326,6 +326,19 @@ def test_root_takes_a_uid_its_namespace_maps(extents: list[tuple[int, int, int]]
     assert _namespaces._run_uid_for_root(0x7F12_3456, extents) == expected
 
 
+@pytest.mark.parametrize(("release", "expected"), [
+    ("6.18.44-fc-v1147", True), ("5.14.0-362.el9.x86_64", True), ("5.13.19", False), ("5.10.0-28-amd64", False),
+    ("4.18.0-553.el8_10.x86_64", False), ("10.0", True),
+])
+def test_the_kernels_that_count_tasks_per_user_namespace(release: str, expected: bool) -> None:
+    sys.path.insert(0, str(REPO / "flashrl" / "envs" / "sandbox"))
+    try:
+        import _namespaces
+    finally:
+        sys.path.pop(0)
+    assert _namespaces.per_namespace_nproc(release) is expected
+
+
 def test_max_tasks_must_be_positive() -> None:
     with pytest.raises(ValueError, match=r"SandboxConfig.max_tasks: expected a positive number, got 0"):
         SandboxConfig(max_tasks=0)

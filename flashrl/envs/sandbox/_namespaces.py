@@ -13,8 +13,9 @@ untrusted code runs.
   the check for a real uid of 0 (``INIT_USER``) and for CAP_SYS_RESOURCE / CAP_SYS_ADMIN in the
   initial namespace, so root first takes a per-run real and effective uid (``run_uid``, no process
   owns it; inside a container's user namespace, the highest uid that namespace maps) while keeping
-  file-system uid 0: files read and written exactly as before, tasks counted apart. Where no user namespace can be made (unprivileged, none allowed), the limit counts every
-  task of the uid, so it is set to the uid's tasks now plus the cap.
+  file-system uid 0: files read and written exactly as before, tasks counted apart. Where no user
+  namespace can be made (unprivileged, none allowed), and on kernels before 5.14 (which count per uid
+  only), the limit counts every task of the uid, so it is set to the uid's tasks now plus the cap.
 """
 
 from __future__ import annotations
@@ -103,6 +104,12 @@ def _uid_map() -> list[tuple[int, int, int]]:
         return [(int(a), int(b), int(c)) for a, b, c in (line.split() for line in f if line.strip())]
 
 
+def per_namespace_nproc(release: str) -> bool:
+    """Whether a kernel of this release counts RLIMIT_NPROC per user namespace (Linux 5.14 on)."""
+    numbers = [int(part) for part in release.split("-")[0].split(".")[:2] if part.isdigit()]
+    return tuple(numbers) >= (5, 14)
+
+
 def _run_uid_for_root(run_uid: int, extents: list[tuple[int, int, int]]) -> int | None:
     """The uid root takes for the run: ``run_uid`` in the initial user namespace (every uid is
     mapped there); inside another one (a container's), the highest uid it maps onto a uid other than
@@ -147,8 +154,10 @@ def cap_tasks(max_tasks: int, run_uid: int, in_own_user_ns: bool) -> int:
                           "RLIMIT_NPROC) and this user namespace maps no other uid to run under")
         in_own_user_ns = False
     others = 0
-    if not in_own_user_ns and not _unshare_user(required=False):
-        # No user namespaces here: the limit counts every task of the uid, this process included.
+    own_ns = in_own_user_ns or _unshare_user(required=False)
+    if not own_ns or not per_namespace_nproc(os.uname().release):
+        # The limit counts every task of the uid here (no user namespace of its own, or a kernel
+        # that counts per uid only): allow the uid's other tasks now, less this process, plus the cap.
         others = _tasks_of(os.getuid()) - 1
     limit = others + max_tasks
     resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
