@@ -22,22 +22,30 @@ Writes                     a size-capped tmpfs /tmp (``workdir_bytes``)    a pri
                                                                            (root or user namespaces), else the host
                                                                            dir, measured every 50 ms and killed past
                                                                            ``workdir_bytes``; Landlock: nowhere else
-Processes                  own pid namespace (sees bwrap's init only)      /proc listing and other pids unreadable
+Processes                  own pid namespace (sees bwrap's init only)      /proc listing and other pids unreadable;
+                                                                           shares the host's pid namespace, so
+                                                                           seccomp takes pid 0 or its own only
+                                                                           (priority, affinity, prlimit, sid, ...)
+Tasks                      ``max_tasks`` (threads; RLIMIT_NPROC in a user  same (where no user namespace is
+                           namespace of the run's own; as root under a     allowed: the uid's tasks at start plus
+                           per-run uid), then EAGAIN inside                ``max_tasks``)
 Network                    empty net namespace + seccomp: no ``socket``;   seccomp: no ``socket``; ``socketpair``
                            ``socketpair`` sockets cannot be addressed      sockets cannot be addressed (no connect,
                            (no connect, bind, sendmsg, addressed sendto)   bind, sendmsg, addressed sendto); Landlock
                                                                            TCP and abstract-socket scoping (ABI 4/6)
 SysV IPC, POSIX mqueues    private IPC namespace + seccomp deny            private IPC namespace (where allowed) +
                                                                            seccomp deny
-Fork, exec, signals        seccomp: no fork (threads only), signals to     same
-                           itself only, no ptrace, mount, bpf, keyctl,
-                           perf_event_open, userfaultfd, io_uring, ...
+Fork, exec, signals        seccomp: no fork (threads only), signals and    same
+                           SIGIO to itself only, no ptrace, mount, bpf,
+                           keyctl, perf_event_open, userfaultfd,
+                           io_uring, ...
 Resources                  rlimits: address space, CPU s, file size, open  same
                            files, no core; wall time and output caps kill
                            the process group
 cgroup v2                  where the machine delegates ``memory`` and      same
                            ``pids``: a cgroup per run with ``memory.max``
-                           (address space + work dir), no swap, 128 pids
+                           (address space + work dir), no swap, ``pids.max``
+                           = ``max_tasks``
 =========================  ==============================================  ==============================================
 
 The seccomp policy is an allow-list (anything unlisted fails with ENOSYS; the escape routes listed in

@@ -2,7 +2,7 @@
 
 Used by the parent only. The kernel's own accounting adds to the rlimits (which stay the floor on
 every machine): ``memory.max`` counts resident memory and the tmpfs pages the code writes, which the
-address-space limit does not, and ``pids.max`` caps threads. Delegation means: this process's cgroup
+address-space limit does not, and ``pids.max`` caps tasks as RLIMIT_NPROC does (``max_tasks``). Delegation means: this process's cgroup
 v2 folder already has ``memory`` and ``pids`` in its ``cgroup.subtree_control`` and is writable
 (the operator delegated it, e.g. systemd's ``Delegate=yes``); nothing here enables controllers on
 the host. The sandboxed launcher moves itself into the run's cgroup (by writing to a
@@ -21,8 +21,6 @@ import uuid
 logger = logging.getLogger(__name__)
 
 CONTROLLERS = ("memory", "pids")
-DEFAULT_PIDS_MAX = 128
-"""Tasks (threads included) one run's cgroup may hold; the address-space limit usually bites first."""
 _EMPTY_WAIT_S = 2.0
 
 
@@ -67,7 +65,7 @@ def delegated_parent() -> tuple[str | None, str]:
 class RunCgroup:
     """A fresh cgroup for one run: made with its limits, emptied and removed by :meth:`close`."""
 
-    def __init__(self, parent: str, memory_bytes: int, pids_max: int = DEFAULT_PIDS_MAX) -> None:
+    def __init__(self, parent: str, memory_bytes: int, pids_max: int) -> None:
         self.path = os.path.join(parent, f"flashrl-sandbox-{uuid.uuid4().hex[:16]}")
         os.mkdir(self.path)
         try:

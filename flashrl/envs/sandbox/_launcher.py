@@ -3,8 +3,9 @@
 Run as ``python -I -S -B _launcher.py CONFIG_HEX`` by :mod:`flashrl.envs.sandbox.runner` (never
 imported as part of the package, and importing only the standard library and its three sibling
 modules). Order: read the seccomp program and the code from stdin, enter private mount and IPC
-namespaces with a size-capped tmpfs work dir (Landlock backend, where the machine allows it), set
-resource limits, drop capabilities, apply Landlock, load the seccomp filter, remove this folder from ``sys.path``, then
+namespaces with a size-capped tmpfs work dir (Landlock backend, where the machine allows it), cap
+the run's tasks (a user namespace of its own, as root under a per-run uid), set resource limits, drop
+capabilities, apply Landlock, load the seccomp filter, remove this folder from ``sys.path``, then
 execute the code as ``__main__``. If any requested layer fails the process exits with
 :data:`SETUP_FAILED_EXIT` before a single line of untrusted code runs.
 """
@@ -44,17 +45,28 @@ def _drop_capabilities() -> None:
 def _confine(config: dict, expected_pid: int, bpf: bytes) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)  # die with the parent, like bwrap's child
+    parent = os.getppid()
     if config["cgroup_fd"] >= 0:  # join the run's cgroup (see _cgroup.py) before anything else
         os.write(config["cgroup_fd"], b"0")
         os.close(config["cgroup_fd"])
     sys.path.insert(0, _HERE)
     try:
+        own_user_ns = False
         if config["namespaces"]:
             import _namespaces
 
-            _namespaces.enter(config["workdir"], config["workdir_bytes"])
+            own_user_ns = _namespaces.enter(config["workdir"], config["workdir_bytes"])
         # The work dir may just have been covered by a tmpfs: enter the folder that is now there.
         os.chdir(config["workdir"])
+        if config["max_tasks"]:
+            import _namespaces
+
+            _namespaces.cap_tasks(config["max_tasks"], config["run_uid"], own_user_ns)
+            # A change of uid clears the parent-death signal: set it again, and leave if the parent
+            # already died meanwhile (this process would then have a new parent).
+            libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:
+                raise OSError(f"the parent (pid {parent}) exited during setup")
         for name, (soft, hard) in config["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (soft, hard))
         _drop_capabilities()

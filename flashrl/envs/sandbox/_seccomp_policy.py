@@ -19,10 +19,16 @@ escape or a resource-exhaustion route:
   outlive the process on the host, outside the address-space limit, and ``shmat`` would reach the
   host's segments.
 - process creation: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD`` (``clone3`` is not
-  allowed: ENOSYS, so libc falls back to ``clone`` for threads). Threads stay allowed; the address-space limit caps them.
-  This is what caps a fork bomb even when running as root, where RLIMIT_NPROC is not enforced.
+  allowed: ENOSYS, so libc falls back to ``clone`` for threads). Threads stay allowed up to
+  ``max_tasks`` (RLIMIT_NPROC in a user namespace of the run's own, see ``_namespaces.py``).
 - signals to any process but the sandboxed one: ``kill``/``tgkill``/``rt_(tg)sigqueueinfo`` whose
-  target is not the caller's own pid, ``tkill``, ``pidfd_open``, ``pidfd_send_signal``.
+  target is not the caller's own pid, ``tkill``, ``pidfd_open``, ``pidfd_send_signal``, and a SIGIO
+  owner set by ``fcntl(F_SETOWN/F_SETOWN_EX)`` or ``ioctl(FIOSETOWN/SIOCSPGRP)``.
+- reaching another process by pid: ``setpriority``/``getpriority`` (``PRIO_PROCESS`` only),
+  ``sched_{set,get}affinity``, ``sched_get{param,scheduler,attr}``, ``prlimit64``, ``getsid``,
+  ``getpgid``, ``setpgid`` and ``get_robust_list`` pass for pid 0 or the caller's own pid only;
+  ``capget`` (its pid hides in memory) is refused. With the Landlock backend the code shares the
+  host's pid namespace: without this it could renice or pin a trainer of the same uid.
 - raising resource limits: ``setrlimit``, ``prlimit64`` with a new limit (reading one passes).
 - changing metadata of files Landlock does not cover: ``chmod``/``chown``/``*xattr``/``utime*``.
 - kernel attack surface and namespace/ptrace tricks: ``ptrace``, ``process_vm_*``, ``mount``,
@@ -51,7 +57,7 @@ ALLOWED_SYSCALLS: tuple[str, ...] = (
     "getdents64", "getcwd", "chdir", "fchdir", "mkdir", "mkdirat", "rmdir", "unlink", "unlinkat",
     "rename", "renameat", "renameat2", "link", "linkat", "symlink", "symlinkat", "readlink",
     "readlinkat", "truncate", "ftruncate", "fallocate", "fsync", "fdatasync", "sync_file_range",
-    "fadvise64", "flock", "fcntl", "ioctl", "dup", "dup2", "dup3", "pipe", "pipe2", "sendfile",
+    "fadvise64", "flock", "dup", "dup2", "dup3", "pipe", "pipe2", "sendfile",
     "copy_file_range", "splice", "tee", "umask", "getxattr", "lgetxattr", "fgetxattr", "listxattr",
     "llistxattr", "flistxattr", "mknod", "mknodat", "readahead", "execve",
     "execveat",
@@ -60,12 +66,11 @@ ALLOWED_SYSCALLS: tuple[str, ...] = (
     "munlock", "membarrier", "mbind", "get_mempolicy", "set_mempolicy", "pkey_alloc", "pkey_free",
     "pkey_mprotect",
     # threads, scheduling, identity (read-only)
-    "futex", "futex_waitv", "set_robust_list", "get_robust_list", "set_tid_address", "rseq",
-    "arch_prctl", "prctl", "gettid", "getpid", "getppid", "getpgrp", "getpgid", "getsid", "setsid",
-    "setpgid", "getuid", "geteuid", "getgid", "getegid", "getresuid", "getresgid", "getgroups",
-    "capget", "getrlimit", "getrusage", "getpriority", "setpriority", "sched_yield",
-    "sched_getaffinity", "sched_setaffinity", "sched_getparam", "sched_getscheduler",
-    "sched_get_priority_max", "sched_get_priority_min", "sched_getattr", "uname", "sysinfo", "times",
+    "futex", "futex_waitv", "set_robust_list", "set_tid_address", "rseq",
+    "arch_prctl", "prctl", "gettid", "getpid", "getppid", "getpgrp", "setsid",
+    "getuid", "geteuid", "getgid", "getegid", "getresuid", "getresgid", "getgroups",
+    "getrlimit", "getrusage", "sched_yield",
+    "sched_get_priority_max", "sched_get_priority_min", "uname", "sysinfo", "times",
     "getrandom", "getcpu", "restart_syscall", "wait4", "waitid", "exit", "exit_group",
     # time
     "clock_gettime", "clock_getres", "clock_nanosleep", "nanosleep", "gettimeofday", "time",
@@ -86,7 +91,7 @@ ALLOWED_SYSCALLS: tuple[str, ...] = (
 DENIED_SYSCALLS: tuple[str, ...] = (
     "socket", "fork", "vfork", "tkill", "pidfd_open", "pidfd_send_signal", "setrlimit",
     "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
-    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
+    "capget", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
     "utime", "utimes", "utimensat", "futimesat",
     "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot",
     "unshare", "setns", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
@@ -103,6 +108,23 @@ DENIED_SYSCALLS: tuple[str, ...] = (
 )
 AF_UNIX = 1
 SIGNAL_SYSCALLS: tuple[str, ...] = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
+SELF_PID_SYSCALLS: tuple[str, ...] = (
+    "getpgid", "getsid", "setpgid", "get_robust_list", "sched_getaffinity", "sched_setaffinity",
+    "sched_getparam", "sched_getscheduler", "sched_getattr",
+)
+"""System calls whose first argument names a process: they pass for 0 or the caller's own pid only."""
+PRIO_SYSCALLS: tuple[str, ...] = ("getpriority", "setpriority")
+PRIO_PROCESS = 0
+F_SETOWN, F_SETOWN_EX = 8, 15
+"""fcntl commands that name a process to receive SIGIO (or the signal F_SETSIG picks, SIGKILL too)."""
+FCNTL_COMMANDS: tuple[int, ...] = (
+    0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 16, 17, 36, 37, 38,  # F_DUPFD .. F_SETLKW, F_GETOWN .., F_OFD_*
+    *range(1024, 1039),  # F_SETLEASE .. F_SET_FILE_RW_HINT (F_DUPFD_CLOEXEC, pipe sizes, seals, ...)
+)
+"""fcntl commands that pass: every one the kernel knows but F_SETOWN and F_SETOWN_EX."""
+FIOSETOWN, SIOCSPGRP = 0x8901, 0x8902
+"""ioctl commands that set a socket's SIGIO owner, like F_SETOWN."""
+_LOW32 = 0xFFFF_FFFF
 
 
 def build_filter(self_pid: int):  # -> pyseccomp.SyscallFilter
@@ -132,13 +154,44 @@ def build_filter(self_pid: int):  # -> pyseccomp.SyscallFilter
     for name in SIGNAL_SYSCALLS:
         add(allow, name, seccomp.Arg(0, seccomp.EQ, self_pid))
         add(deny, name, seccomp.Arg(0, seccomp.NE, self_pid))
-    add(allow, "prlimit64", seccomp.Arg(2, seccomp.EQ, 0))  # reading a limit
-    add(deny, "prlimit64", seccomp.Arg(2, seccomp.NE, 0))
+    # A process argument must be 0 or the caller's own pid (compared on all 64 bits: a pid with high
+    # bits set, which the kernel would truncate to another one, is refused). No host pid is reachable.
+    for name in SELF_PID_SYSCALLS:
+        _self_only(add, allow, deny, name, self_pid, pid_arg=0)
+    for name in PRIO_SYSCALLS:  # which == PRIO_PROCESS only: PRIO_USER would reach every task of the uid
+        _self_only(add, allow, deny, name, self_pid, pid_arg=1, prefix=(seccomp.Arg(0, seccomp.EQ, PRIO_PROCESS),))
+        add(deny, name, seccomp.Arg(0, seccomp.NE, PRIO_PROCESS))
+    for pid in (0, self_pid):  # reading one's own limit
+        add(allow, "prlimit64", seccomp.Arg(0, seccomp.EQ, pid), seccomp.Arg(2, seccomp.EQ, 0))
+        add(deny, "prlimit64", seccomp.Arg(0, seccomp.EQ, pid), seccomp.Arg(2, seccomp.NE, 0))
+    add(deny, "prlimit64", seccomp.Arg(0, seccomp.NE, 0))
+    # No SIGIO (or the signal F_SETSIG picks) to another process through a file or socket it owns.
+    # The kernel reads a command as 32 bits, so only those are compared: a command with high bits set
+    # is the command of its low 32 bits.
+    for command in FCNTL_COMMANDS:
+        add(allow, "fcntl", seccomp.Arg(1, seccomp.MASKED_EQ, _LOW32, command))
+    for command in (F_SETOWN, F_SETOWN_EX):
+        add(deny, "fcntl", seccomp.Arg(1, seccomp.MASKED_EQ, _LOW32, command))
+    # ioctl's commands are too many to list: the two denials are added first, which makes libseccomp
+    # test them before the catch-all (checked by tests/envs/test_sandbox_pids.py).
+    for command in (FIOSETOWN, SIOCSPGRP):
+        add(deny, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, _LOW32, command))
+    add(allow, "ioctl", seccomp.Arg(1, seccomp.NE, FIOSETOWN))
     add(allow, "socketpair", seccomp.Arg(0, seccomp.EQ, AF_UNIX))
     add(deny, "socketpair", seccomp.Arg(0, seccomp.NE, AF_UNIX))
     add(allow, "sendto", seccomp.Arg(4, seccomp.EQ, 0))  # send() on a connected pair: no address
     add(deny, "sendto", seccomp.Arg(4, seccomp.NE, 0))
     return flt
+
+
+def _self_only(add, allow: int, deny: int, name: str, self_pid: int, pid_arg: int, prefix: tuple = ()) -> None:
+    """``name`` passes when its argument ``pid_arg`` is 0 or ``self_pid``, else fails with EPERM
+    (libseccomp tests the equalities of one argument before its inequality, whatever the order)."""
+    import pyseccomp as seccomp
+
+    for pid in (0, self_pid):
+        add(allow, name, *prefix, seccomp.Arg(pid_arg, seccomp.EQ, pid))
+    add(deny, name, *prefix, seccomp.Arg(pid_arg, seccomp.NE, 0))
 
 
 def compile_bpf(self_pid: int) -> bytes:

@@ -6,6 +6,7 @@ import functools
 import json
 import marshal
 import os
+import random
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -29,6 +30,10 @@ ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 default folders) and the time zone (``time.localtime``). No passwd, hosts, ssl or machine-id."""
 ETC_FILES_PRESENT = tuple(sorted(os.path.basename(p) for p in ETC_FILES if os.path.exists(p)))
 """Names of :data:`ETC_FILES` that exist here: what ``os.listdir('/etc')`` shows under bubblewrap."""
+RUN_UIDS = range(0x7F00_0000, 0x7FF0_0000)
+"""Real uids a run started as root takes, one drawn per run, its file-system uid staying 0 (the kernel
+does not enforce RLIMIT_NPROC, the task cap, for a real uid of 0): far above what accounts,
+subordinate-uid and container ranges usually take, and below 2**31."""
 DEV_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 """Device nodes the code may read under Landlock (bubblewrap makes a fresh minimal /dev instead)."""
 
@@ -81,6 +86,8 @@ def launcher_config(config: SandboxConfig, backend: BackendName, workdir: str, c
     return marshal.dumps({
         "workdir": workdir,
         "rlimits": rlimits(config),
+        "max_tasks": config.max_tasks if confined else 0,
+        "run_uid": random.choice(RUN_UIDS),
         "landlock": confined and landlock_abi() >= 1,
         "seccomp": confined,
         "namespaces": namespaces,
@@ -144,7 +151,8 @@ def interpreter_command(config: SandboxConfig, backend: BackendName, workdir: st
 
 
 def bwrap_command(bwrap: str, config: SandboxConfig, cgroup_fd: int = -1) -> LaunchSpec:
-    """bubblewrap: fresh user, pid, net, ipc, uts and cgroup namespaces, and a root of its own.
+    """bubblewrap: fresh pid, net, ipc, uts and cgroup namespaces, and a root of its own (and a user
+    namespace: bwrap's unless root, then the launcher's).
 
     The root is bubblewrap's empty tmpfs with, read-only, only :data:`SYSTEM_TREES`,
     :data:`ETC_FILES`, the interpreter's folders and the launcher's; a fresh /dev and a /proc of its
@@ -152,7 +160,12 @@ def bwrap_command(bwrap: str, config: SandboxConfig, cgroup_fd: int = -1) -> Lau
     /opt, nor any of the project but the launcher's folder (shown at :data:`BWRAP_LAUNCHER_DIR`).
     """
     env = clean_env(BWRAP_WORKDIR)
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    # As root, no user namespace from bwrap (it would map uid 0 alone): the launcher then takes a
+    # per-run uid and a user namespace of its own, where the task cap holds (see _namespaces.py).
+    # Otherwise bwrap makes one anyway (it cannot mount without).
+    unshare = ["--unshare-all"] if os.getuid() != 0 else [
+        "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    argv = [bwrap, *unshare, "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
     # The private /tmp first: an interpreter installed under /tmp (a checkout's venv there, as a CI
@@ -221,11 +234,6 @@ def interpreter_layout(python: str) -> InterpreterLayout:
     return InterpreterLayout(tuple(os.path.abspath(h) for h in hops), tuple(prefixes), tuple(p for p in path if p))
 
 
-def interpreter_sys_path(python: str) -> list[str]:
-    """The module search path ``python -I`` starts with (site-packages included)."""
-    return list(interpreter_layout(python).sys_path)
-
-
 @functools.cache
 def private_namespaces_available(python: str) -> bool:
     """Whether the launcher can give itself private mount and IPC namespaces (root, or unprivileged
@@ -237,7 +245,7 @@ def private_namespaces_available(python: str) -> bool:
                 "_namespaces.enter(sys.argv[2], 1 << 20); print('ok')")
         try:
             out = subprocess.run([python, "-I", "-S", "-c", code, os.path.dirname(LAUNCHER), folder],
-                                 capture_output=True, timeout=60, stdin=subprocess.DEVNULL).stdout
+                                 capture_output=True, timeout=60, stdin=subprocess.DEVNULL, check=False).stdout
         except (OSError, subprocess.SubprocessError):
             return False
     return out.strip() == b"ok"

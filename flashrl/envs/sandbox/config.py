@@ -30,6 +30,11 @@ class SandboxConfig:
     machine allows private namespaces), else the runner's kill threshold for it (Landlock)."""
     max_open_files: int = 64
     """Open file descriptors limit (RLIMIT_NOFILE)."""
+    max_tasks: int = 64
+    """Tasks (threads; processes cannot be started) one run may hold at once, its main thread
+    included: RLIMIT_NPROC counted in a user namespace of the run's own, so past it ``clone`` fails
+    with EAGAIN inside the sandbox (``RuntimeError: can't start new thread``) and the host's pid space
+    is never at stake. Also the run's ``pids.max`` where a cgroup is delegated."""
     max_output_bytes: int = 16 << 10
     """Bytes kept from each of stdout and stderr; past it the run is killed and the text truncated."""
     max_code_bytes: int = 1 << 20
@@ -49,7 +54,7 @@ class SandboxConfig:
                 "allow_unconfined=True as well if that is really intended."
             )
         for name in ("wall_time_s", "cpu_time_s", "memory_bytes", "max_file_bytes", "workdir_bytes",
-                     "max_open_files", "max_output_bytes", "max_code_bytes"):
+                     "max_open_files", "max_tasks", "max_output_bytes", "max_code_bytes"):
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"SandboxConfig.{name}: expected a positive number, got {value!r}.")

@@ -166,7 +166,7 @@ def _run_backend(config: SandboxConfig, backend: BackendName, bwrap: str | None,
         parent, _ = _cgroup.delegated_parent()
         if parent is not None and backend != "unconfined":
             # Resident memory and the tmpfs pages the code writes are both charged to it.
-            cgroup = _cgroup.RunCgroup(parent, config.memory_bytes + config.workdir_bytes)
+            cgroup = _cgroup.RunCgroup(parent, config.memory_bytes + config.workdir_bytes, config.max_tasks)
         cgroup_fd = cgroup.procs_fd if cgroup is not None else -1
         if backend == "bubblewrap":
             assert bwrap is not None
