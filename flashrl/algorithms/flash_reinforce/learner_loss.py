@@ -122,9 +122,9 @@ class FlashReinforceLoss(Loss):
             check.expect(False, "token_mask", f"None with negative_token_fraction={q} (the failure filter is the token "
                          "mask)", describe(self.token_mask), "set negative_token_fraction=1.0, or token_mask=None")
         check.done()
-        self._recipes = {name: registry.factory(default if getattr(self, name) is None else getattr(self, name))
-                         for name, (registry, default) in COMPONENTS.items()
-                         if getattr(self, name) is not None or default is not None}
+        self._factories = {name: registry.factory(default if getattr(self, name) is None else getattr(self, name))
+                           for name, (registry, default) in COMPONENTS.items()
+                           if getattr(self, name) is not None or default is not None}
         self._built: dict[str, Any] = {}
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,7 +140,7 @@ class FlashReinforceLoss(Loss):
         for name in COMPONENTS:
             if not isinstance(state[name], str) and state[name] is not None:
                 state[name] = Shipped(state[name])
-        state["_recipes"] = {name: Shipped(recipe) for name, recipe in self._recipes.items()}
+        state["_factories"] = {name: Shipped(factory) for name, factory in self._factories.items()}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -160,8 +160,8 @@ class FlashReinforceLoss(Loss):
     def component(self, name: str) -> Any:
         """The component ``name`` (a key of ``COMPONENTS``) built in this process, or None (token_mask unset)."""
         if name not in self._built:
-            recipe = self._recipes.get(name)
-            self._built[name] = None if recipe is None else recipe()
+            factory = self._factories.get(name)
+            self._built[name] = None if factory is None else factory()
         return self._built[name]
 
     @property
