@@ -14,7 +14,8 @@ the release's settings, `to_dict()` / `from_dict()`, checkpoints and Ray Tune's 
 (`config.lr`, `config.delta`); values are checked when `validate()` builds the parts (a Tune search
 space such as `tune.grid_search([...])` may stand in for a value until then). The builder methods
 carry RLlib's names (`.environment()`, `.env_runners()`, `.learners()`, `.training()`, ...), take
-keyword-only settings of their section and return `self`, so a run reads::
+keyword-only settings of their section, each typed and documented (`builder_methods.py`), and return
+`self`, so a run reads::
 
     config = (
         FlashReinforceConfig()
@@ -44,6 +45,7 @@ from typing import Any, ClassVar
 
 from ray.tune.tune import _Config as _TuneConfig  # Tune takes any `_Config` as a `param_space`, as RLlib's
 
+from flashrl.algorithms.flash_reinforce.builder_methods import BuilderMethods, NotProvided
 from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 from flashrl.env_runners.env_check import env_code_problems, env_config_problems
 from flashrl.env_runners.spec import EnvRunnerSpec
@@ -56,16 +58,6 @@ from flashrl.weight_sync.layout import route_problem
 ROLLOUT_MODES = ("async", "sync_group")
 GROUP_BASELINES = ("group_mean", "group_norm")
 """Baselines over the G rollouts of one prompt: only meaningful in 'sync_group' mode."""
-
-
-class _NotProvided:
-    """Marker for 'argument not given' (None is a meaningful value for several settings)."""
-
-    def __repr__(self) -> str:
-        return "NotProvided"
-
-
-NotProvided: Any = _NotProvided()
 
 
 class ConfigError(ValueError):
@@ -223,7 +215,7 @@ def _plain(value: Any, *, text: bool) -> Any:
     return copy.deepcopy(value)
 
 
-class FlashReinforceConfig(_TuneConfig):
+class FlashReinforceConfig(BuilderMethods, _TuneConfig):
     """Configuration of a FlashREINFORCE run; build it with the chained methods, then `build_algo()`.
 
     ``FlashReinforceConfig(**settings)`` sets settings by name too. Every setting reads and writes as
@@ -271,7 +263,11 @@ class FlashReinforceConfig(_TuneConfig):
     # ------------------------------------------------------------------------------------------------
     # builder methods
     # ------------------------------------------------------------------------------------------------
-    def _section(self, section: str, settings: Mapping[str, Any]) -> FlashReinforceConfig:
+    def _section(self, section: str, arguments: Mapping[str, Any]) -> FlashReinforceConfig:
+        """Set the settings a builder method was given; ``arguments`` is its ``locals()``: ``self``, its
+        section's settings (``NotProvided`` where not given) and ``misplaced`` (any other keyword)."""
+        settings = {name: value for name, value in arguments.items() if name not in ("self", "misplaced")}
+        settings.update(arguments.get("misplaced", {}))
         for name in settings:
             if _SECTIONS.get(name) != section:
                 where = (f"it is set by .{_SECTIONS[name]}()" if name in _SECTIONS
@@ -281,52 +277,6 @@ class FlashReinforceConfig(_TuneConfig):
             if value is not NotProvided:
                 setattr(self, name, _normalized(name, value))
         return self
-
-    def environment(self, env: str | None = NotProvided, **settings: Any) -> FlashReinforceConfig:
-        """Which Gymnasium language environment to train on and its constructor arguments."""
-        return self._section("environment", {"env": env, **settings})
-
-    def env_runners(self, **settings: Any) -> FlashReinforceConfig:
-        """EnvRunner actors: how many, their resources, their engine and how they sample."""
-        return self._section("env_runners", settings)
-
-    def learners(self, **settings: Any) -> FlashReinforceConfig:
-        """Learner actors: how many (data parallel, FSDP2-sharded), their resources, micro-batching."""
-        return self._section("learners", settings)
-
-    def training(self, **settings: Any) -> FlashReinforceConfig:
-        """The model, the optimizer and the FlashREINFORCE update."""
-        return self._section("training", settings)
-
-    def evaluation(self, **settings: Any) -> FlashReinforceConfig:
-        """Periodic evaluation on the env runners (greedy by default)."""
-        return self._section("evaluation", settings)
-
-    def reporting(self, **settings: Any) -> FlashReinforceConfig:
-        """Metrics smoothing, the result files, TensorBoard, experiment trackers, the console progress line and
-        rollout dumps."""
-        return self._section("reporting", settings)
-
-    def callbacks(self, callbacks_class: Any = NotProvided, **settings: Any) -> FlashReinforceConfig:
-        """User hooks (RLlib's ``.callbacks(MyCallbacks)``): a subclass of
-        `flashrl.callbacks.FlashReinforceCallbacks` or its import path; see `flashrl.callbacks`.
-        A class defined outside flashrl is registered to travel to the actors by value."""
-        from flashrl.callbacks import ship_by_value
-
-        ship_by_value(callbacks_class)
-        return self._section("callbacks", {"callbacks_class": callbacks_class, **settings})
-
-    def checkpointing(self, **settings: Any) -> FlashReinforceConfig:
-        """Periodic checkpoints outside Ray Tune (under Tune, use its CheckpointConfig)."""
-        return self._section("checkpointing", settings)
-
-    def debugging(self, **settings: Any) -> FlashReinforceConfig:
-        """Seeding and logging."""
-        return self._section("debugging", settings)
-
-    def resources(self, **settings: Any) -> FlashReinforceConfig:
-        """Resources of the algorithm's own process (its Tune trial)."""
-        return self._section("resources", settings)
 
     def build_algo(self) -> Any:
         """Validate, join (or start) a Ray cluster, check resources, start the actors (a FlashReinforce)."""
@@ -617,17 +567,6 @@ class FlashReinforceConfig(_TuneConfig):
 def _hint(name: str) -> str:
     close = difflib.get_close_matches(name, list(_OWNERS), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _section_docs() -> None:
-    """Each builder method's docstring lists the settings it takes (one declaration, read here)."""
-    for section in sorted(set(_SECTIONS.values())):
-        method = getattr(FlashReinforceConfig, section)
-        names = [name for name, where in _SECTIONS.items() if where == section]
-        method.__doc__ = f"{method.__doc__}\n\nSettings (keyword-only): {', '.join(names)}."
-
-
-_section_docs()
 
 
 def _bundle(cpus: float, gpus: float) -> dict[str, float]:
