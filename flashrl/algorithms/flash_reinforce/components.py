@@ -44,10 +44,10 @@ __all__ = [
     "TRUST_REGIONS",
     "Aggregation",
     "Baseline",
+    "ComponentFactory",
     "FailureTokenEntropyMask",
     "ImportanceSampling",
     "Normalizers",
-    "Recipe",
     "Registry",
     "TokenMask",
     "TrustDecision",
@@ -92,7 +92,7 @@ class Registry(Generic[T]):
     def build(self, name: str) -> T:
         return self.factory(name)()
 
-    def factory(self, value: str | Any) -> Recipe:
+    def factory(self, value: str | Any) -> ComponentFactory:
         """A zero-argument factory of the component ``value`` gives (name, path or object), picklable."""
         if isinstance(value, str) and not is_path(value):
             if value not in self._factories:
@@ -100,12 +100,12 @@ class Registry(Generic[T]):
                     f"Unknown {self.kind} {value!r}; expected one of {self.names()}. Register your own with "
                     f"@{self.kind.upper()}S.register('name'), or pass an object or a 'module:name' path."
                 )
-            return Recipe(self._factories[value], construct=True)
+            return ComponentFactory(self._factories[value], construct=True)
         target = import_path(value) if isinstance(value, str) else value
         if not callable(target):
             raise TypeError(f"A {self.kind} must be a registered name, a 'module:name' path or a callable; got "
                             f"{describe(target)}.")
-        return Recipe(target, construct=isinstance(target, type))
+        return ComponentFactory(target, construct=isinstance(target, type))
 
     def resolve(self, value: str | T | None, default: str) -> T:
         """A name, a path, an object (a class is constructed) or None (the default)."""
@@ -127,14 +127,14 @@ class Registry(Generic[T]):
                    f"use a registered name, or register yours with @{self.kind.upper()}S.register('name')")
             return expected, value, fix
         try:
-            recipe = self.factory(value)
+            factory = self.factory(value)
         except UserCodeError as err:
             return expected, describe(value), f"{err}; fix the path (the module must import in this process)"
         except TypeError:
             return expected, describe(value), (f"pass a callable {self.kind} ({self._call_text()}; its protocol is in "
                                                "flashrl.algorithms.flash_reinforce.components)")
         try:
-            component = roundtrip(recipe)()
+            component = roundtrip(factory)()
         except UserCodeError as err:
             return ("an object that can be pickled (it is shipped to the actors by value)", describe(value),
                     (f"{err}; keep unpicklable state (locks, open files, CUDA tensors) out of it, or create it "
@@ -166,8 +166,8 @@ class Registry(Generic[T]):
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """How to make a component where it runs: call ``target`` (a class or factory) or use it as it is."""
+class ComponentFactory:
+    """Makes a component where it runs (picklable): calls ``target`` (a class or factory) or returns it."""
 
     target: Any
     construct: bool

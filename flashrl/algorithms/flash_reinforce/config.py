@@ -14,7 +14,8 @@ the release's settings, `to_dict()` / `from_dict()`, checkpoints and Ray Tune's 
 (`config.lr`, `config.delta`); values are checked when `validate()` builds the parts (a Tune search
 space such as `tune.grid_search([...])` may stand in for a value until then). The builder methods
 carry RLlib's names (`.environment()`, `.env_runners()`, `.learners()`, `.training()`, ...), take
-keyword-only settings of their section and return `self`, so a run reads::
+keyword-only settings of their section, each typed and documented (`builder_methods.py`), and return
+`self`, so a run reads::
 
     config = (
         FlashReinforceConfig()
@@ -44,6 +45,7 @@ from typing import Any, ClassVar
 
 from ray.tune.tune import _Config as _TuneConfig  # Tune takes any `_Config` as a `param_space`, as RLlib's
 
+from flashrl.algorithms.flash_reinforce.builder_methods import BuilderMethods, NotProvided
 from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 from flashrl.env_runners.env_check import env_code_problems, env_config_problems
 from flashrl.env_runners.spec import EnvRunnerSpec
@@ -58,16 +60,6 @@ GROUP_BASELINES = ("group_mean", "group_norm")
 """Baselines over the G rollouts of one prompt: only meaningful in 'sync_group' mode."""
 
 
-class _NotProvided:
-    """Marker for 'argument not given' (None is a meaningful value for several settings)."""
-
-    def __repr__(self) -> str:
-        return "NotProvided"
-
-
-NotProvided: Any = _NotProvided()
-
-
 class ConfigError(ValueError):
     """An impossible or inconsistent setting; the message says expected, actual and the fix."""
 
@@ -76,21 +68,24 @@ class ConfigError(ValueError):
 class FlashReinforceSettings:
     """The settings that are the FlashREINFORCE driver's own (not the env runners', learners' or loss's)."""
 
-    rollout_mode: str = setting("async", section="training")
+    rollout_mode: str = setting("async", section="training", choices=ROLLOUT_MODES,
+                                fix="use 'async' (the method)")
     """'async' (FlashREINFORCE: one rollout per prompt, never wait) or 'sync_group' (comparison)."""
     group_size: int = setting(8, section="training")
     """G rollouts per prompt in 'sync_group' mode (B/G prompts per batch); unused in 'async'."""
-    num_epochs: int | None = setting(None, section="training")
+    num_epochs: int | None = setting(None, section="training", integer=True, ge=1, optional=True,
+                                     fix="use None and set total_updates, or e.g. num_epochs=3")
     """Passes over a finite training set (Molt's train.num_episodes): the schedule's horizon (total_updates)
     becomes ceil(N / prompts per batch) x num_epochs, N the real set size after max_samples; None = set
     total_updates yourself."""
-    evaluation_interval: int | None = setting(None, section="evaluation")
+    evaluation_interval: int | None = setting(None, section="evaluation", integer=True, ge=1, optional=True,
+                                              fix="use None to disable evaluation")
     """Evaluate every this many `train()` iterations; None = never automatically."""
-    evaluation_num_samples_per_prompt: int = setting(1, section="evaluation")
+    evaluation_num_samples_per_prompt: int = setting(1, section="evaluation", integer=True, ge=1)
     """k: episodes per evaluation prompt (avg@k = mean over prompts of the mean return of its k)."""
     evaluation_at_start: bool = setting(False, section="evaluation")
     """Also evaluate the initial policy, before the first update (step 0) of a fresh run."""
-    metrics_num_episodes_for_smoothing: int = setting(100, section="reporting")
+    metrics_num_episodes_for_smoothing: int = setting(100, section="reporting", integer=True, ge=1)
     """Episodes in the sliding window behind the smoothed `env_runners/*` metrics."""
     tensorboard: bool = setting(True, section="reporting")
     """Write TensorBoard scalars each iteration and histograms of drift, lengths and policy lag."""
@@ -103,45 +98,35 @@ class FlashReinforceSettings:
     """Experiment trackers besides CSV, JSON lines and TensorBoard: 'wandb', 'mlflow' (the loggers extra)."""
     logger_options: dict[str, dict[str, Any]] = setting(default_factory=dict, section="reporting")
     """Per tracker, its options, e.g. {'wandb': {'project': 'math', 'mode': 'offline'}} (see flashrl.loggers)."""
-    console_every: int = setting(1, section="reporting")
+    console_every: int = setting(1, section="reporting", integer=True, ge=0)
     """Print a one-line progress summary every this many iterations (and each evaluation); 0 = silent."""
-    rollout_dump_every: int = setting(0, section="reporting")
+    rollout_dump_every: int = setting(0, section="reporting", integer=True, ge=0)
     """Write episodes of the batch as JSONL under `<log_dir>/rollouts/` every this many iterations; 0 = never."""
-    rollout_dump_count: int = setting(4, section="reporting")
+    rollout_dump_count: int = setting(4, section="reporting", integer=True, ge=1)
     """Episodes per rollout dump (the batch's first ones in arrival order; at most the batch)."""
-    checkpoint_frequency: int = setting(0, section="checkpointing")
+    checkpoint_frequency: int = setting(0, section="checkpointing", integer=True, ge=0)
     """Save a checkpoint under checkpoint_dir every this many iterations; 0 = only when asked."""
     checkpoint_dir: str | None = setting(None, section="checkpointing")
     """Where periodic checkpoints go (`<dir>/checkpoint_<iteration>`); None = `<algo.logdir>/checkpoints`."""
-    num_checkpoints_to_keep: int | None = setting(None, section="checkpointing")
+    num_checkpoints_to_keep: int | None = setting(None, section="checkpointing", integer=True, ge=1,
+                                                  optional=True, fix="use None to keep all")
     """Keep only the newest this many periodic checkpoints (by save time; `latest` names the newest); None = all."""
     checkpoint_export_policy: bool = setting(True, section="checkpointing")
     """Periodic checkpoints include the policy as a Hugging Face folder (`policy/`); False saves only what resumes."""
     restart_failed_learners: bool = setting(True, section="learners")
     """When a learner actor dies or times out, start a new learner group and resume from the run's newest
     checkpoint (or its start); False stops the run with the cause (see docs/runtime.md, Faults)."""
-    max_num_learner_restarts: int = setting(3, section="learners")
+    max_num_learner_restarts: int = setting(3, section="learners", integer=True, ge=0)
     """Stop the run (raise) instead of restarting the learner group more than this many times in one run."""
-    num_cpus_for_main_process: float = setting(0.5, section="resources")
+    num_cpus_for_main_process: float = setting(0.5, section="resources", ge=0)
     """Logical CPUs the algorithm's own process reserves under Ray Tune (the driver)."""
 
     def __post_init__(self) -> None:
         check = Checks("FlashReinforceSettings")
-        check.expect(self.rollout_mode in ROLLOUT_MODES, "rollout_mode", f"one of {ROLLOUT_MODES}", self.rollout_mode,
-                     "use 'async' (the method)")
+        check.fields(self)
         if self.rollout_mode == "sync_group":
             check.expect(is_int(self.group_size) and self.group_size >= 1, "group_size", "an integer >= 1",
                          self.group_size, "e.g. 8")
-        interval = self.evaluation_interval
-        check.expect(interval is None or (is_int(interval) and interval >= 1), "evaluation_interval",
-                     "None or an integer >= 1", interval, "use None to disable evaluation")
-        check.integers(self, ("evaluation_num_samples_per_prompt", "metrics_num_episodes_for_smoothing"), 1)
-        check.integers(self, ("console_every", "checkpoint_frequency", "max_num_learner_restarts",
-                              "rollout_dump_every"), 0)
-        check.integers(self, ("rollout_dump_count",), 1)
-        epochs = self.num_epochs
-        check.expect(epochs is None or (is_int(epochs) and epochs >= 1), "num_epochs", "None or an integer >= 1",
-                     epochs, "use None and set total_updates, or e.g. num_epochs=3")
         check.expect(isinstance(self.evaluation_at_start, bool), "evaluation_at_start", "a bool",
                      self.evaluation_at_start, "use True to evaluate the initial policy")
         for name in ("log_dir", "checkpoint_dir"):  # written with os / torch: a URI would become a local folder
@@ -151,12 +136,8 @@ class FlashReinforceSettings:
                          "give a URI to a tuned example's --output (the driver uploads there), or mount the storage")
         check.expect(isinstance(self.checkpoint_export_policy, bool), "checkpoint_export_policy", "a bool",
                      self.checkpoint_export_policy, "use False to skip the Hugging Face export of periodic saves")
-        keep = self.num_checkpoints_to_keep
-        check.expect(keep is None or (is_int(keep) and keep >= 1), "num_checkpoints_to_keep",
-                     "None or an integer >= 1", keep, "use None to keep all")
         check.expect(isinstance(self.restart_failed_learners, bool), "restart_failed_learners", "a bool",
                      self.restart_failed_learners, "use False to stop the run when a learner actor dies")
-        check.numbers(self, ("num_cpus_for_main_process",), positive=False)
         for problem in logger_problems(self.loggers, self.logger_options):
             check.add(problem)
         check.done()
@@ -234,7 +215,7 @@ def _plain(value: Any, *, text: bool) -> Any:
     return copy.deepcopy(value)
 
 
-class FlashReinforceConfig(_TuneConfig):
+class FlashReinforceConfig(BuilderMethods, _TuneConfig):
     """Configuration of a FlashREINFORCE run; build it with the chained methods, then `build_algo()`.
 
     ``FlashReinforceConfig(**settings)`` sets settings by name too. Every setting reads and writes as
@@ -282,7 +263,11 @@ class FlashReinforceConfig(_TuneConfig):
     # ------------------------------------------------------------------------------------------------
     # builder methods
     # ------------------------------------------------------------------------------------------------
-    def _section(self, section: str, settings: Mapping[str, Any]) -> FlashReinforceConfig:
+    def _section(self, section: str, arguments: Mapping[str, Any]) -> FlashReinforceConfig:
+        """Set the settings a builder method was given; ``arguments`` is its ``locals()``: ``self``, its
+        section's settings (``NotProvided`` where not given) and ``misplaced`` (any other keyword)."""
+        settings = {name: value for name, value in arguments.items() if name not in ("self", "misplaced")}
+        settings.update(arguments.get("misplaced", {}))
         for name in settings:
             if _SECTIONS.get(name) != section:
                 where = (f"it is set by .{_SECTIONS[name]}()" if name in _SECTIONS
@@ -292,52 +277,6 @@ class FlashReinforceConfig(_TuneConfig):
             if value is not NotProvided:
                 setattr(self, name, _normalized(name, value))
         return self
-
-    def environment(self, env: str | None = NotProvided, **settings: Any) -> FlashReinforceConfig:
-        """Which Gymnasium language environment to train on and its constructor arguments."""
-        return self._section("environment", {"env": env, **settings})
-
-    def env_runners(self, **settings: Any) -> FlashReinforceConfig:
-        """EnvRunner actors: how many, their resources, their engine and how they sample."""
-        return self._section("env_runners", settings)
-
-    def learners(self, **settings: Any) -> FlashReinforceConfig:
-        """Learner actors: how many (data parallel, FSDP2-sharded), their resources, micro-batching."""
-        return self._section("learners", settings)
-
-    def training(self, **settings: Any) -> FlashReinforceConfig:
-        """The model, the optimizer and the FlashREINFORCE update."""
-        return self._section("training", settings)
-
-    def evaluation(self, **settings: Any) -> FlashReinforceConfig:
-        """Periodic evaluation on the env runners (greedy by default)."""
-        return self._section("evaluation", settings)
-
-    def reporting(self, **settings: Any) -> FlashReinforceConfig:
-        """Metrics smoothing, the result files, TensorBoard, experiment trackers, the console progress line and
-        rollout dumps."""
-        return self._section("reporting", settings)
-
-    def callbacks(self, callbacks_class: Any = NotProvided, **settings: Any) -> FlashReinforceConfig:
-        """User hooks (RLlib's ``.callbacks(MyCallbacks)``): a subclass of
-        `flashrl.callbacks.FlashReinforceCallbacks` or its import path; see `flashrl.callbacks`.
-        A class defined outside flashrl is registered to travel to the actors by value."""
-        from flashrl.callbacks import ship_by_value
-
-        ship_by_value(callbacks_class)
-        return self._section("callbacks", {"callbacks_class": callbacks_class, **settings})
-
-    def checkpointing(self, **settings: Any) -> FlashReinforceConfig:
-        """Periodic checkpoints outside Ray Tune (under Tune, use its CheckpointConfig)."""
-        return self._section("checkpointing", settings)
-
-    def debugging(self, **settings: Any) -> FlashReinforceConfig:
-        """Seeding and logging."""
-        return self._section("debugging", settings)
-
-    def resources(self, **settings: Any) -> FlashReinforceConfig:
-        """Resources of the algorithm's own process (its Tune trial)."""
-        return self._section("resources", settings)
 
     def build_algo(self) -> Any:
         """Validate, join (or start) a Ray cluster, check resources, start the actors (a FlashReinforce)."""
@@ -628,17 +567,6 @@ class FlashReinforceConfig(_TuneConfig):
 def _hint(name: str) -> str:
     close = difflib.get_close_matches(name, list(_OWNERS), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _section_docs() -> None:
-    """Each builder method's docstring lists the settings it takes (one declaration, read here)."""
-    for section in sorted(set(_SECTIONS.values())):
-        method = getattr(FlashReinforceConfig, section)
-        names = [name for name, where in _SECTIONS.items() if where == section]
-        method.__doc__ = f"{method.__doc__}\n\nSettings (keyword-only): {', '.join(names)}."
-
-
-_section_docs()
 
 
 def _bundle(cpus: float, gpus: float) -> dict[str, float]:

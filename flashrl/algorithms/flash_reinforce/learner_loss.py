@@ -46,7 +46,7 @@ from flashrl.algorithms.flash_reinforce.loss import flash_reinforce_loss
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.loss import BatchContext, Loss, LossMetrics, MicroBatch
 from flashrl.user_code import Shipped, describe
-from flashrl.validation import Checks, is_int, is_number
+from flashrl.validation import Checks, is_number, setting
 
 COMPONENTS: dict[str, tuple[Registry, str | None]] = {
     "baseline": (BASELINES, "batch_mean"),
@@ -80,7 +80,8 @@ class FlashReinforceContext(BatchContext):
 class FlashReinforceLoss(Loss):
     """The FlashREINFORCE loss settings (each declared and checked only here) and the learner hook."""
 
-    delta: float = 0.01
+    delta: float = setting(0.01, ge=0, finite=False, note="math.inf = no trust region",
+                           fix="e.g. 3e-3, or math.inf")
     """Sequence trust region: a trajectory whose mean token drift exceeds it is dropped; inf = no trust region."""
     baseline: str | Any | None = None
     """Advantage baseline: batch_mean, none, leave_one_out, group_mean, group_norm (GRPO), a 'module:name' path
@@ -96,28 +97,21 @@ class FlashReinforceLoss(Loss):
     token_mask: str | Any | None = None
     """Which valid tokens keep their term: 'all', a path or a TokenMask object; None = the failure filter of
     negative_token_fraction (off at 1.0)."""
-    constant_length_normalizer: int | None = None
+    constant_length_normalizer: int | None = setting(None, integer=True, ge=1, optional=True,
+                                                     fix="e.g. 6144 (the reference's L)")
     """The L of aggregation='constant_length' (the reference: 6144)."""
-    negative_token_fraction: float = 1.0
+    negative_token_fraction: float = setting(1.0, ge=0, le=1, fix="e.g. 0.9, or 1.0 for no filter")
     """q: a failed episode (env info['success'] False) trains on its ceil(q * T_i) highest-entropy tokens; 1 = off."""
 
     needs_entropy = True  # the entropy filter and the entropy_mean metric
 
     def __post_init__(self) -> None:
         check = Checks("FlashReinforceLoss")
-        delta = self.delta
-        check.expect(isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta >= 0, "delta",
-                     "a number >= 0 (math.inf = no trust region)", delta, "e.g. 3e-3, or math.inf")  # NaN fails
+        check.fields(self)
         q = self.negative_token_fraction
-        check.expect(is_number(q) and 0 <= q <= 1, "negative_token_fraction", "a number in [0, 1]", q,
-                     "e.g. 0.9, or 1.0 for no filter")
-        length = self.constant_length_normalizer
-        if length is not None and not (is_int(length) and length >= 1):
-            check.expect(False, "constant_length_normalizer", "None or an integer >= 1", length,
-                         "e.g. 6144 (the reference's L)")
-        elif self.aggregation == "constant_length" and length is None:
+        if self.aggregation == "constant_length" and self.constant_length_normalizer is None:
             check.expect(False, "constant_length_normalizer", "an integer >= 1 with aggregation='constant_length'",
-                         length, "set constant_length_normalizer, e.g. 6144 as the reference does")
+                         None, "set constant_length_normalizer, e.g. 6144 as the reference does")
         for name, (registry, _) in COMPONENTS.items():
             value = getattr(self, name)
             if value is not None or name not in ("baseline", "token_mask"):
@@ -128,9 +122,9 @@ class FlashReinforceLoss(Loss):
             check.expect(False, "token_mask", f"None with negative_token_fraction={q} (the failure filter is the token "
                          "mask)", describe(self.token_mask), "set negative_token_fraction=1.0, or token_mask=None")
         check.done()
-        self._recipes = {name: registry.factory(default if getattr(self, name) is None else getattr(self, name))
-                         for name, (registry, default) in COMPONENTS.items()
-                         if getattr(self, name) is not None or default is not None}
+        self._factories = {name: registry.factory(default if getattr(self, name) is None else getattr(self, name))
+                           for name, (registry, default) in COMPONENTS.items()
+                           if getattr(self, name) is not None or default is not None}
         self._built: dict[str, Any] = {}
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,7 +140,7 @@ class FlashReinforceLoss(Loss):
         for name in COMPONENTS:
             if not isinstance(state[name], str) and state[name] is not None:
                 state[name] = Shipped(state[name])
-        state["_recipes"] = {name: Shipped(recipe) for name, recipe in self._recipes.items()}
+        state["_factories"] = {name: Shipped(factory) for name, factory in self._factories.items()}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -166,8 +160,8 @@ class FlashReinforceLoss(Loss):
     def component(self, name: str) -> Any:
         """The component ``name`` (a key of ``COMPONENTS``) built in this process, or None (token_mask unset)."""
         if name not in self._built:
-            recipe = self._recipes.get(name)
-            self._built[name] = None if recipe is None else recipe()
+            factory = self._factories.get(name)
+            self._built[name] = None if factory is None else factory()
         return self._built[name]
 
     @property
