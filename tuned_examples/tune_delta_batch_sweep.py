@@ -107,7 +107,7 @@ def make_config(args: argparse.Namespace) -> FlashReinforceConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    probe = argparse.ArgumentParser(add_help=False)
+    probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     probe.add_argument("--tiny", action="store_true")
     preset = TINY if probe.parse_known_args(argv)[0].tiny else SWEEP
     config, args = build_config(preset, make_config, argv, add_arguments=add_arguments, find_resume_checkpoint=False)
