@@ -9,7 +9,11 @@ imports itself back through others.
   imports them (the runners make envs from the EnvSpec the driver resolved).
 - Entry points that build an algorithm's config (``flashrl/cli.py``, ``flashrl/__main__.py``,
   ``flashrl/recipes/``) may import both.
-- No import cycle among flashrl's modules (a cycle is where a layering slip hides).
+- No import cycle among flashrl's modules (a cycle is where a layering slip hides), and none among
+  its packages either (``flashrl.learners`` importing ``flashrl.weight_sync`` and ``weight_sync``
+  importing ``learners`` back is a cycle of layers even when no two modules close one): each
+  subpackage, and each top-level module, is one node. Weight sync sits below the learners, the
+  engines and the env runners, so they import it and it imports none of them.
 
 Imports inside functions count too. The check reads the source (``ast``), so it sees every import
 whatever runs.
@@ -148,6 +152,33 @@ def test_no_import_cycles():
     assert not cycles, "Import cycles among flashrl's modules:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
+def _package(module: str) -> str:
+    """The layer a module belongs to: its subpackage of flashrl (``flashrl.learners``), else itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """package -> the other flashrl packages its modules import (``_package``)."""
+    packages: dict[str, set[str]] = {}
+    for name, edges in graph.items():
+        packages.setdefault(_package(name), set()).update(_package(t) for t in edges if _package(t) != _package(name))
+    return packages
+
+
+def test_no_import_cycles_among_packages():
+    graph = _without_package_reexports(_graph())
+    cycles = _cycles(_package_graph(graph))
+    lines = []
+    for cycle in cycles:
+        lines.append(" <-> ".join(cycle) + ", through:")
+        lines += [f"  {name} imports {target}" for name, edges in sorted(graph.items()) for target in sorted(edges)
+                  if _package(name) in cycle and _package(target) in cycle and _package(name) != _package(target)]
+    assert not cycles, (
+        "Import cycles among flashrl's packages (move the shared types down, or pass the object in):\n"
+        + "\n".join(lines)
+    )
+
+
 def test_the_checks_find_what_they_look_for():
     source = (
         "def f():\n    from flashrl.algorithms.flash_reinforce.loss import flash_reinforce_loss\n"
@@ -158,6 +189,11 @@ def test_the_checks_find_what_they_look_for():
     assert "flashrl.algorithms.x" in names and "flashrl.envs.base" in names
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+    modules = {"flashrl.a.x": {"flashrl.b.y"}, "flashrl.b.y": set(), "flashrl.b.z": {"flashrl.a.w"},
+               "flashrl.a.w": set(), "flashrl.c": {"flashrl.a.x"}}  # no module cycle, a package cycle a <-> b
+    assert _cycles(modules) == []
+    assert _package_graph(modules) == {"flashrl.a": {"flashrl.b"}, "flashrl.b": {"flashrl.a"}, "flashrl.c": {"flashrl.a"}}
+    assert _cycles(_package_graph(modules)) == [["flashrl.a", "flashrl.b"]]
 
 
 @pytest.mark.parametrize("folder", ["algorithms", "envs"])
