@@ -43,9 +43,10 @@ def update_seconds(
     engine: Any, model: torch.nn.Module, bucket_bytes: int | None, loop, version: int
 ) -> tuple[float, int, int]:
     """One update; (seconds, buckets, largest bucket file bytes)."""
-    from flashrl.weight_sync.buckets import WeightBuckets, as_buckets
-    from flashrl.weight_sync.gather import iter_weight_buckets, weight_manifest
+    from flashrl.learners.weight_gather import iter_weight_buckets, weight_manifest
+    from flashrl.weight_sync.buckets import as_buckets
     from flashrl.weight_sync.shm import bucket_file_bytes
+    from flashrl.weight_sync.wire import WeightBuckets
 
     if bucket_bytes is None:  # the whole state dict in one bucket: the single-file path
         engine.options = dataclasses.replace(engine.options, weight_bucket_bytes=2**62)
@@ -65,7 +66,7 @@ def measure(name: str, path: str, bucket_sizes: list[int], repeats: int) -> list
     from transformers import AutoModelForCausalLM
 
     from flashrl.engines import make_engine
-    from flashrl.weight_sync.gather import weight_manifest
+    from flashrl.learners.weight_gather import weight_manifest
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     state = {n: t for n, t in model.state_dict().items()}

@@ -9,7 +9,13 @@ imports itself back through others.
   imports them (the runners make envs from the EnvSpec the driver resolved).
 - Entry points that build an algorithm's config (``flashrl/cli.py``, ``flashrl/__main__.py``,
   ``flashrl/recipes/``) may import both.
-- No import cycle among flashrl's modules (a cycle is where a layering slip hides).
+- No import cycle among flashrl's modules (a cycle is where a layering slip hides), and none among
+  its packages either (``flashrl.learners`` importing ``flashrl.weight_sync`` and ``weight_sync``
+  importing ``learners`` back is a cycle of layers even when no two modules close one): each
+  subpackage, and each top-level module, is one node.
+- Weight sync sits below the learners, the engines and the env runners: they import it, it imports
+  none of them; its wire types and constants (``flashrl/weight_sync/wire.py``) import nothing of
+  flashrl and are defined nowhere else.
 
 Imports inside functions count too. The check reads the source (``ast``), so it sees every import
 whatever runs.
@@ -148,6 +154,82 @@ def test_no_import_cycles():
     assert not cycles, "Import cycles among flashrl's modules:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
+def _package(module: str) -> str:
+    """The layer a module belongs to: its subpackage of flashrl (``flashrl.learners``), else itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """package -> the other flashrl packages its modules import (``_package``)."""
+    packages: dict[str, set[str]] = {}
+    for name, edges in graph.items():
+        packages.setdefault(_package(name), set()).update(_package(t) for t in edges if _package(t) != _package(name))
+    return packages
+
+
+def test_no_import_cycles_among_packages():
+    graph = _without_package_reexports(_graph())
+    cycles = _cycles(_package_graph(graph))
+    lines = []
+    for cycle in cycles:
+        lines.append(" <-> ".join(cycle) + ", through:")
+        lines += [f"  {name} imports {target}" for name, edges in sorted(graph.items()) for target in sorted(edges)
+                  if _package(name) in cycle and _package(target) in cycle and _package(name) != _package(target)]
+    assert not cycles, (
+        "Import cycles among flashrl's packages (move the shared types down, or pass the object in):\n"
+        + "\n".join(lines)
+    )
+
+
+WEIGHT_SYNC = ROOT / "weight_sync"
+ABOVE_WEIGHT_SYNC = ("flashrl.learners", "flashrl.engines", "flashrl.env_runners", "flashrl.algorithms", "flashrl.envs")
+
+
+def test_weight_sync_sits_below_the_sides_it_connects():
+    # The learners, the engines and the env runners import weight sync, never the other way round.
+    violations = [f"{path.relative_to(ROOT.parent)}:{line} imports {name}"
+                  for path in sorted(WEIGHT_SYNC.rglob("*.py"))
+                  for line, name in _imported(ast.parse(path.read_text(encoding="utf-8")), _module_name(path),
+                                              path.name == "__init__.py")
+                  if any(name == up or name.startswith(up + ".") for up in ABOVE_WEIGHT_SYNC)]  # fmt: skip
+    assert not violations, (
+        "flashrl.weight_sync must not import the packages above it (take the model or the engine as an "
+        "argument, or move the code to the side that owns it):\n" + "\n".join(violations)
+    )
+
+
+def _wire_names() -> set[str]:
+    tree = ast.parse((WEIGHT_SYNC / "wire.py").read_text(encoding="utf-8"))
+    (names,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)]  # fmt: skip
+    return {ast.literal_eval(element) for element in names.elts}
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """Names a module binds at its top level (assignments, classes, functions), not imports."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.ClassDef | ast.FunctionDef):
+            names.add(node.name)
+    return names
+
+
+def test_the_wire_types_are_defined_once_on_the_ground_floor():
+    wire = WEIGHT_SYNC / "wire.py"
+    imported = _imported(ast.parse(wire.read_text(encoding="utf-8")), "flashrl.weight_sync.wire")
+    flashrl_imports = [name for _, name in imported if name == "flashrl" or name.startswith("flashrl.")]
+    assert flashrl_imports == [], f"flashrl/weight_sync/wire.py must import nothing of flashrl; got {flashrl_imports}"
+    names = _wire_names()
+    assert {"DEFAULT_BUCKET_BYTES", "TensorMeta", "WeightManifest", "WeightBuckets", "WeightEntry"} <= names
+    again = sorted(f"{path.relative_to(ROOT.parent)}: {name}" for path in sorted(ROOT.rglob("*.py")) if path != wire
+                   for name in _defined(ast.parse(path.read_text(encoding="utf-8"))) & names)  # fmt: skip
+    assert not again, "Defined in flashrl/weight_sync/wire.py, and again (import it instead):\n" + "\n".join(again)
+
+
 def test_the_checks_find_what_they_look_for():
     source = (
         "def f():\n    from flashrl.algorithms.flash_reinforce.loss import flash_reinforce_loss\n"
@@ -158,6 +240,14 @@ def test_the_checks_find_what_they_look_for():
     assert "flashrl.algorithms.x" in names and "flashrl.envs.base" in names
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+    modules = {"flashrl.a.x": {"flashrl.b.y"}, "flashrl.b.y": set(), "flashrl.b.z": {"flashrl.a.w"},
+               "flashrl.a.w": set(), "flashrl.c": {"flashrl.a.x"}}  # no module cycle, a package cycle a <-> b
+    assert _cycles(modules) == []
+    assert _package_graph(modules) == {"flashrl.a": {"flashrl.b"}, "flashrl.b": {"flashrl.a"},
+                                       "flashrl.c": {"flashrl.a"}}
+    assert _cycles(_package_graph(modules)) == [["flashrl.a", "flashrl.b"]]
+    defined = "from x import A\nB = 1\nC: int = 2\nclass D: ...\ndef e(): F = 3\nG, H = 4, 5\n"
+    assert _defined(ast.parse(defined)) == {"B", "C", "D", "e"}
 
 
 @pytest.mark.parametrize("folder", ["algorithms", "envs"])

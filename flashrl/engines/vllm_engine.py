@@ -48,14 +48,7 @@ from flashrl.engines.memory import (
     kv_cache_budget,
 )
 from flashrl.engines.types import Completion, Engine, SamplingConfig, check_full_state_dict
-from flashrl.weight_sync.buckets import (
-    DEFAULT_BUCKET_BYTES,
-    TensorMeta,
-    WeightBuckets,
-    Weights,
-    aiter_buckets,
-    as_buckets,
-)
+from flashrl.weight_sync.buckets import Weights, aiter_buckets, as_buckets
 from flashrl.weight_sync.resolve import (
     PUSH_ROUTES,
     resolve_weight_sync,
@@ -68,6 +61,7 @@ from flashrl.weight_sync.shm import (
     default_transfer_dir,
     write_bucket_file,
 )
+from flashrl.weight_sync.wire import DEFAULT_BUCKET_BYTES, TensorMeta, WeightBuckets
 
 __all__ = ["VLLMEngine", "VLLMEngineOptions", "cpu_thread_defaults", "vllm_engine_args"]
 
@@ -262,7 +256,7 @@ class VLLMEngine(Engine):
 
     weight_names = "checkpoint"
     """Updates name their tensors as the checkpoint files do (vLLM's loaders take those, not the
-    fused names of a transformers model; ``flashrl.weight_sync.gather``)."""
+    fused names of a transformers model; ``flashrl.learners.weight_gather``)."""
 
     def __init__(self, model: str, *, seed: int, options: VLLMEngineOptions | None = None) -> None:
         from transformers import AutoConfig, AutoTokenizer

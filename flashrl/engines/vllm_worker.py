@@ -27,7 +27,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["FlashRLWorkerExtension", "WeightEntry", "install_reload_log_filter"]
+from flashrl.weight_sync.wire import WeightEntry
+
+__all__ = ["FlashRLWorkerExtension", "install_reload_log_filter"]
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 """The logger of vLLM's layerwise reload (``finalize_layerwise_reload``)."""
@@ -59,10 +61,6 @@ def install_reload_log_filter() -> None:
 
 
 install_reload_log_filter()
-
-WeightEntry = tuple[str, str, list[int], int, int]
-"""``(name, dtype name, shape, byte offset, byte count)`` of one tensor in a bucket file."""
-
 
 class FlashRLWorkerExtension:
     """Methods added to each vLLM worker (``self`` is the worker)."""

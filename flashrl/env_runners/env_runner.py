@@ -49,6 +49,7 @@ from flashrl.env_runners.types import EVAL_STREAM, TRAIN_STREAM, RunnerReport, s
 from flashrl.episode import Episode
 from flashrl.weight_sync.buckets import Weights
 from flashrl.weight_sync.layout import gpu_slots
+from flashrl.weight_sync.receiver import WeightReceiver
 
 logger = logging.getLogger("flashrl.env_runners")
 
@@ -95,8 +96,6 @@ class EnvRunner:
         self.env_timeout_s = env_timeout_s
         """Time limit of one env.reset / env.step call (None: none); see `EnvTimeout`."""
         self._engine: Any = None
-        self._stopped = False
-        """Set by `stop()`: weight pushes that arrive later are ignored."""
         self._pools: dict[tuple[int, str | None], list[gym.Env]] = defaultdict(list)
         """Idle env instances per (stream, evaluation split)."""
         self._executor = ThreadPoolExecutor(
@@ -109,12 +108,8 @@ class EnvRunner:
         self._changed: asyncio.Event | None = None
         self._arrived: asyncio.Event | None = None
         self._fatal: BaseException | None = None
-        self._weights_lock: asyncio.Lock | None = None
-        self._pending_weights: tuple[int, Weights] | None = None
-        self._transfer_open = False
-        """Whether a pushed transfer is open (between ``begin_weight_transfer`` and its end or abort)."""
-        self._lease: asyncio.TimerHandle | None = None
-        """That transfer's lease (``begin_weight_transfer``)."""
+        self.weight_receiver = WeightReceiver(lambda: self._engine, ready=self.setup, on_abort=self._transfer_aborted)
+        """This runner's side of weight sync (`flashrl.weight_sync.receiver`): streamed and pushed updates."""
         self._accounts = _Accounts()  # the stream's, since the last poll
         self._start_limit: int | None = None
         """No training episode starts once the data cursor reaches it (None = no limit)."""
@@ -136,7 +131,6 @@ class EnvRunner:
 
             self._changed = asyncio.Event()
             self._arrived = asyncio.Event()
-            self._weights_lock = asyncio.Lock()
             # the engine's context and memory follow the run (max_episode_tokens x episodes in flight),
             # not the model's 8192-token default, unless engine_options say otherwise
             options = engine_options_for_run(
@@ -206,7 +200,7 @@ class EnvRunner:
 
     async def stop(self) -> None:
         """Cancel in-flight episodes and release the engine; later weight pushes are ignored."""
-        self._stopped = True
+        self.weight_receiver.close()
         if self._stream_task is not None:
             self._stream_task.cancel()
         for task in list(self._tasks):
@@ -235,101 +229,49 @@ class EnvRunner:
     # weights
     # ------------------------------------------------------------------------------------------
     async def set_weights(self, version: int, weights: Weights) -> int:
-        """Load new weights while sampling goes on; returns the version now served.
+        """Load new weights while sampling goes on; returns the version now served (-1 once stopped).
 
-        ``weights`` is a full ``{name: tensor}`` dict or a ``WeightBuckets`` stream (the learner's
-        ``put_weight_buckets``: its manifest, then one object ref per bucket). The engine resolves the
-        refs one at a time while it loads, so this runner holds one bucket beyond its model, and a
-        version that is superseded before it loads is never fetched at all.
-
-        Calls coalesce: if several versions arrive while one is loading, only the newest is loaded
-        next, and a version not newer than the served one is ignored. A call that arrives while
-        or after the runner stops (a broadcast racing the algorithm's shutdown) loads nothing and
-        returns -1.
+        ``weights`` is a full ``{name: tensor}`` dict or a ``WeightBuckets`` stream, fetched one bucket
+        at a time; calls coalesce to the newest version (``WeightReceiver.set_weights``).
         """
-        if self._stopped:
-            return -1
-        await self.setup()
-        self._pending_weights = (int(version), weights)
-        async with self._weights_lock:
-            if self._pending_weights is not None and self._engine is not None:
-                version, weights = self._pending_weights
-                self._pending_weights = None
-                if version > self._engine.version:
-                    await self._engine.update_weights(weights, version)
-        return -1 if self._engine is None else int(self._engine.version)
+        return await self.weight_receiver.set_weights(version, weights)
 
     # The GPU push routes (vLLM's NCCL / IPC weight-transfer engines): learner rank 0 drives these
-    # through `flashrl.weight_sync.vllm_push.EnvRunnerSyncClient`.
+    # through `flashrl.weight_sync.vllm_push.EnvRunnerSyncClient`; `WeightReceiver` does the work.
     async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
-        await self.setup()
-        await self._engine.init_weight_transfer(init_info)
+        await self.weight_receiver.init_transfer(init_info)
 
     async def check_weight_plan(self, plan: list[tuple[str, str, list[int]]]) -> int:
         """The engine checks a push's names and shapes against its checkpoint (before any broadcast)."""
-        await self.setup()
-        return self._engine.check_weight_plan(plan)
+        return await self.weight_receiver.check_plan(plan)
 
     async def begin_weight_transfer(self, lease_s: float | None = None) -> None:
-        """Pause for a pushed transfer; ``lease_s``: abort it unless ``end_weight_transfer`` comes in time.
-
-        A learner that dies between the begin and the end would otherwise leave this runner paused,
-        holding its weights lock, for good. When the lease runs out the transfer is aborted
-        (``abort_weight_transfer``) and the runner fails its next poll, so it is restarted.
-        """
-        await self.setup()
-        await self._weights_lock.acquire()  # no streamed update interleaves with a pushed one
-        try:
-            await self._engine.begin_weight_transfer()
-        except BaseException:
-            self._weights_lock.release()
-            raise
-        self._transfer_open = True
-        if lease_s is not None:
-            reason = f"the learner did not end the transfer within its {lease_s:g} s lease"
-            self._lease = asyncio.get_running_loop().call_later(
-                float(lease_s), lambda: asyncio.ensure_future(self.abort_weight_transfer(reason))
-            )
+        """Pause for a pushed transfer, aborted unless it ends within ``lease_s`` (``WeightReceiver.begin``)."""
+        await self.weight_receiver.begin(lease_s)
 
     async def receive_weight_transfer(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        await self._engine.receive_weight_transfer(update_info)
+        await self.weight_receiver.receive(update_info)
 
     async def end_weight_transfer(self, version: int) -> int:
-        if not self._close_transfer():
-            raise RuntimeError(f"end_weight_transfer({version}): no transfer is open (it was aborted).")
-        try:
-            await self._engine.end_weight_transfer(int(version))
-        finally:
-            self._weights_lock.release()
-        return int(self._engine.version)
+        return await self.weight_receiver.end(version)
 
     async def abort_weight_transfer(self, reason: str) -> None:
         """Drop this runner's side of a failed pushed transfer: its engine (possibly half-loaded) is
         broken, the runner fails its next poll and is restarted with the current weights."""
-        in_transfer = self._close_transfer()
-        if self._engine is not None and hasattr(self._engine, "abort_weight_transfer"):
-            await self._engine.abort_weight_transfer(reason)
-        if in_transfer:
-            self._weights_lock.release()
+        await self.weight_receiver.abort(reason)
+
+    async def end_weight_push(self) -> None:
+        """The learner tore the transfer group down: release the engine's side of it."""
+        await self.weight_receiver.release()
+
+    def _transfer_aborted(self, reason: str) -> None:
+        """A pushed transfer was aborted: the next poll raises, so the group restarts this runner."""
         if self._fatal is None:
             self._fatal = RuntimeError(
                 f"EnvRunner {self.runner_index}: a pushed weight transfer was aborted ({reason})"
             )
         if self._arrived is not None:
             self._arrived.set()  # a poll waiting for episodes returns and raises
-
-    async def end_weight_push(self) -> None:
-        """The learner tore the transfer group down: release the engine's side of it."""
-        if self._engine is not None and hasattr(self._engine, "shutdown_weight_transfer"):
-            await self._engine.shutdown_weight_transfer()
-
-    def _close_transfer(self) -> bool:
-        """Close the open pushed transfer and cancel its lease; False when none was open."""
-        was_open, self._transfer_open = self._transfer_open, False
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            lease.cancel()
-        return was_open
 
     # ------------------------------------------------------------------------------------------
     # the async stream

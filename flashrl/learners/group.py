@@ -28,7 +28,7 @@ from flashrl.learners import distributed
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.learner import Learner
 from flashrl.learners.spec import LearnerSpec
-from flashrl.weight_sync.buckets import DEFAULT_BUCKET_BYTES, WeightBuckets
+from flashrl.weight_sync.wire import DEFAULT_BUCKET_BYTES, WeightBuckets
 
 if TYPE_CHECKING:
     from typing import Self
@@ -252,7 +252,7 @@ class LearnerGroup:
         """The weights as ``WeightBuckets`` of object refs (one per bucket) for the ``shm`` route.
 
         ``names``: ``model`` (the learner's state-dict names) or ``checkpoint`` (what vLLM loads;
-        ``flashrl.weight_sync.gather``).
+        ``flashrl.learners.weight_gather``).
 
         The refs are owned by learner rank 0 (or this process when local), which must stay alive while
         the runners fetch them.

@@ -59,8 +59,8 @@ from flashrl.learners.packing import BatchLayout, gather_rows, pack_rows, plan_m
 from flashrl.learners.policies import LocalPolicy, ShardedPolicy
 from flashrl.learners.schedule import make_lr_scheduler
 from flashrl.learners.spec import LearnerSpec
-from flashrl.weight_sync.buckets import DEFAULT_BUCKET_BYTES, WeightBuckets
-from flashrl.weight_sync.vllm_push import TRANSFER_DEADLINE_S
+from flashrl.learners.weight_sender import WeightSender
+from flashrl.weight_sync.wire import DEFAULT_BUCKET_BYTES, WeightBuckets
 
 __all__ = ["STATE_FORMAT", "Learner"]
 
@@ -117,11 +117,9 @@ class Learner:
         self.lr_scheduler = make_lr_scheduler(self.optimizer, spec)
         self.version = 0
         """Number of applied updates (a skipped batch does not count)."""
-        self._push: Any = None
-        """vLLM's trainer weight-transfer engine while a push route is set up (``start_weight_push``)."""
-        self._push_client: Any = None
-        """The runners' side of that transfer group (``EnvRunnerSyncClient``)."""
-        self._push_deadline_s = TRANSFER_DEADLINE_S
+        self.weight_sender = WeightSender(lambda: self.policy.sync_model, rank=rank, dtype=spec.sync_torch_dtype,
+                                          device=self.device, version=lambda: self.version)  # fmt: skip
+        """This rank's side of weight sync (``flashrl.learners.weight_sender``): every route, every push."""
         self.skip_counts: Counter[str] = Counter()
         """Skipped batches by reason."""
 
@@ -336,106 +334,25 @@ class Learner:
         """The policy's weights as object refs, one ``ray.put`` per bucket (rank 0; None on other ranks).
 
         In ``weight_sync_dtype`` (default: the compute dtype); a bfloat16 learner syncing at float32
-        sends its float32 master weights (``LocalPolicy.sync_model``).
-
-        At most one bucket is held beyond the model; sharded, every rank calls this (the gathers are
-        collectives). EnvRunners fetch the buckets one at a time (``docs/engines.md``, Weight sync).
-        ``names``: ``model`` (the state dict's) or ``checkpoint`` (the checkpoint files', for vLLM;
-        ``flashrl.weight_sync.gather``).
+        sends its float32 master weights (``LocalPolicy.sync_model``). Sharded, every rank calls this
+        (``WeightSender.buckets``). EnvRunners fetch the buckets one at a time (``docs/engines.md``,
+        Weight sync).
         """
-        from flashrl.weight_sync.gather import put_weight_buckets
+        return self.weight_sender.buckets(bucket_bytes, names)
 
-        return put_weight_buckets(
-            self.policy.sync_model,
-            bucket_bytes=bucket_bytes,
-            dtype=self.spec.sync_torch_dtype,
-            is_sender=self.rank == 0,
-            names=names,  # type: ignore[arg-type]
-        )
-
-    # -- GPU push routes (vLLM's NCCL / IPC weight-transfer engines) ---------------------------------
-    def start_weight_push(
-        self,
-        route: str,
-        runners: Sequence[Any],
-        workers_per_runner: Sequence[int],
-        *,
-        master_address: str | None = None,
-        master_port: int | None = None,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        deadline_s: float = TRANSFER_DEADLINE_S,
-    ) -> None:
-        """Form the transfer group with the runners' engines (every rank; replaces an earlier group).
-
-        Rank 0 is the sender: it has every engine check the names and shapes it will send, then
-        drives the runners through ``EnvRunnerSyncClient`` and, for ``nccl``, opens the NCCL group
-        (learner rank 0 + every worker of every engine) at ``master_address``:``master_port``. The
-        other ranks only join the FSDP gathers of each ``push_weights``. ``deadline_s`` bounds every
-        transfer (``flashrl.weight_sync.vllm_push``); a group that fails to form is torn down on
-        both sides.
-        """
-        from flashrl.weight_sync.vllm_push import EnvRunnerSyncClient, start_push_transfer
-
-        self.stop_weight_push()
-        client = EnvRunnerSyncClient(
-            runners, workers_per_runner, version=lambda: self.version, timeout_s=deadline_s
-        )
-        self._push_client, self._push_deadline_s = client, float(deadline_s)
-        try:
-            self._push = start_push_transfer(
-                route,
-                self.policy.sync_model,
-                client,
-                rank=self.rank,
-                bucket_bytes=bucket_bytes,
-                dtype=self.spec.sync_torch_dtype,
-                device=self.device,
-                master_address=master_address,
-                master_port=master_port,
-            )
-        except BaseException as err:
-            self._abort_push(f"forming the transfer group failed ({err!r})")
-            raise
+    # -- GPU push routes (vLLM's NCCL / IPC weight-transfer engines): ``WeightSender`` --------------
+    def start_weight_push(self, route: str, runners: Sequence[Any], workers_per_runner: Sequence[int],
+                          **options: Any) -> None:  # fmt: skip
+        """Form the transfer group with the runners' engines (every rank): ``WeightSender.start_push``."""
+        self.weight_sender.start_push(route, runners, workers_per_runner, **options)
 
     def push_weights(self) -> int:
-        """Send the current weights through the push route (every rank); returns the version sent.
-
-        The send has a deadline; a send that fails or runs out of time tears the group down on both
-        sides (the learner's communicator, every runner's engine) and raises: the next
-        ``start_weight_push`` forms it again.
-        """
-        from flashrl.weight_sync.vllm_push import send_with_deadline
-
-        if self._push is None:
-            raise RuntimeError("push_weights() before start_weight_push(): no transfer group is formed.")
-        reason = "a pushed transfer ran out of time"
-        try:
-            send_with_deadline(self._push, self._push_deadline_s, on_timeout=lambda: self._abort_push(reason))
-        except BaseException as err:
-            self._abort_push(f"a pushed transfer failed ({err!r})")
-            raise
-        return self.version
+        """Send the current weights through the push route (every rank): ``WeightSender.push``."""
+        return self.weight_sender.push()
 
     def stop_weight_push(self) -> None:
-        """Tear the transfer group down on both sides: the learner's, then every runner's (idempotent)."""
-        push, self._push = self._push, None
-        client, self._push_client = self._push_client, None
-        if push is not None:
-            push.shutdown()
-        if client is not None and self.rank == 0:
-            client.shutdown()
-
-    def _abort_push(self, reason: str) -> None:
-        """After a failed transfer: the learner's side shut down, every runner's aborted (idempotent)."""
-        push, self._push = self._push, None
-        client, self._push_client = self._push_client, None
-        if push is not None:
-            try:
-                push.shutdown()  # vLLM's NCCL shutdown aborts the communicator: a hung broadcast returns
-            except Exception:
-                logger.warning("shutting down the learner's side of a failed transfer failed", exc_info=True)
-        if client is not None and self.rank == 0:
-            client.abort(reason)
+        """Tear the transfer group down on both sides (idempotent): ``WeightSender.stop_push``."""
+        self.weight_sender.stop_push()
 
     def get_state(self) -> dict[str, Any]:
         """Everything needed to continue training exactly: weights, optimizer, schedule, RNG, counters.

@@ -120,11 +120,7 @@ from flashrl.engines.memory import (
     kv_cache_budget,
 )
 from flashrl.recipes.architectures import DTYPE_BYTES, Architecture
-
-DEFAULT_BUCKET_BYTES = 512 * 2**20
-"""The learner's weight bucket (``flashrl.weight_sync.buckets.DEFAULT_BUCKET_BYTES``; no torch import here)."""
-VLLM_PACKED_BUFFER_BYTES = 1024**3
-"""vLLM 0.32's packed transfer buffer (``flashrl.weight_sync.vllm_push.VLLM_PACKED_BUFFER_BYTES``)."""
+from flashrl.weight_sync.wire import DEFAULT_BUCKET_BYTES, VLLM_PACKED_BUFFER_BYTES  # no torch import
 
 __all__ = [
     "CheckpointMemory",

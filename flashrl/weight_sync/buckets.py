@@ -1,4 +1,4 @@
-"""Weights as a stream of bounded buckets: the manifest, the stream type and its checks.
+"""Weights as a stream of bounded buckets: cutting a manifest, viewing weights as a stream, checking it.
 
 A full ``state_dict()`` copy per hop does not scale (a 30B model is 61 GB in bfloat16, per copy).
 Instead the learner declares the tensors it will send (``TensorMeta``: name, dtype, shape), cuts
@@ -13,22 +13,23 @@ into one projection, gate/up into another) and processes the fused layer only on
 have arrived; a boundary inside a layer would keep the earlier part of it alive until the next
 bucket. A single layer larger than ``bucket_bytes`` forms a bucket of its own, so the bound is
 ``max(bucket_bytes, largest layer)``.
+
+The types (``TensorMeta``, ``WeightManifest``, ``WeightBuckets``) and ``DEFAULT_BUCKET_BYTES`` are
+``flashrl.weight_sync.wire``'s.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from flashrl.weight_sync.wire import TensorMeta, WeightBuckets, WeightManifest
+
 __all__ = [
-    "DEFAULT_BUCKET_BYTES",
-    "TensorMeta",
-    "WeightBuckets",
-    "WeightManifest",
+    "BucketItem",
     "Weights",
     "aiter_buckets",
     "as_buckets",
@@ -38,63 +39,8 @@ __all__ = [
     "metas_of",
 ]
 
-DEFAULT_BUCKET_BYTES = 512 * 2**20
-"""512 MiB: a few layers of a 7B model, one layer of a 30B MoE; small next to either."""
-
-
-@dataclass(frozen=True)
-class TensorMeta:
-    """Name, dtype and shape of one tensor of the stream (known before any data moves)."""
-
-    name: str
-    dtype: str
-    """``torch`` dtype name without the prefix (``float32``, ``bfloat16``)."""
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        numel = 1
-        for size in self.shape:
-            numel *= int(size)
-        return numel * getattr(torch, self.dtype).itemsize
-
-    @classmethod
-    def of(cls, name: str, tensor: torch.Tensor) -> TensorMeta:
-        return cls(name, str(tensor.dtype).removeprefix("torch."), tuple(int(s) for s in tensor.shape))
-
-
-WeightManifest = tuple[tuple[TensorMeta, ...], ...]
-"""What a weight stream will carry, declared before any data moves: entry ``k`` lists the tensors of
-bucket ``k``, in order."""
-
 BucketItem = Mapping[str, torch.Tensor] | Awaitable[Mapping[str, torch.Tensor]]
 """One bucket, or something that resolves to one when awaited (a Ray ``ObjectRef``)."""
-
-
-@dataclass(frozen=True)
-class WeightBuckets:
-    """A full set of weights as a stream of buckets, with its manifest declared up front.
-
-    ``manifest[k]`` lists the tensors of bucket ``k``; ``buckets`` yields bucket ``k`` as a
-    ``{name: tensor}`` dict (or an awaitable of one, e.g. a Ray ``ObjectRef``: an EnvRunner
-    resolves those one at a time). A consumer checks the manifest against its model before loading
-    anything and each bucket against its manifest entry as it arrives.
-
-    ``buckets`` may be a sequence (re-iterable: a list of object refs) or a one-shot iterator /
-    async iterator (a generator gathering from the learner). A one-shot stream can be loaded once.
-    """
-
-    manifest: WeightManifest
-    buckets: Iterable[BucketItem] | AsyncIterable[BucketItem]
-
-    @property
-    def metas(self) -> list[TensorMeta]:
-        return [m for bucket in self.manifest for m in bucket]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(m.nbytes for m in self.metas)
-
 
 Weights = Mapping[str, torch.Tensor] | WeightBuckets
 """What ``Engine.update_weights`` takes: a full ``state_dict()`` or a ``WeightBuckets`` stream."""

@@ -7,7 +7,7 @@
 | ``ipc`` | GPU, learner and engine on one device | vLLM's ``IPCWeightTransferEngine``: the workers map the learner's CUDA tensors |
 
 ``nccl`` and ``ipc`` are *push* routes: the learner side drives them
-(``flashrl.weight_sync.vllm_push.start_push_transfer``; a run keeps its transfer group in
+(``flashrl.learners.weight_sender.start_push_transfer``; a run keeps its transfer group in
 ``flashrl.weight_sync.route.PushRoute``). An engine started with them still takes the ``shm`` pull
 route through ``update_weights``, so a runner restarted outside the NCCL group, or a learner that
 does not push, still gets its weights.

@@ -25,10 +25,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from flashrl.weight_sync.buckets import DEFAULT_BUCKET_BYTES, WeightBuckets
-from flashrl.weight_sync.gather import WEIGHT_NAMES
 from flashrl.weight_sync.layout import TransferLayout, check_route
 from flashrl.weight_sync.resolve import PUSH_ROUTES, ROUTE_NAMES, RouteName
+from flashrl.weight_sync.wire import DEFAULT_BUCKET_BYTES, WEIGHT_NAMES, WeightBuckets
 
 __all__ = ["Learners", "PushRoute", "Runners", "ShmRoute", "WeightSyncRoute", "route_for"]
 
@@ -87,7 +86,7 @@ class WeightSyncRoute(ABC):
             raise ValueError(f"weight_names must be one of {WEIGHT_NAMES}; got {weight_names!r}.")
         self.bucket_bytes = bucket_bytes
         self.weight_names = weight_names
-        """How the streamed buckets name the tensors: what the engines load (``flashrl.weight_sync.gather``)."""
+        """How the streamed buckets name the tensors: what the engines load (``flashrl.learners.weight_gather``)."""
 
     @property
     def num_formations(self) -> int:

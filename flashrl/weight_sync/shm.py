@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from flashrl.engines.vllm_worker import WeightEntry
-from flashrl.weight_sync.buckets import TensorMeta
+from flashrl.weight_sync.wire import TensorMeta, WeightEntry
 
 __all__ = [
     "ALIGN",

@@ -1,19 +1,20 @@
-"""The learner's side of the push routes: vLLM's trainer weight-transfer engines, fed from buckets.
+"""The push routes' protocol: vLLM's client over the EnvRunners, the init info, the deadline.
 
-``start_push_transfer`` rendezvous vLLM's ``nccl`` or ``ipc`` trainer engine on every learner rank,
-over a ``WeightSource`` that gathers the policy bucket by bucket (``bucket_weight_source``: the
-learner holds one bucket plus vLLM's packed buffers beyond its model). ``EnvRunnerSyncClient`` is
-vLLM's client protocol over the EnvRunner actors: rank 0 drives their begin / receive / end calls.
+``EnvRunnerSyncClient`` is vLLM's client protocol over the EnvRunner actors: learner rank 0 drives
+their begin / receive / end calls (the runners' side is ``flashrl.weight_sync.receiver``).
+``push_init_info`` builds vLLM's trainer init info and ``send_with_deadline`` bounds a send. The
+learner's side, which gathers the policy into vLLM's trainer engine, is
+``flashrl.learners.weight_sender`` (``start_push_transfer``, ``WeightSender``);
 ``flashrl.weight_sync.route.PushRoute`` keeps a run's transfer group.
 
 What can go wrong inside a collective is made to fail, and fail whole:
 
 - **The plan first.** Before the rendezvous, learner rank 0 sends the manifest (every name, dtype
   and shape it will send) to every engine, which checks it against its checkpoint
-  (``VLLMEngine.check_weight_plan``). An engine that would reject a name (its loader raises
-  midway through the packed broadcast) or size a buffer differently otherwise leaves the learner
-  waiting inside the NCCL broadcast forever: vLLM's sender checks only that its own iteration
-  matches its own metadata.
+  (``VLLMEngine.check_weight_plan``, asked through ``EnvRunnerSyncClient.check_plan``). An engine
+  that would reject a name (its loader raises midway through the packed broadcast) or size a buffer
+  differently otherwise leaves the learner waiting inside the NCCL broadcast forever: vLLM's sender
+  checks only that its own iteration matches its own metadata.
 - **A deadline on every transfer.** Every call to the runners waits at most ``deadline_s``, and a
   whole ``send_weights`` too (``send_with_deadline``; the broadcast itself has no timeout).
 - **Both sides torn down.** A transfer that failed or ran out of time aborts the learner's side
@@ -29,40 +30,26 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-from torch import nn
-
-from flashrl.weight_sync.buckets import DEFAULT_BUCKET_BYTES, WeightManifest
-from flashrl.weight_sync.gather import iter_weight_buckets, weight_manifest
+from flashrl.weight_sync.wire import (
+    LEASE_FACTOR,
+    TRANSFER_DEADLINE_S,
+    VLLM_PACKED_BUFFER_BYTES,
+    WeightManifest,
+)
 
 __all__ = [
-    "LEASE_FACTOR",
-    "TRANSFER_DEADLINE_S",
-    "VLLM_PACKED_BUFFER_BYTES",
     "EnvRunnerSyncClient",
     "TransferTimeout",
-    "bucket_weight_source",
     "ipc_buffer_bytes",
     "plan_of",
     "push_init_info",
     "send_with_deadline",
-    "start_push_transfer",
 ]
 
 logger = logging.getLogger("flashrl.weight_sync")
-
-TRANSFER_DEADLINE_S = 600.0
-"""Seconds one pushed transfer (and each call to the runners within it) may take; flashrl's choice:
-a 30B model's 61 GB cross a 100 Gb/s link in about 5 s, so 600 s only ever ends a hung transfer."""
-LEASE_FACTOR = 2.0
-"""A runner's pause for a transfer lasts at most this many deadlines: a live learner always ends or
-aborts it first, a dead one cannot keep it paused."""
-VLLM_PACKED_BUFFER_BYTES = 1024**3
-"""vLLM 0.32's packed buffer size (``DEFAULT_PACKED_BUFFER_SIZE_BYTES``,
-``vllm/distributed/weight_transfer/packed_tensor.py``): 1 GiB."""
 
 
 class TransferTimeout(TimeoutError):
@@ -83,32 +70,6 @@ def ipc_buffer_bytes(manifest: WeightManifest) -> int:
     """
     largest = max((m.nbytes for bucket in manifest for m in bucket), default=0)
     return max(VLLM_PACKED_BUFFER_BYTES, int(largest))
-
-
-def bucket_weight_source(
-    model: nn.Module, manifest: WeightManifest, *, dtype: torch.dtype | None, device: torch.device | str
-) -> Any:
-    """A vLLM ``WeightSource`` over ``manifest``: ``metadata()`` from it, iteration bucket by bucket.
-
-    ``manifest`` is in checkpoint names (``weight_manifest(..., names="checkpoint")``): vLLM's
-    loaders take the checkpoint's names, not a transformers model's fused ones.
-
-    vLLM's NCCL trainer engine sizes the workers' receive buffers from ``metadata()`` and checks
-    every yielded tensor against it; its packed producer moves them in bounded buffers
-    (``packed_buffer_size_bytes`` x ``packed_num_buffers``), so the learner holds one bucket plus
-    those buffers beyond the model.
-    """
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
-
-    class _BucketSource(WeightSource):
-        def metadata(self) -> list[ParamMeta]:
-            return [ParamMeta(m.name, getattr(torch, m.dtype), tuple(m.shape)) for b in manifest for m in b]
-
-        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-            for bucket in iter_weight_buckets(model, manifest, dtype=dtype, device=device, names="checkpoint"):
-                yield from bucket.items()
-
-    return _BucketSource()
 
 
 class EnvRunnerSyncClient:
@@ -182,37 +143,6 @@ class EnvRunnerSyncClient:
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         version = int(weight_version) if weight_version is not None else int(self.version())
         self._all("end_weight_transfer", None, version)
-
-
-def start_push_transfer(
-    route: str,
-    model: nn.Module,
-    client: EnvRunnerSyncClient,
-    *,
-    rank: int,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str = "cuda",
-    master_address: str | None = None,
-    master_port: int | None = None,
-) -> Any:
-    """Rendezvous a vLLM trainer weight-transfer engine (``nccl`` or ``ipc``); call on every learner rank.
-
-    Returns the engine; each update is then ``engine.send_weights()`` on every rank (rank 0 drives
-    the runners' begin / receive / end through ``client``; ``send_with_deadline`` bounds it).
-    ``nccl`` needs ``master_address`` and a free ``master_port`` on learner rank 0's node. Rank 0
-    first has every engine check the plan (``client.check_plan``), before any rendezvous; a refusal
-    raises here, with the engine's list of missing, unknown and mis-shaped names.
-    """
-    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-
-    manifest = weight_manifest(model, bucket_bytes=bucket_bytes, dtype=dtype, names="checkpoint")
-    if rank == 0:
-        client.check_plan(plan_of(manifest))
-    source = bucket_weight_source(model, manifest, dtype=dtype, device=device)
-    info = push_init_info(route, rank=rank, world_size=client.world_size, master_address=master_address,
-                          master_port=master_port, ipc_buffer=ipc_buffer_bytes(manifest))  # fmt: skip
-    return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
 
 
 def send_with_deadline(engine: Any, deadline_s: float, *, on_timeout: Callable[[], None]) -> None:

@@ -136,7 +136,7 @@ def test_a_push_plan_is_checked_against_the_checkpoint(engine, smollm2_path: str
     is refused here, not inside a broadcast. The engine stays usable either way."""
     from transformers import AutoModelForCausalLM
 
-    from flashrl.weight_sync.gather import weight_manifest
+    from flashrl.learners.weight_gather import weight_manifest
     from flashrl.weight_sync.vllm_push import plan_of
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)

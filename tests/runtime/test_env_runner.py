@@ -189,7 +189,7 @@ def test_a_weight_push_racing_stop_loads_nothing(tiny_config):
 
     async def scenario():
         weights = await _set_up_with_zero_weights(runner)
-        async with runner._weights_lock:  # a load in progress: the push waits for the lock
+        async with runner.weight_receiver.lock:  # a load in progress: the push waits for the lock
             push = asyncio.create_task(runner.set_weights(1, weights))
             await asyncio.sleep(0.05)
             await runner.stop()

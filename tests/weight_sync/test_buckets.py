@@ -13,16 +13,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flashrl.weight_sync.buckets import (
-    TensorMeta,
-    WeightBuckets,
-    aiter_buckets,
-    as_buckets,
-    cut_buckets,
-    layer_key,
-)
-from flashrl.weight_sync.gather import iter_weight_buckets, put_weight_buckets, weight_manifest
+from flashrl.learners.weight_gather import iter_weight_buckets, put_weight_buckets, weight_manifest
+from flashrl.weight_sync.buckets import aiter_buckets, as_buckets, cut_buckets, layer_key
 from flashrl.weight_sync.shm import ALIGN, TransferSpaceError, bucket_file_bytes, check_transfer_space
+from flashrl.weight_sync.wire import TensorMeta, WeightBuckets
 
 
 def _meta(name: str, numel: int) -> TensorMeta:

@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from flashrl.engines.types import check_full_state_dict
-from flashrl.weight_sync.gather import (
+from flashrl.learners.weight_gather import (
     checkpoint_items,
     iter_weight_buckets,
     put_weight_buckets,

@@ -19,9 +19,9 @@ import torch
 
 from flashrl.engines import SamplingConfig, make_engine
 from flashrl.engines.agreement import measure_agreement
-from flashrl.weight_sync.buckets import WeightBuckets
-from flashrl.weight_sync.gather import iter_weight_buckets, weight_manifest
+from flashrl.learners.weight_gather import iter_weight_buckets, weight_manifest
 from flashrl.weight_sync.shm import TransferSpaceError, bucket_file_bytes
+from flashrl.weight_sync.wire import WeightBuckets
 
 pytestmark = pytest.mark.vllm
 

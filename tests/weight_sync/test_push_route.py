@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashrl.learners import Learner, LearnerGroup
+from flashrl.learners import Learner, LearnerGroup, weight_sender
 from flashrl.weight_sync import vllm_push
 from flashrl.weight_sync.route import PushRoute
 
@@ -45,7 +45,7 @@ def fake_engines(monkeypatch):
         log.append(("start", route))
         return engine
 
-    monkeypatch.setattr(vllm_push, "start_push_transfer", fake_start)
+    monkeypatch.setattr(weight_sender, "start_push_transfer", fake_start)
     return engines, log
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from flashrl.weight_sync.buckets import DEFAULT_BUCKET_BYTES
 from flashrl.weight_sync.route import PushRoute, ShmRoute, WeightSyncRoute, route_for
+from flashrl.weight_sync.wire import DEFAULT_BUCKET_BYTES
 
 
 class Learners:

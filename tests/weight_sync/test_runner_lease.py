@@ -67,13 +67,13 @@ def test_a_transfer_ended_in_time_keeps_the_runner(runner) -> None:
 
     async def transfer() -> int:
         await runner.begin_weight_transfer(lease_s=0.5)
-        assert runner._weights_lock.locked()
+        assert runner.weight_receiver.lock.locked()
         version = await runner.end_weight_transfer(3)
         await asyncio.sleep(0.7)  # past the lease: it was cancelled
         return version
 
     assert loop.run_until_complete(transfer()) == 3
-    assert runner._engine.calls == ["begin", ("end", 3)] and not runner._weights_lock.locked()
+    assert runner._engine.calls == ["begin", ("end", 3)] and not runner.weight_receiver.lock.locked()
     assert runner._fatal is None
 
 
@@ -88,7 +88,7 @@ def test_a_learner_that_never_ends_the_transfer_loses_the_lease(runner) -> None:
     engine = runner._engine
     assert engine.calls[0] == "begin" and engine.calls[1][0] == "abort"
     assert "within its 0.2 s lease" in engine.calls[1][1] and not engine.paused
-    assert not runner._weights_lock.locked()  # a streamed update could load again
+    assert not runner.weight_receiver.lock.locked()  # a streamed update could load again
     with pytest.raises(RuntimeError, match="a pushed weight transfer was aborted"):
         loop.run_until_complete(runner.poll(1, 0.1))  # the group restarts this runner
     with pytest.raises(RuntimeError, match="no transfer is open"):
@@ -101,7 +101,7 @@ def test_an_abort_from_the_learner_and_a_normal_release(runner) -> None:
     assert runner._engine.calls == ["shutdown"]
     loop.run_until_complete(runner.begin_weight_transfer())  # no lease
     loop.run_until_complete(runner.abort_weight_transfer("a broadcast hung"))
-    assert runner._engine.calls[-1] == ("abort", "a broadcast hung") and not runner._weights_lock.locked()
+    assert runner._engine.calls[-1] == ("abort", "a broadcast hung") and not runner.weight_receiver.lock.locked()
     assert isinstance(runner._fatal, RuntimeError)
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from flashrl.env_runners import EnvRunner, EnvRunnerGroup, EnvRunnerSpec
-from flashrl.weight_sync.buckets import WeightBuckets
-from flashrl.weight_sync.gather import iter_weight_buckets, put_weight_buckets, weight_manifest
+from flashrl.learners.weight_gather import iter_weight_buckets, put_weight_buckets, weight_manifest
+from flashrl.weight_sync.wire import WeightBuckets
 
 
 def _model(path: str, shift: float):
@@ -113,7 +113,7 @@ def test_the_algorithm_sends_each_update_through_a_push_route(ray_session, tiny_
     """With a push route, `step` pushes every new version (no object-store broadcast), and `stop` tears
     the group down. The torch engine pulls, so the route is set up as `route_for` does for a vLLM
     engine on a GPU, and vLLM's trainer engine is replaced at `start_push_transfer`."""
-    from flashrl.weight_sync import vllm_push
+    from flashrl.learners import weight_sender
     from flashrl.weight_sync.route import PushRoute, ShmRoute
 
     events: list = []
@@ -128,7 +128,7 @@ def test_the_algorithm_sends_each_update_through_a_push_route(ray_session, tiny_
         def shutdown(self) -> None:
             events.append(("shutdown",))
 
-    monkeypatch.setattr(vllm_push, "start_push_transfer", lambda route, model, client, **kwargs: Engine(client))
+    monkeypatch.setattr(weight_sender, "start_push_transfer", lambda route, model, client, **kwargs: Engine(client))
     algo = tiny_config().build_algo()  # a local learner: the replaced engine runs in this process
     try:
         assert isinstance(algo._weight_sync, ShmRoute)  # the torch engine's route is the shm stream

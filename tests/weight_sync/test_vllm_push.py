@@ -12,9 +12,10 @@ import inspect
 import pytest
 import torch
 
-from flashrl.weight_sync.gather import weight_manifest
+from flashrl.learners.weight_gather import weight_manifest
+from flashrl.learners.weight_sender import bucket_weight_source
 from flashrl.weight_sync.resolve import resolve_weight_sync, vllm_transfer_args
-from flashrl.weight_sync.vllm_push import EnvRunnerSyncClient, bucket_weight_source, push_init_info
+from flashrl.weight_sync.vllm_push import EnvRunnerSyncClient, push_init_info
 
 pytestmark = pytest.mark.vllm  # imports vLLM (starts no engine)
 
@@ -185,8 +186,8 @@ def test_the_ipc_buffer_holds_the_largest_tensor() -> None:
     from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
     from vllm.distributed.weight_transfer.packed_tensor import DEFAULT_PACKED_BUFFER_SIZE_BYTES
 
-    from flashrl.weight_sync.buckets import TensorMeta
-    from flashrl.weight_sync.vllm_push import VLLM_PACKED_BUFFER_BYTES, ipc_buffer_bytes
+    from flashrl.weight_sync.vllm_push import ipc_buffer_bytes
+    from flashrl.weight_sync.wire import VLLM_PACKED_BUFFER_BYTES, TensorMeta
 
     assert VLLM_PACKED_BUFFER_BYTES == DEFAULT_PACKED_BUFFER_SIZE_BYTES == 2**30
     embed = TensorMeta("model.embed_tokens.weight", "bfloat16", (152064, 3584))  # Qwen2.5-7B
@@ -206,7 +207,7 @@ def test_the_engines_check_the_plan_before_the_rendezvous(tiny_llama_path: str, 
     from transformers import AutoModelForCausalLM
     from vllm.distributed.weight_transfer import factory
 
-    from flashrl.weight_sync import vllm_push
+    from flashrl.learners import weight_sender
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32)
     reached: list = []
@@ -221,23 +222,23 @@ def test_the_engines_check_the_plan_before_the_rendezvous(tiny_llama_path: str, 
 
     client._all = refuse  # type: ignore[method-assign]
     with pytest.raises(ValueError, match="unknown"):
-        vllm_push.start_push_transfer("nccl", model, client, rank=0, device="cpu", master_address="h", master_port=1)
+        weight_sender.start_push_transfer("nccl", model, client, rank=0, device="cpu", master_address="h", master_port=1)
     (method, (plan,)), = calls
     assert method == "check_weight_plan" and reached == []
     assert plan == [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in model.state_dict().items()
                     if n != "lm_head.weight"]  # fmt: skip  (tied head sent once)
     calls.clear()
     client._all = lambda method, per_runner=None, *args: calls.append((method, args))  # type: ignore[method-assign]
-    assert vllm_push.start_push_transfer("nccl", model, client, rank=0, device="cpu", master_address="h",
+    assert weight_sender.start_push_transfer("nccl", model, client, rank=0, device="cpu", master_address="h",
                                          master_port=1) == "engine"  # fmt: skip
     assert [m for m, _ in calls] == ["check_weight_plan"] and len(reached) == 1
     calls.clear()
-    vllm_push.start_push_transfer("nccl", model, client, rank=1, device="cpu", master_address="h", master_port=1)
+    weight_sender.start_push_transfer("nccl", model, client, rank=1, device="cpu", master_address="h", master_port=1)
     assert calls == []  # only the sender talks to the runners
 
 
 def test_the_client_leases_aborts_and_releases_every_runner() -> None:
-    from flashrl.weight_sync.vllm_push import LEASE_FACTOR
+    from flashrl.weight_sync.wire import LEASE_FACTOR
 
     client = EnvRunnerSyncClient(["r0", "r1"], [1, 1], version=lambda: 3, timeout_s=5.0)
     calls: list = []

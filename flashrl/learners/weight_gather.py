@@ -1,4 +1,4 @@
-"""The learner's side of weight sync: the policy's weights gathered as bounded buckets.
+"""The learner's weights gathered as bounded buckets: the extraction half of its ``WeightSender``.
 
 ``weight_manifest`` declares every tensor (Hugging Face names, a tied parameter once under its first
 name, global shapes of sharded tensors) cut into buckets of at most ``bucket_bytes`` at layer
@@ -9,7 +9,10 @@ is all-gathered: a collective, so every rank consumes the generator to the end) 
 learner holds at most one bucket beyond its model; the env runners fetch the refs one at a time.
 
 The push routes (vLLM's NCCL / IPC weight-transfer engines) are fed from the same
-``iter_weight_buckets`` (``flashrl.weight_sync.vllm_push``).
+``iter_weight_buckets`` (``flashrl.learners.weight_sender``).
+
+This module lives with the learners, not in ``flashrl.weight_sync``: gathering a sharded model is the
+learners' business (``flashrl.learners.fsdp``); weight sync only defines what a bucket stream is.
 
 Names: ``names="model"`` sends the learner's own state-dict names (what an engine holding the same
 transformers model loads: the torch engine); ``names="checkpoint"`` sends the names and shapes of
@@ -25,24 +28,23 @@ manifest is made the same way from meta tensors (no data).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
-from flashrl.weight_sync.buckets import (
+from flashrl.learners.fsdp import clean_name, iter_full_tensors
+from flashrl.weight_sync.buckets import cut_buckets
+from flashrl.weight_sync.wire import (
     DEFAULT_BUCKET_BYTES,
+    WEIGHT_NAMES,
     TensorMeta,
     WeightBuckets,
     WeightManifest,
-    cut_buckets,
+    WeightNames,
 )
 
-__all__ = ["WEIGHT_NAMES", "WeightNames", "checkpoint_items", "iter_weight_buckets", "put_weight_buckets", "weight_manifest"]
-
-WeightNames = Literal["model", "checkpoint"]
-WEIGHT_NAMES: tuple[WeightNames, ...] = ("model", "checkpoint")
-"""How a stream names its tensors: the learner's state dict, or the model's checkpoint files."""
+__all__ = ["checkpoint_items", "iter_weight_buckets", "put_weight_buckets", "weight_manifest"]
 
 
 def checkpoint_items(
@@ -87,8 +89,6 @@ def _check_names(names: str) -> None:
 
 def _unique_entries(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """State-dict entries, each tensor object once (a tied head is left out), HF names."""
-    from flashrl.learners.fsdp import clean_name
-
     seen: set[int] = set()
     # keep_vars: the registered parameters themselves, so a tied weight is one object under two names
     for name, tensor in model.state_dict(keep_vars=True).items():
@@ -136,8 +136,6 @@ def iter_weight_buckets(
     handed out as is (no copy), so an unsharded model on the CPU costs nothing extra here. The
     generator keeps no reference to a bucket it has yielded.
     """
-    from flashrl.learners.fsdp import iter_full_tensors
-
     _check_names(names)
     tensors = iter_full_tensors(model, dtype=dtype, device=device)
     if names == "checkpoint":
