@@ -8,8 +8,6 @@ tokens 151665-151668), Qwen3's own, and SmolLM2's (which ignores ``tools``).
 
 from __future__ import annotations
 
-import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,26 +21,9 @@ from flashrl.tool_calls import (
     template_renders_tools,
 )
 
-QWEN25_TEMPLATE = (Path(__file__).parent / "data" / "qwen2_5_instruct_chat_template.jinja").read_text()
 PYTHON = function_schema("python", "Run Python code.", {"code": {"type": "string"}}, ["code"])
 ADD = function_schema("add", "Add two integers.", {"a": {"type": "integer"}, "b": {"type": "integer"}}, ["a", "b"])
 CALL_5 = '<tool_call>\n{"name": "python", "arguments": {"code": "print(2 + 3)"}}\n</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def qwen3_tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    from flashrl.models import resolve_tokenizer
-
-    return AutoTokenizer.from_pretrained(resolve_tokenizer("qwen3-tokenizer"))
-
-
-@pytest.fixture(scope="module")
-def qwen25_tokenizer(qwen3_tokenizer: Any) -> Any:
-    tok = copy.deepcopy(qwen3_tokenizer)
-    tok.chat_template = QWEN25_TEMPLATE
-    return tok
 
 
 def ids_of(tok: Any, text: str) -> list[int]:
