@@ -14,9 +14,11 @@ import pytest
 
 from flashrl.conversation import TokenizedConversation, render_chat
 from flashrl.tool_calls import (
+    MAX_TOOL_CALL_DEPTH,
     ToolCall,
     function_schema,
     hermes_tools_prompt,
+    json_depth,
     parse_tool_calls,
     template_renders_tools,
 )
@@ -52,6 +54,21 @@ def test_parse_one_call_and_the_prose_before_it() -> None:
         ToolCall(name="python", arguments={"code": "print(2 + 3)"},
                  raw='{"name": "python", "arguments": {"code": "print(2 + 3)"}}'),
     )
+
+
+def test_a_deep_call_is_malformed_not_a_crash() -> None:
+    """JSON nested 100 000 levels deep would make Python's parser raise RecursionError."""
+    deep = '<tool_call>{"name": "add", "arguments": {"a": ' + "[" * 100_000 + "]" * 100_000 + "}}</tool_call>"
+    (call,) = parse_tool_calls(deep).calls
+    assert (call.name, call.arguments) == (None, {})
+    assert call.error == "the tool call nests 100002 levels deep; at most 100 are accepted"
+    # The bound: 100 levels parse (the object, its arguments and 98 lists); brackets in strings do not count.
+    at_bound = '{"name": "add", "arguments": {"a": ' + "[" * 98 + "]" * 98 + ', "b": "[[[{{{"}}'
+    assert json_depth(at_bound) == MAX_TOOL_CALL_DEPTH == 100
+    (call,) = parse_tool_calls(f"<tool_call>{at_bound}</tool_call>").calls
+    assert call.error is None and call.name == "add" and call.arguments["b"] == "[[[{{{"
+    (call,) = parse_tool_calls(f"<tool_call>[{at_bound}]</tool_call>").calls
+    assert call.error == "the tool call nests 101 levels deep; at most 100 are accepted"
 
 
 def test_parse_two_calls_an_unclosed_one_and_string_arguments() -> None:
