@@ -17,10 +17,15 @@ from typing import Any
 from flashrl.callbacks import resolve_callbacks_class
 from flashrl.validation import Checks, is_int, is_number, setting
 
-__all__ = ["ENGINES", "EnvRunnerSpec"]
+__all__ = ["ENGINES", "SEED_LIMIT", "EnvRunnerSpec"]
 
 ENGINES = ("vllm", "torch")
 """Inference engine kinds an EnvRunner can host."""
+SEED_LIMIT = 2**64
+"""Seeds are below it: the run's seed goes as it is to ``torch.manual_seed`` in the learners (which takes
+0 .. 2**64 - 1), the strictest of its consumers; numpy's legacy seeding gets it modulo 2**32, and
+``numpy.random.SeedSequence`` (the prompt stream, the data passes, the engines' derived 32-bit seeds)
+and Gymnasium's ``reset(seed=...)`` take any integer >= 0."""
 _DICTS = ("env_config", "engine_options", "evaluation_env_config")
 
 
@@ -149,7 +154,9 @@ def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
                           "max_episode_tokens", "evaluation_num_episodes"), 1)
     check.expect(is_int(spec.train_batch_size) and spec.train_batch_size >= 1, "train_batch_size", "an integer >= 1",
                  spec.train_batch_size, "e.g. 32")
-    check.integers(spec, ("max_num_env_runner_restarts", "top_k", "seed"), 0)
+    check.integers(spec, ("max_num_env_runner_restarts", "top_k"), 0)
+    check.expect(is_int(spec.seed) and 0 <= spec.seed < SEED_LIMIT, "seed", "an integer in [0, 2**64) (the range "
+                 "torch.manual_seed takes)", spec.seed, "use a seed below 2**64, e.g. 0")
     check.numbers(spec, ("num_cpus_per_env_runner",), positive=False)
     check.gpus(spec, "num_gpus_per_env_runner")
     check.numbers(spec, ("temperature", "sample_timeout_s"), positive=True)
