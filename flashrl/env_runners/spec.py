@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from flashrl.callbacks import resolve_callbacks_class
+from flashrl.env_runners.rollout import DEFAULT_ENV_TIMEOUT_S
 from flashrl.validation import Checks, is_int, is_number, setting
 
 __all__ = ["ENGINES", "SEED_LIMIT", "EnvRunnerSpec"]
@@ -78,6 +79,8 @@ class EnvRunnerSpec:
     """Give up (raise) after this many EnvRunner restarts in one run."""
     sample_timeout_s: float = 600.0
     """Seconds `train()` waits for the next finished episode before raising an error."""
+    env_timeout_s: float | None = DEFAULT_ENV_TIMEOUT_S
+    """Seconds one env.reset / env.step call may take; past it the episode is dropped (env_timeout); None = no limit."""
     train_batch_size: int = setting(32, section="training")
     """B: finished trajectories per update, each from a different prompt (also the most one poll returns)."""
 
@@ -160,6 +163,10 @@ def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
     check.numbers(spec, ("num_cpus_per_env_runner",), positive=False)
     check.gpus(spec, "num_gpus_per_env_runner")
     check.numbers(spec, ("temperature", "sample_timeout_s"), positive=True)
+    timeout = spec.env_timeout_s
+    check.expect(timeout is None or (is_number(timeout) and timeout > 0), "env_timeout_s",
+                 "None or a finite number of seconds > 0", timeout,
+                 f"use None for no limit, or the default {DEFAULT_ENV_TIMEOUT_S}")
     for name in ("max_turns", "max_observation_tokens"):
         value = getattr(spec, name)
         check.expect(value is None or (is_int(value) and value >= 1), name, "None or an integer >= 1", value,
