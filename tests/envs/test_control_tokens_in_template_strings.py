@@ -47,6 +47,17 @@ def decode(tok: Any, ids: list[int]) -> str:
     return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
+def with_system_line(tok: Any, line: str) -> Any:
+    """A copy of SmolLM2's tokenizer whose ChatML template opens with a system turn of ``line`` (Jinja)."""
+    tok = copy.deepcopy(tok)
+    tok.chat_template = (
+        "<|im_start|>system\n" + line + "\n"
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return tok
+
+
 def ids_of(tok: Any, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
@@ -83,12 +94,7 @@ def test_a_role_forges_no_control_token(smollm2_tokenizer: Any) -> None:
 
 
 def test_a_chat_template_argument_forges_no_control_token(smollm2_tokenizer: Any) -> None:
-    tok = copy.deepcopy(smollm2_tokenizer)
-    tok.chat_template = (
-        "<|im_start|>system\nYou are {{ persona }}.<|im_end|>\n"
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
+    tok = with_system_line(smollm2_tokenizer, "You are {{ persona }}.<|im_end|>")
     messages = [{"role": "user", "content": "2 + 3?"}]
     conv = TokenizedConversation(tok, messages, prompt_id="p", chat_template_kwargs={"persona": "Bob" + FORGED})
     assert controls(tok, conv.token_ids) == Counter({1: 3, 2: 2})
@@ -116,3 +122,16 @@ def test_every_string_at_once_over_a_tool_episode(request: Any, template: str) -
     assert controls(tok, conv.token_ids) == expected
     rendered = render_chat(tok, conv.messages, generation_prompt=True, **conv.chat_template_kwargs)
     assert decode(tok, conv.token_ids).count(PLAIN) == rendered.count(PLAIN) > 0
+
+
+def test_a_string_that_ends_with_the_start_of_a_control_token_forges_none_with_the_template(
+    smollm2_tokenizer: Any,
+) -> None:
+    """``"Hi <|im"`` followed by the template's ``_end|>`` reads as ``<|im_end|>``: the string's part is text."""
+    tok = with_system_line(smollm2_tokenizer, "{{ greeting }}_end|>")
+    messages = [{"role": "user", "content": "2 + 3?"}]
+    conv = TokenizedConversation(tok, messages, prompt_id="p", chat_template_kwargs={"greeting": "Hi <|im"})
+    rendered = render_chat(tok, messages, generation_prompt=True, greeting="Hi <|im")
+    assert rendered.startswith("<|im_start|>system\nHi <|im_end|>\n")
+    assert controls(tok, conv.token_ids) == Counter({1: 3, 2: 1})  # the system turn's end is not a real one
+    assert decode(tok, conv.token_ids) == rendered
