@@ -17,9 +17,18 @@
 dataset is data: a tool's output that contains ``<|im_start|>`` must not become a real turn marker
 (it would let the model forge turns for itself through the tool, or a dataset forge them in a prompt).
 Every special token of the tokenizer that the chat template itself emits is inserted by id; all other
-text, message contents included, is tokenised with ``split_special_tokens=True``, so a control token's
-text in it is ordinary characters. Where no content holds such text, the result equals tokenising the
-rendered conversation (the tokenizer splits at control tokens first either way).
+text is tokenised with ``split_special_tokens=True``, so a control token's text in it is ordinary
+characters. That holds for every string that enters the template: message contents (system prompts
+included), roles, the tool schemas (names, descriptions, parameters: every key and value) and the
+other ``chat_template_kwargs``. To tell the template's control tokens from such text, the conversation
+is rendered once more as a *skeleton*: contents replaced by placeholders, and every other string that
+holds a control token's text (or starts with the end of one, or ends with the start of one) written
+with each character of a control token's text swapped for a private-use character of its own. What
+the skeleton still holds of control tokens is the template's; the skeleton with the contents and the
+characters put back must equal the real rendering, else :class:`ChatTemplateError` (a template that
+rewrites such text cannot be told apart from its own tokens). Where no string holds such text, the
+result equals tokenising the rendered conversation (the tokenizer splits at control tokens first
+either way).
 
 **The end of a model turn.** The template closes an assistant message with its end-of-turn text
 (SmolLM2: ``<|im_end|>\\n``). What the model sampled is kept as is and only the missing rest is
@@ -78,8 +87,8 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -438,35 +447,45 @@ class TokenizedConversation:
         template (not a content) put there."""
         if text is None:
             text = self._render(messages, generation_prompt=generation_prompt)
-        if not any(self._controls.spans(m["content"]) for m in messages):
+        exposed = self._controls.exposed
+        if not any(exposed(m["content"]) or exposed(m["role"]) for m in messages) and not any(
+            exposed(piece) for piece in _strings(self.chat_template_kwargs)
+        ):
             return text, self._controls.spans(text)  # every control token's text is the template's
-        # Render a skeleton with placeholders for the contents; its control tokens are the template's.
+        # Render a skeleton (see the module doc); its control tokens are the template's.
         holders, skeleton = self._skeleton(messages, generation_prompt=generation_prompt)
         filled = self._fill(skeleton, holders, messages, lambda rebuilt: rebuilt == text)
         if filled is not None:
             return filled
         raise ChatTemplateError(
-            "A message's content holds the text of a control token (one of the tokenizer's special tokens) "
-            "and the chat template does not render contents verbatim, so the template's own control tokens "
-            "cannot be told apart from the content's. Use a template that renders contents as given (or "
-            f"only trims them); rendered: {text[:300]!r}."
+            "A message's content, a role, a tool schema or a chat template argument holds the text of a "
+            "control token (one of the tokenizer's special tokens) and the chat template does not render it "
+            "as given, so the template's own control tokens cannot be told apart from that text. Use a "
+            "template that renders contents as given (or only trims them) and other strings unchanged "
+            f"(or as JSON), or remove the control token's text; rendered: {text[:300]!r}."
         )
 
     def _skeleton(self, messages: list[dict[str, str]], *, generation_prompt: bool) -> tuple[list[str], str]:
-        """Placeholders for the contents, and the conversation rendered with them (the template's text)."""
+        """Placeholders for the contents, and the conversation rendered with them and with every other
+        string marked (:meth:`_ControlTokens.mark`): the template's text."""
         # Private-use characters: no tokenizer has them in a special token, no content sensibly holds them.
         holders = [f"\ue000flashrl-content-{i}\ue001" for i in range(len(messages))]
-        skeleton = self._render(
-            [{"role": m["role"], "content": h} for m, h in zip(messages, holders)],
+        mark = self._controls.mark
+        skeleton = render_chat(
+            self.tokenizer,
+            [{"role": mark(m["role"]), "content": h} for m, h in zip(messages, holders)],
             generation_prompt=generation_prompt,
+            **_mapped(self.chat_template_kwargs, mark),
         )
         return holders, skeleton
 
     def _fill(
         self, skeleton: str, holders: list[str], messages: list[dict[str, str]], accept: Any
     ) -> tuple[str, list[tuple[int, int]]] | None:
-        """``skeleton`` with the contents put back (verbatim, else trimmed) that ``accept`` takes, and
-        the spans of the template's control tokens in it; None if neither is accepted."""
+        """``skeleton`` with the contents put back (verbatim, else trimmed) and the marked characters
+        restored, if ``accept`` takes it, and the spans of the template's control tokens in it; None if
+        neither is accepted. Marking swaps characters one for one, so a span in a marked piece is the
+        same span in the restored one."""
         pieces = re.split("(" + "|".join(map(re.escape, holders)) + ")", skeleton)
         for rendered_content in (lambda c: c, str.strip):  # verbatim, or a template that trims
             rebuilt, spans = "", []
@@ -475,7 +494,7 @@ class TokenizedConversation:
                     rebuilt += rendered_content(messages[holders.index(piece)]["content"])
                 else:
                     spans += [(len(rebuilt) + a, len(rebuilt) + b) for a, b in self._controls.spans(piece)]
-                    rebuilt += piece
+                    rebuilt += self._controls.unmark(piece)
             if accept(rebuilt):
                 return rebuilt, spans
         return None
@@ -570,15 +589,47 @@ class TokenizedConversation:
         )
 
 
+_MARKERS = 0xF0000
+"""First code point of the characters that stand in for a control token's characters in a skeleton
+(Unicode's Supplementary Private Use Area-A: no tokenizer has them in a special token)."""
+
+
 @dataclass(frozen=True)
 class _ControlTokens:
     """The tokenizer's special tokens: their ids, and where their text occurs in a string."""
 
     ids: dict[str, int]
     pattern: re.Pattern[str] | None
+    starts: frozenset[str] = frozenset()
+    """Every proper prefix of a control token's text."""
+    ends: frozenset[str] = frozenset()
+    """Every proper suffix of a control token's text."""
+    marks: dict[int, str] = field(default_factory=dict)
+    """``str.translate`` table: each character of a control token's text -> its private-use stand-in."""
+    unmarks: dict[int, str] = field(default_factory=dict)
+    """The inverse table."""
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         return [] if self.pattern is None else [m.span() for m in self.pattern.finditer(text)]
+
+    def exposed(self, text: str) -> bool:
+        """Whether ``text`` holds a control token's text, or could make one with the text around it (it
+        ends with the start of one, or starts with the end of one)."""
+        if self.pattern is None or not text:
+            return False
+        if self.pattern.search(text):
+            return True
+        longest = max(map(len, self.ids)) - 1
+        return any(text[-k:] in self.starts or text[:k] in self.ends for k in range(1, min(longest, len(text)) + 1))
+
+    def mark(self, text: str) -> str:
+        """``text`` as it is, or, if :meth:`exposed`, with every character of a control token's text
+        swapped for its stand-in (one for one), so no control token can be read in it or across its ends."""
+        return text.translate(self.marks) if self.exposed(text) else text
+
+    def unmark(self, text: str) -> str:
+        """The inverse of :meth:`mark` (stand-ins back to the characters they stand for)."""
+        return text.translate(self.unmarks)
 
 
 def _control_tokens(tokenizer: Any) -> _ControlTokens:
@@ -589,7 +640,40 @@ def _control_tokens(tokenizer: Any) -> _ControlTokens:
     # Longest first, so that a token whose text contains another's is matched whole.
     ordered = sorted(ids, key=len, reverse=True)
     pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
-    return _ControlTokens(ids=ids, pattern=pattern)
+    chars = sorted(set("".join(ids)))
+    return _ControlTokens(
+        ids=ids,
+        pattern=pattern,
+        starts=frozenset(name[:k] for name in ids for k in range(1, len(name))),
+        ends=frozenset(name[k:] for name in ids for k in range(1, len(name))),
+        marks={ord(c): chr(_MARKERS + i) for i, c in enumerate(chars)},
+        unmarks={_MARKERS + i: c for i, c in enumerate(chars)},
+    )
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in ``value`` (a template argument: a str, or dicts, lists and tuples of them; dict keys too)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def _mapped(value: Any, fn: Any) -> Any:
+    """``value`` with ``fn`` applied to every string in it (see :func:`_strings`); other values as they are."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return {_mapped(key, fn): _mapped(item, fn) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_mapped(item, fn) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
 
 
 def render_chat(

@@ -28,16 +28,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "MAX_TOOL_CALL_DEPTH",
     "TOOL_CALL_END",
     "TOOL_CALL_START",
     "ParsedToolCalls",
     "ToolCall",
     "function_schema",
     "hermes_tools_prompt",
+    "json_depth",
     "parse_tool_calls",
     "template_renders_tools",
 ]
 
+MAX_TOOL_CALL_DEPTH = 100
+"""Deepest nesting of ``[`` and ``{`` a tool call's JSON may have; a deeper one is a malformed call."""
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
 # As vLLM's Hermes parser: a closed block, or an unclosed one to the end of the reply (cut by the limit).
@@ -83,6 +87,11 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
 
 def _parse_call(body: str, closed: bool) -> ToolCall:
     raw = body.strip()
+    depth = json_depth(raw)
+    if depth > MAX_TOOL_CALL_DEPTH:
+        # Python's JSON parser recurses once per level: a deep enough reply would raise RecursionError.
+        return ToolCall(name=None, raw=raw, error=(
+            f"the tool call nests {depth} levels deep; at most {MAX_TOOL_CALL_DEPTH} are accepted"))
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as err:
@@ -101,6 +110,21 @@ def _parse_call(body: str, closed: bool) -> ToolCall:
     if not isinstance(arguments, dict):
         return ToolCall(name=value["name"], raw=raw, error='"arguments" must be a JSON object')
     return ToolCall(name=value["name"], arguments=arguments, raw=raw)
+
+
+_JSON_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def json_depth(text: str) -> int:
+    """How deep ``[`` and ``{`` nest in ``text`` (JSON), outside its strings; 0 for a scalar."""
+    depth = deepest = 0
+    for char in _JSON_STRING_RE.sub("", text):
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def function_schema(

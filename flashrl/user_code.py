@@ -9,7 +9,7 @@ module is importable. This module applies Ray's ``__main__`` convention to every
 code, as Ray's own ``cloudpickle`` does for modules registered with ``register_pickle_by_value``:
 
 - :func:`import_path` resolves ``"package.module:name"`` (``name`` may be dotted: ``Class.attr``), with
-  an error that says what did not import;
+  an error that says what did not import; a path into the standard library is refused (below);
 - :func:`dumps` pickles with cloudpickle, every module of user code in ``sys.modules`` pickled by
   value for the duration of the call: its functions and classes travel as code, and everything they
   use from flashrl, the standard library or installed packages is imported at the other end;
@@ -21,6 +21,16 @@ code, as Ray's own ``cloudpickle`` does for modules registered with ``register_p
 "User code" is any module that is not part of flashrl, not in the standard library and not installed
 under the interpreter's ``site-packages``; such installed packages are assumed importable in the
 actors (they run in the same environment), as Ray assumes.
+
+**Paths never name the standard library.** A component given by path is a function or class of the
+user's own module (or of flashrl, or of an installed package); none is in the standard library, whose
+paths are how a config's text would run other code (``reward_fn="os:system"`` calls a shell with the
+model's reply). :func:`import_path` refuses a path whose module is in ``sys.stdlib_module_names``
+(``builtins``, ``os``, ``subprocess`` and every other standard module, by its top-level name), a
+dotted name that walks through such a module (``"mymod:os.system"``), and a function or class that
+such a module defines (``"mymod:system"`` after ``from os import system`` in ``mymod``). A user's own
+function that calls the standard library is user code like any other: a config is code, and one from
+an untrusted source must be read as such.
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ def import_path(path: str) -> Any:
     parts = attribute.split(".")
     if not module_name or not all(p.isidentifier() for p in module_name.split(".") + parts):
         raise UserCodeError(f"expected an import path 'package.module:name', got {path!r}")
+    _refuse_standard_library(module_name, path)
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001 - any import error is the path's to fix
@@ -70,7 +81,20 @@ def import_path(path: str) -> Any:
             where = ".".join([module_name, *parts[:i]])
             raise UserCodeError(f"{where!r} has no attribute {part!r} (from the path {path!r})")
         target = getattr(target, part)
+        if isinstance(target, types.ModuleType):
+            _refuse_standard_library(target.__name__, path)
+    if isinstance(target, (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        _refuse_standard_library(getattr(target, "__module__", None) or "", path)
     return target
+
+
+def _refuse_standard_library(module_name: str, path: str) -> None:
+    if module_name.partition(".")[0] in sys.stdlib_module_names:
+        raise UserCodeError(
+            f"the path {path!r} leads into the standard library (module {module_name!r}), which is refused: a "
+            "path names user code, a function or class of your own module, of flashrl or of an installed "
+            "package (write the function in a module of your own and give its 'module:name' path)"
+        )
 
 
 def describe(value: Any) -> Any:

@@ -8,12 +8,12 @@ and uses it, which only works when the code travelled by value.
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 import subprocess
 import sys
 import threading
+import types
 from pathlib import Path
 
 import gymnasium as gym
@@ -32,7 +32,7 @@ from flashrl.algorithms.flash_reinforce.loss import flash_reinforce_loss
 from flashrl.env_runners.env_check import runner_env_spec, runner_spec
 from flashrl.envs.base import LanguageEnv
 from flashrl.learners.spec import LearnerSpec
-from flashrl.user_code import Shipped, describe, import_path
+from flashrl.user_code import Shipped, UserCodeError, describe, import_path
 
 USER_MODULE = "flashrl_test_user_code_script"
 sys.modules[USER_MODULE] = sys.modules[__name__]
@@ -314,4 +314,34 @@ def test_bad_env_user_code_fails_at_validate():
 def test_import_path_errors_say_what_did_not_import():
     with pytest.raises(ValueError, match="expected an import path 'package.module:name', got 'math'"):
         import_path("math")
-    assert import_path("math:pi") == math.pi
+    assert import_path("flashrl.user_code:import_path") is import_path
+
+
+STDLIB = ("the path {!r} leads into the standard library (module {!r}), which is refused: a path names user code, "
+          "a function or class of your own module, of flashrl or of an installed package (write the function in a "
+          "module of your own and give its 'module:name' path)")
+
+
+@pytest.mark.parametrize(("path", "module"), [
+    ("os:system", "os"), ("builtins:eval", "builtins"), ("subprocess:run", "subprocess"), ("math:pi", "math"),
+    ("os.path:join", "os.path"), ("_posixsubprocess:fork_exec", "_posixsubprocess"),
+    ("flashrl.user_code:os.system", "os"),  # through a module flashrl imports
+    ("flashrl.user_code:importlib.import_module", "importlib"),
+    ("user_code_reexport:system", "posix"),  # os.system imported into a user module: defined by posix
+    ("user_code_reexport:Popen", "subprocess"),
+])
+def test_a_path_into_the_standard_library_is_refused(monkeypatch, path, module):
+    reexport = types.ModuleType("user_code_reexport")
+    reexport.system, reexport.Popen = os.system, subprocess.Popen
+    monkeypatch.setitem(sys.modules, "user_code_reexport", reexport)
+    with pytest.raises(UserCodeError) as err:
+        import_path(path)
+    assert str(err.value) == STDLIB.format(path, module)
+
+
+def test_validate_refuses_a_reward_fn_in_the_standard_library():
+    config = FlashReinforceConfig().environment("flashrl/Math-v0", env_config={"reward_fn": "os:system"})
+    with pytest.raises(ConfigError, match=r"env_config\['reward_fn'\]: expected a callable or its 'module:name' path "
+                       r"\(user code of flashrl/Math-v0\), got 'os:system': the path 'os:system' leads into the standard "
+                       r"library \(module 'os'\), which is refused"):
+        config.validate()

@@ -36,7 +36,6 @@ from flashrl.callbacks import MetricsLogger, make_callbacks
 from flashrl.env_runners.data_passes import DataPasses
 from flashrl.env_runners.evaluation import split_env_config
 from flashrl.env_runners.rollout import (
-    DEFAULT_ENV_TIMEOUT_S,
     EnvError,
     EnvTimeout,
     evaluation_reset_options,
@@ -76,10 +75,7 @@ class EnvRunner:
         model_path: str,
         start_counter: int = 0,
         env_spec: gym.envs.registration.EnvSpec | None = None,
-        env_timeout_s: float | None = DEFAULT_ENV_TIMEOUT_S,
     ) -> None:
-        if env_timeout_s is not None and not env_timeout_s > 0:
-            raise ValueError(f"EnvRunner: env_timeout_s must be None or > 0 seconds; got {env_timeout_s!r}.")
         if not isinstance(spec, EnvRunnerSpec):
             raise TypeError(
                 f"EnvRunner: expected an EnvRunnerSpec, got {type(spec).__name__}. Fix: pass "
@@ -93,8 +89,6 @@ class EnvRunner:
         self._counter = int(start_counter)
         self._context = self.spec.max_episode_tokens
         self._env_spec = env_spec
-        self.env_timeout_s = env_timeout_s
-        """Time limit of one env.reset / env.step call (None: none); see `EnvTimeout`."""
         self._engine: Any = None
         self._pools: dict[tuple[int, str | None], list[gym.Env]] = defaultdict(list)
         """Idle env instances per (stream, evaluation split)."""
@@ -471,7 +465,7 @@ class EnvRunner:
                 executor=self._executor,
                 reset_options=reset_options,
                 keep_reset_info=(datasource,) if stream == EVAL_STREAM and datasource else (),
-                env_timeout_s=self.env_timeout_s,
+                env_timeout_s=self.spec.env_timeout_s,
                 max_turns=self.spec.max_turns,
                 max_observation_tokens=self.spec.max_observation_tokens,
             )

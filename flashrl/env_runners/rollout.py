@@ -26,17 +26,26 @@ a trajectory that ran out of context, hit a length stop or was truncated by the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from flashrl.episode import Episode
 
 MAX_LOGPROB = 1e-6
 """Largest behavior log-prob accepted as a log-probability (float rounding above 0 allowed)."""
+MAX_REWARD = float(np.finfo(np.float32).max)
+"""Largest reward magnitude accepted (about 3.4e38): the learner holds rewards in float32, where a larger
+one becomes inf and every batch holding it is skipped."""
+REWARD_ERROR = "reward_error"
+"""Episode info field that says why the env's reward was refused (the episode is dropped: ``bad_reward``)."""
+
+logger = logging.getLogger("flashrl.env_runners")
 
 
 class EnvError(RuntimeError):
@@ -84,10 +93,45 @@ def finite_task_count(env: gym.Env) -> int | None:
     return None
 
 
+def reward_value(reward: Any) -> tuple[float, str | None]:
+    """An env's reward as a float, or why it is not a reward: ``(value, None)`` or ``(nan, problem)``.
+
+    A reward is a real number: a Python ``int`` or ``float``, a NumPy integer or floating scalar, or a
+    NumPy array of one such number. Refused: text (``"0.5"`` is not silently read as 0.5), ``bool``
+    (the shipped envs return 1.0 and 0.0, and a math ``reward_fn`` returning a bool is refused too: a
+    True is more likely a verdict returned by mistake than a reward), complex numbers, None, arrays of
+    another size or kind, and magnitudes past float32's finite range (`MAX_REWARD`). NaN and inf pass
+    here and are dropped as ``non_finite``, as before.
+    """
+    value = reward
+    if isinstance(value, np.ndarray):
+        if value.size != 1:
+            return math.nan, f"a reward is one number; got an array of shape {value.shape}"
+        value = value.reshape(()).item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return math.nan, (f"a reward is a real number (int or float); got {type(reward).__name__} "
+                          f"{_shown(reward)}. Return float(...) from step, e.g. 1.0 for a solved task")
+    if abs(value) > MAX_REWARD and value not in (math.inf, -math.inf):  # exact for ints of any size
+        return math.nan, (f"the reward {_shown(value)} is outside float32's finite range (|reward| <= "
+                          f"{MAX_REWARD:.8g}), where the learner holds it; scale the rewards down")
+    return float(value), None
+
+
+def _shown(value: Any) -> str:
+    try:
+        return f"{value!r:.80}"
+    except ValueError:  # an int too long for repr (sys.get_int_max_str_digits)
+        return f"(an integer of {int(value).bit_length()} bits)"
+
+
 def skip_reason(episode: Episode, *, max_episode_tokens: int) -> str | None:
     """Why an episode must not reach the learner (one of `RUNNER_SKIP_REASONS`), or None if it is fine."""
+    if REWARD_ERROR in episode.info:
+        return "bad_reward"
     if not episode.is_finite:
         return "non_finite"
+    if abs(episode.reward) > MAX_REWARD:  # each step's reward fits, but not their sum
+        return "bad_reward"
     if any(lp > MAX_LOGPROB for lp, m in zip(episode.behavior_logprobs, episode.loss_mask) if m):
         return "invalid_logprob"
     if "abort" in episode.info.get("finish_reasons", ()):
@@ -172,6 +216,7 @@ async def play_episode(
     total_reward = 0.0
     terminated = truncated = False
     step_info: dict[str, Any] = {}
+    reward_error: dict[str, str] = {}
     turn = 0
     while (budget := conversation.max_new_tokens(int(sampling["max_tokens"]))) > 0:
         request = SamplingConfig(
@@ -189,8 +234,13 @@ async def play_episode(
         new_messages, reward, terminated, truncated, step_info = await _in_thread(
             executor, env_timeout_s, env.step, text
         )
-        total_reward += float(reward)
         turn += 1
+        value, problem = reward_value(reward)
+        if problem is not None:  # the episode is dropped and counted (`skip_reason`: bad_reward)
+            logger.warning("%s.step returned a bad reward in turn %d: %s.", type(env.unwrapped).__name__, turn, problem)
+            reward_error = {REWARD_ERROR: f"turn {turn}: {problem}"}
+            break
+        total_reward += value
         if terminated or truncated:
             break
         if max_turns is not None and turn >= max_turns:
@@ -203,5 +253,5 @@ async def play_episode(
         truncated = True  # the prompt alone filled the context budget (dropped as 'empty')
     kept = {key: info[key] for key in keep_reset_info if key in info and key not in step_info}
     return conversation.to_episode(
-        reward=total_reward, terminated=terminated, truncated=truncated, info={**step_info, **kept}
+        reward=total_reward, terminated=terminated, truncated=truncated, info={**step_info, **kept, **reward_error}
     )

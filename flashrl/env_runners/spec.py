@@ -15,12 +15,18 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from flashrl.callbacks import resolve_callbacks_class
+from flashrl.env_runners.rollout import DEFAULT_ENV_TIMEOUT_S
 from flashrl.validation import Checks, is_int, setting
 
-__all__ = ["ENGINES", "EnvRunnerSpec"]
+__all__ = ["ENGINES", "SEED_LIMIT", "EnvRunnerSpec"]
 
 ENGINES = ("vllm", "torch")
 """Inference engine kinds an EnvRunner can host."""
+SEED_LIMIT = 2**64
+"""Seeds are below it: the run's seed goes as it is to ``torch.manual_seed`` in the learners (which takes
+0 .. 2**64 - 1), the strictest of its consumers; numpy's legacy seeding gets it modulo 2**32, and
+``numpy.random.SeedSequence`` (the prompt stream, the data passes, the engines' derived 32-bit seeds)
+and Gymnasium's ``reset(seed=...)`` take any integer >= 0."""
 _DICTS = ("env_config", "engine_options", "evaluation_env_config")
 
 
@@ -79,6 +85,8 @@ class EnvRunnerSpec:
     """Give up (raise) after this many EnvRunner restarts in one run."""
     sample_timeout_s: float = setting(600.0, gt=0)
     """Seconds `train()` waits for the next finished episode before raising an error."""
+    env_timeout_s: float | None = setting(DEFAULT_ENV_TIMEOUT_S, gt=0, optional="no limit")
+    """Seconds one env.reset / env.step call may take; past it the episode is dropped (env_timeout); None = no limit."""
     train_batch_size: int = setting(32, section="training", integer=True, ge=1, fix="e.g. 32")
     """B: finished trajectories per update, each from a different prompt (also the most one poll returns)."""
 
@@ -107,7 +115,8 @@ class EnvRunnerSpec:
     """User hooks: a `flashrl.callbacks.FlashReinforceCallbacks` subclass or its path 'module:Class'; None = none."""
 
     # --- debugging --------------------------------------------------------------------------------
-    seed: int = setting(0, section="debugging", integer=True, ge=0)
+    seed: int = setting(0, section="debugging", integer=True, ge=0, lt=SEED_LIMIT,
+                        note="2**64: the range torch.manual_seed takes", fix="use a seed below 2**64, e.g. 0")
     """Seed of the learner, the engines and the prompt stream (a fixed default = reproducible)."""
     log_level: str = setting("WARNING", section="debugging")
     """Python logging level of the flashrl loggers in the driver and actors."""

@@ -16,7 +16,7 @@ EVAL_STREAM = 1
 
 RUNNER_SKIP_REASONS = (
     "non_finite", "invalid_logprob", "aborted", "empty", "over_long", "request_error", "env_error",
-    "env_timeout",
+    "env_timeout", "bad_reward",
 )
 """Why an EnvRunner drops a finished episode instead of streaming it (each one is counted):
 
@@ -28,7 +28,9 @@ RUNNER_SKIP_REASONS = (
 - ``request_error``: the engine rejected the request;
 - ``env_error``: the environment raised;
 - ``env_timeout``: ``env.reset`` or ``env.step`` ran past the runner's time limit (``env_timeout_s``);
-  the hung call keeps its worker thread and the env is never reused.
+  the hung call keeps its worker thread and the env is never reused;
+- ``bad_reward``: the env's reward is not a real number (text, bool, complex, None, an array of other than
+  one number) or lies outside float32's finite range, in one step or summed (`flashrl.env_runners.rollout.reward_value`).
 """
 DRIVER_SKIP_REASONS = ("stale", "pending_overflow")
 """Why the algorithm drops a delivered episode before it reaches a batch (each one is counted):

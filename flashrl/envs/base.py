@@ -35,7 +35,9 @@ what a subclass returns lies in the declared spaces (with an error that says wha
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import numbers
 from typing import Any, ClassVar, TypedDict
 
 import gymnasium as gym
@@ -184,7 +186,12 @@ class LanguageEnv(gym.Env[Messages, str]):
         info["turn"] = self._turn
         self._done = terminated or truncated
         self._conversation.extend(copy.deepcopy(new_messages))
-        return copy.deepcopy(new_messages), float(reward), terminated, truncated, copy.deepcopy(info)
+        if isinstance(reward, numbers.Real) and not isinstance(reward, bool):
+            with contextlib.suppress(OverflowError):  # an int past float's range is left to the runner
+                reward = float(reward)
+        # Anything else goes on as it is: the env runner refuses it (bad_reward) rather than float()
+        # reading the text "0.5" as 0.5 here.
+        return copy.deepcopy(new_messages), reward, terminated, truncated, copy.deepcopy(info)
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":

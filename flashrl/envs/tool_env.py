@@ -10,6 +10,7 @@ the env runners pass to ``apply_chat_template(tools=...)``), calls them the Herm
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,8 +201,11 @@ class ToolEnv(LanguageEnv):
         parsed = parse_tool_calls(action)
         info: dict[str, Any] = {"prompt_id": str(self.task.get("id", self._index))}
         if not parsed.calls or self.turn + 1 >= self.max_agent_turns:
-            reward = float(self.reward_fn(parsed.content, self.task["answer"]))
-            info.update(tool_calls=self._tool_calls, success=reward >= self.success_threshold)
+            # As returned, not float(): a reward_fn returning text or None is refused by the env runner
+            # (bad_reward) rather than read here ("0.5" as 0.5).
+            reward = self.reward_fn(parsed.content, self.task["answer"])
+            real = isinstance(reward, numbers.Real) and not isinstance(reward, bool)
+            info.update(tool_calls=self._tool_calls, success=bool(real and reward >= self.success_threshold))
             answered = not parsed.calls
             if not answered:
                 info["turn_limit_reached"] = True

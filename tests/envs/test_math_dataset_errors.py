@@ -64,3 +64,30 @@ def test_duplicate_ids_in_a_task_list() -> None:
     with pytest.raises(DatasetError, match="appears twice"):
         load_tasks(same)
     assert len(TaskList(same, allow_duplicate_ids=True)) == 2
+
+
+def test_a_5000_digit_integer_names_the_file_and_line(tmp_path: Path) -> None:
+    good = json.dumps({"question": "1 + 1?", "answer": "2"}).encode()
+    path = write(tmp_path / "big.jsonl", [good, b'{"question": "q", "answer": ' + b"7" * 5000 + b"}"])
+    with pytest.raises(DatasetError, match=r"big\.jsonl:2: a number Python does not read \(Exceeds the limit \(4300 "
+                       r"digits\) .*\); expected numbers of at most 4300 digits\. Write a longer number as a JSON string\."):
+        load_tasks(str(path))
+    # As a string it is an answer like any other.
+    path = write(tmp_path / "big_text.jsonl", [b'{"question": "q", "answer": "' + b"7" * 5000 + b'"}'])
+    assert load_jsonl(path)[0].answer == "7" * 5000
+
+
+def test_a_100k_deep_row_names_the_file_and_line(tmp_path: Path) -> None:
+    deep = b'{"question": "q", "answer": "1", "extra": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path = write(tmp_path / "deep.jsonl", [deep])
+    with pytest.raises(DatasetError, match=r"deep\.jsonl:1: JSON nested deeper than Python's parser goes \(its "
+                       r"recursion limit, \d+\); expected a row of fields\. Fix or drop the row\."):
+        load_jsonl(path)
+
+
+def test_a_5000_digit_integer_in_a_row_names_the_row() -> None:
+    """Rows built in Python (a list of dicts, a datasets.Dataset, a Parquet file's rows) name their row."""
+    rows = [{"question": "1 + 1?", "answer": 2}, {"question": "q", "answer": 7 * 10**4999}]
+    with pytest.raises(DatasetError, match=r"^dataset: row 2: field 'answer' \(the answer\) is an integer of more "
+                       r"than 4300 digits, which Python does not write as text\. Give it as a string\.$"):
+        from_records(rows)

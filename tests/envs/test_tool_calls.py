@@ -8,41 +8,24 @@ tokens 151665-151668), Qwen3's own, and SmolLM2's (which ignores ``tools``).
 
 from __future__ import annotations
 
-import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flashrl.conversation import TokenizedConversation, render_chat
 from flashrl.tool_calls import (
+    MAX_TOOL_CALL_DEPTH,
     ToolCall,
     function_schema,
     hermes_tools_prompt,
+    json_depth,
     parse_tool_calls,
     template_renders_tools,
 )
 
-QWEN25_TEMPLATE = (Path(__file__).parent / "data" / "qwen2_5_instruct_chat_template.jinja").read_text()
 PYTHON = function_schema("python", "Run Python code.", {"code": {"type": "string"}}, ["code"])
 ADD = function_schema("add", "Add two integers.", {"a": {"type": "integer"}, "b": {"type": "integer"}}, ["a", "b"])
 CALL_5 = '<tool_call>\n{"name": "python", "arguments": {"code": "print(2 + 3)"}}\n</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def qwen3_tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    from flashrl.models import resolve_tokenizer
-
-    return AutoTokenizer.from_pretrained(resolve_tokenizer("qwen3-tokenizer"))
-
-
-@pytest.fixture(scope="module")
-def qwen25_tokenizer(qwen3_tokenizer: Any) -> Any:
-    tok = copy.deepcopy(qwen3_tokenizer)
-    tok.chat_template = QWEN25_TEMPLATE
-    return tok
 
 
 def ids_of(tok: Any, text: str) -> list[int]:
@@ -71,6 +54,21 @@ def test_parse_one_call_and_the_prose_before_it() -> None:
         ToolCall(name="python", arguments={"code": "print(2 + 3)"},
                  raw='{"name": "python", "arguments": {"code": "print(2 + 3)"}}'),
     )
+
+
+def test_a_deep_call_is_malformed_not_a_crash() -> None:
+    """JSON nested 100 000 levels deep would make Python's parser raise RecursionError."""
+    deep = '<tool_call>{"name": "add", "arguments": {"a": ' + "[" * 100_000 + "]" * 100_000 + "}}</tool_call>"
+    (call,) = parse_tool_calls(deep).calls
+    assert (call.name, call.arguments) == (None, {})
+    assert call.error == "the tool call nests 100002 levels deep; at most 100 are accepted"
+    # The bound: 100 levels parse (the object, its arguments and 98 lists); brackets in strings do not count.
+    at_bound = '{"name": "add", "arguments": {"a": ' + "[" * 98 + "]" * 98 + ', "b": "[[[{{{"}}'
+    assert json_depth(at_bound) == MAX_TOOL_CALL_DEPTH == 100
+    (call,) = parse_tool_calls(f"<tool_call>{at_bound}</tool_call>").calls
+    assert call.error is None and call.name == "add" and call.arguments["b"] == "[[[{{{"
+    (call,) = parse_tool_calls(f"<tool_call>[{at_bound}]</tool_call>").calls
+    assert call.error == "the tool call nests 101 levels deep; at most 100 are accepted"
 
 
 def test_parse_two_calls_an_unclosed_one_and_string_arguments() -> None:

@@ -57,6 +57,15 @@ def test_refusals_say_what_is_wrong() -> None:
     assert all(m["role"] == "tool" for m in messages) and (run, refused) == (0, 5)
 
 
+def test_a_deep_call_is_answered_as_malformed() -> None:
+    env = ToolEnv(TASKS, [ADD], max_turns=4)
+    env.reset(options={"task_index": 0})
+    deep = "<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>"
+    obs, reward, terminated, truncated, info = env.step(deep)
+    assert obs == [{"role": "tool", "content": "Error: the tool call nests 100000 levels deep; at most 100 are accepted."}]
+    assert (reward, terminated, truncated, info["tool_calls"], info["tool_calls_refused"]) == (0.0, False, False, 0, 1)
+
+
 def test_turn_limit_grades_the_last_reply_and_bad_arguments() -> None:
     env = ToolEnv(TASKS, [ADD], max_turns=2)
     env.reset(options={"task_index": 1})

@@ -84,3 +84,25 @@ def test_the_runners_take_a_spec_not_a_config_dict():
         EnvRunner(config.to_dict(), runner_index=0, num_runners=1, model_path="unused")
     with pytest.raises(TypeError, match=r"expected an EnvRunnerSpec, got FlashReinforceConfig"):
         EnvRunnerGroup(config, model_path="unused")
+
+
+@pytest.mark.parametrize("seed", [2**70, -1, 1.0])
+def test_a_seed_outside_what_torch_takes_is_refused(seed):
+    from flashrl.algorithms.flash_reinforce.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"seed: expected an integer in \[0, 18446744073709551616\) \(2\*\*64: the range "
+                       rf"torch\.manual_seed takes\), got {seed!r}\. Fix: use a seed below 2\*\*64, e\.g\. 0"):
+        _config().debugging(seed=seed).validate()
+
+
+def test_the_seed_bound_is_the_one_torch_takes():
+    import torch
+
+    from flashrl.algorithms.flash_reinforce.config import ConfigError
+
+    assert _config().debugging(seed=2**64 - 1).env_runner_spec().seed == 2**64 - 1
+    torch.manual_seed(2**64 - 1)  # the learners seed torch with the run's seed as it is
+    with pytest.raises(ValueError, match="Overflow"):
+        torch.manual_seed(2**64)
+    with pytest.raises(ConfigError, match=r"seed: expected an integer in \[0, 18446744073709551616\)"):
+        _config().debugging(seed=2**64).validate()

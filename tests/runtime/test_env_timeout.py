@@ -69,9 +69,9 @@ def test_a_call_past_the_limit_raises_env_timeout_and_the_thread_goes_on() -> No
 
 @pytest.mark.parametrize("env", ["flashrl-test/HangingStep-v0", "flashrl-test/HangingReset-v0"])
 def test_hung_episodes_are_dropped_counted_and_not_reused(tiny_config, env: str) -> None:
-    config = tiny_config(env=env)
-    runner = EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1,
-                       model_path=config.model, env_timeout_s=0.3)
+    config = tiny_config(env=env, env_timeout_s=0.3)  # the setting reaches the runner through its spec
+    runner = EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1, model_path=config.model)
+    assert runner.spec.env_timeout_s == 0.3
 
     async def scenario():
         report = await runner.sample([0, 1], group_size=1)
@@ -89,8 +89,17 @@ def test_hung_episodes_are_dropped_counted_and_not_reused(tiny_config, env: str)
     RELEASE.clear()
 
 
-def test_a_bad_time_limit_is_refused(tiny_config) -> None:
-    config = tiny_config(env="flashrl-test/Parity-v0")
-    with pytest.raises(ValueError, match=r"env_timeout_s must be None or > 0 seconds; got 0"):
-        EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1, model_path=config.model,
-                  env_timeout_s=0)
+def test_the_time_limit_is_a_checked_setting_with_the_old_default() -> None:
+    from flashrl.algorithms import FlashReinforceConfig
+    from flashrl.algorithms.flash_reinforce.config import ConfigError
+    from flashrl.env_runners import EnvRunnerSpec
+
+    assert EnvRunnerSpec(env="flashrl/Math-v0").env_timeout_s == 300.0
+    assert EnvRunnerSpec(env="flashrl/Math-v0", env_timeout_s=None).env_timeout_s is None
+    assert "env_timeout_s" in FlashReinforceConfig.setting_names()
+    config = FlashReinforceConfig().environment("flashrl/Math-v0").training(model="m")
+    assert config.env_runners(env_timeout_s=12.5).env_runner_spec().env_timeout_s == 12.5
+    for bad in (0, -1.0, float("inf"), "300"):
+        with pytest.raises(ConfigError, match=r"env_timeout_s: expected None \(no limit\) or a finite number > 0, got "
+                           rf"{bad!r}\. Fix: use None for no limit, or the default 300\.0"):
+            config.env_runners(env_timeout_s=bad).validate()

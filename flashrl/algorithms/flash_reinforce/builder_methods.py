@@ -81,6 +81,7 @@ class BuilderMethods:
         restart_failed_env_runners: bool = NotProvided,
         max_num_env_runner_restarts: int = NotProvided,
         sample_timeout_s: float = NotProvided,
+        env_timeout_s: float | None = NotProvided,
         **misplaced: Any,
     ) -> Self:
         """EnvRunner actors: how many, their resources, their engine and how they sample.
@@ -117,6 +118,8 @@ class BuilderMethods:
                 counted as lost).
             max_num_env_runner_restarts: Give up (raise) after this many EnvRunner restarts in one run.
             sample_timeout_s: Seconds `train()` waits for the next finished episode before raising an error.
+            env_timeout_s: Seconds one env.reset / env.step call may take; past it the episode is dropped
+                (env_timeout); None = no limit.
             misplaced: not settings: a setting of another section raises a TypeError naming its method.
 
         Returns:

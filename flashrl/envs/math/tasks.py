@@ -18,6 +18,7 @@ import json
 import math
 import numbers
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -177,13 +178,19 @@ def _text_field(row: Mapping[str, Any], path: str, role: str, where: str) -> str
             f"{where}: field {path!r} (the {role}) must be a string or a number; got "
             f"{type(value).__name__}."
         )
-    if isinstance(value, numbers.Real) and not math.isfinite(value):
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not math.isfinite(value):
         # JSON's NaN / Infinity (and Parquet's) would become the answer text 'nan' / 'inf'.
         raise DatasetError(
             f"{where}: field {path!r} (the {role}) is the number {value}; expected a finite number or text. "
             "Fix the row (a missing answer is often written as NaN), or drop it."
         )
-    text = str(value).strip()
+    try:
+        text = str(value).strip()
+    except ValueError:  # an int longer than sys.get_int_max_str_digits() (a row built in Python)
+        raise DatasetError(
+            f"{where}: field {path!r} (the {role}) is an integer of more than {sys.get_int_max_str_digits()} "
+            "digits, which Python does not write as text. Give it as a string."
+        ) from None
     if not text:
         raise DatasetError(f"{where}: field {path!r} (the {role}) is empty.")
     return text
@@ -216,10 +223,7 @@ def load_jsonl(
                 ) from None
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}).") from None
+            row = _json_row(line, where)
             tasks.append(
                 task_from_row(
                     row,
@@ -233,6 +237,24 @@ def load_jsonl(
                 )
             )
     return TaskList(tasks, name=name, allow_duplicate_ids=allow_duplicate_ids)
+
+
+def _json_row(line: str, where: str) -> Any:
+    """One JSON Lines row; `DatasetError` naming ``where`` (file:line) for anything Python's parser refuses."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}).") from None
+    except ValueError as exc:  # an integer literal longer than sys.get_int_max_str_digits()
+        raise DatasetError(
+            f"{where}: a number Python does not read ({exc}); expected numbers of at most "
+            f"{sys.get_int_max_str_digits()} digits. Write a longer number as a JSON string."
+        ) from None
+    except RecursionError:
+        raise DatasetError(
+            f"{where}: JSON nested deeper than Python's parser goes (its recursion limit, "
+            f"{sys.getrecursionlimit()}); expected a row of fields. Fix or drop the row."
+        ) from None
 
 
 def load_parquet(
