@@ -85,7 +85,8 @@ class EnvRunnerSpec:
     """Give up (raise) after this many EnvRunner restarts in one run."""
     sample_timeout_s: float = setting(600.0, gt=0)
     """Seconds `train()` waits for the next finished episode before raising an error."""
-    env_timeout_s: float | None = setting(DEFAULT_ENV_TIMEOUT_S, gt=0, optional="no limit")
+    env_timeout_s: float | None = setting(DEFAULT_ENV_TIMEOUT_S, gt=0, optional="no limit",
+                                          fix=f"use None for no limit, or the default {DEFAULT_ENV_TIMEOUT_S}")
     """Seconds one env.reset / env.step call may take; past it the episode is dropped (env_timeout); None = no limit."""
     train_batch_size: int = setting(32, section="training", integer=True, ge=1, fix="e.g. 32")
     """B: finished trajectories per update, each from a different prompt (also the most one poll returns)."""
