@@ -1,7 +1,8 @@
 """Installs flashrl (one package, `flashrl/`; its environments and algorithms are its subpackages)."""
 
-from setuptools import find_packages, setup
+from pathlib import Path
 
+from setuptools import find_packages, setup
 
 # The torch releases the code is written for (FSDP2's fully_shard, DCP's state_dict API,
 # get_total_norm): 2.11 (a GPU machine's build, not yet run there) to 2.14. The CPU path pins 2.13.0,
@@ -15,7 +16,7 @@ setup(
     name="flashrl",
     version="0.1.0",
     description="FlashREINFORCE: critic-free, asynchronous one-rollout-per-prompt RL for agentic LLMs",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=Path("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     # 3.11 and 3.12: vLLM 0.32 (the cpu/gpu extras) has no Python 3.10 wheels; every pinned package

@@ -36,9 +36,9 @@ from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-from _reports import fmt, machine, table, write_json  # noqa: E402
+from _reports import fmt, machine, table, write_json
 
-from flashrl.envs.tool_tasks import ANSWER_HINT, TOOL_GENERATORS, ToolTaskFamily, held_out_rows  # noqa: E402
+from flashrl.envs.tool_tasks import ANSWER_HINT, TOOL_GENERATORS, ToolTaskFamily, held_out_rows
 
 ENV = "flashrl/PythonTool-v0"
 ALFWORLD_ENV = "flashrl/ALFWorld-v0"

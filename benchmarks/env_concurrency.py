@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import _common as common
+import gymnasium as gym
 
 import flashrl.envs  # noqa: F401  (registers the ids)
-import gymnasium as gym
 
 OUTPUT = common.RESULTS / "env_concurrency.json"
 FIGURE = common.FIGURES / "env_concurrency.png"
@@ -62,7 +62,7 @@ class Player:
             if self.done:
                 self.reset()
             self.done = self.act()
-        except Exception as exc:  # counted: the benchmark reports failures instead of stopping
+        except Exception as exc:  # noqa: BLE001  counted: the benchmark reports failures instead of stopping
             self.errors += 1
             self.done = True
             print(f"  error in env {self.index}: {type(exc).__name__}: {str(exc)[:120]}")

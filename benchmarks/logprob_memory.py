@@ -66,7 +66,7 @@ def _run(method: str, n: int, vocab: int, hidden: int, chunk: int, device: str, 
 def _child(queue, *args):
     try:
         queue.put(_run(*args))
-    except Exception as exc:  # reported in the table, e.g. out of memory
+    except Exception as exc:  # noqa: BLE001  reported in the table, e.g. out of memory
         queue.put({"error": f"{type(exc).__name__}: {exc}"})
 
 

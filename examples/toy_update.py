@@ -137,7 +137,7 @@ def main() -> int:
         if verdict == "FAIL":
             failures.append(i)
         print(f"{i:>2} {sources[i]:>8} {float(rewards[i]):>6.1f} {adv:>+7.3f} {int(mask[i].sum()):>4} "
-              f"{float(out.drift[i]):>9.2e} {str(accepted):>8} {float(before[i]):>12.4f} {float(after[i]):>11.4f} "
+              f"{float(out.drift[i]):>9.2e} {accepted!s:>8} {float(before[i]):>12.4f} {float(after[i]):>11.4f} "
               f"{verdict:>6}")
     print(f"loss = {out.loss.item():.6f}; accepted fraction = {out.metrics['accepted_fraction']:.3f}")
 

@@ -73,7 +73,7 @@ def import_path(path: str) -> Any:
     _refuse_standard_library(module_name, path)
     try:
         target: Any = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001 - any import error is the path's to fix
+    except Exception as err:  # any import error is the path's to fix
         raise UserCodeError(f"the module {module_name!r} of {path!r} does not import ({type(err).__name__}: "
                             f"{err})") from err
     for i, part in enumerate(parts):
@@ -160,7 +160,7 @@ def _dumps(obj: Any, cloudpickle: Any) -> bytes:
             registered.append(module)
     try:
         return cloudpickle.dumps(obj)
-    except Exception as err:  # noqa: BLE001 - pickling errors come in many types
+    except Exception as err:  # pickling errors come in many types
         raise UserCodeError(f"it cannot be pickled to ship it to the actors ({type(err).__name__}: "
                             f"{err})") from err
     finally:
@@ -180,7 +180,7 @@ def roundtrip(obj: Any) -> Any:
     data = dumps(obj)
     try:
         return loads(data)
-    except Exception as err:  # noqa: BLE001 - as in dumps
+    except Exception as err:  # as in dumps
         raise UserCodeError(f"it was pickled but does not unpickle ({type(err).__name__}: {err})") from err
 
 

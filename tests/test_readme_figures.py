@@ -77,7 +77,7 @@ def blocks(text: str) -> Iterator[tuple[int, str]]:
     for number, line in enumerate([*text.splitlines(), ""], 1):
         if line.startswith("```"):
             in_code = not in_code
-        if in_code or line.startswith("```") or not line.strip() or line.startswith("|"):
+        if in_code or line.startswith(("```", "|")) or not line.strip():
             if lines:
                 yield start, " ".join(lines)
             lines = []

@@ -9,10 +9,10 @@ from flashrl.env_runners.stream import CollectedBatch, EpisodeStream
 from flashrl.env_runners.types import EVAL_STREAM, SKIP_REASONS, TRAIN_STREAM, RunnerReport, stream_seed
 
 __all__ = [
-    "CollectedBatch",
     "EVAL_STREAM",
     "SKIP_REASONS",
     "TRAIN_STREAM",
+    "CollectedBatch",
     "EnvError",
     "EnvRunner",
     "EnvRunnerGroup",

@@ -85,7 +85,7 @@ class LanguageEnv(gym.Env[Messages, str]):
         render_mode: ``None`` or ``"ansi"``.
     """
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
     code_arguments: ClassVar[tuple[str, ...]] = ()
     """Constructor arguments that take user code (a function or its ``"module:name"`` path, e.g. Math's
     ``reward_fn``): the driver imports a path and ships the code to the env runners by value, so its

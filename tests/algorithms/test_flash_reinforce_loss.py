@@ -426,7 +426,7 @@ def test_property_matches_reference_and_masks_agree(batch, delta):
     out = flash_reinforce_loss(q1, logp, rewards, mask, delta=delta)
     out.loss.backward()
     q2 = logq.clone().requires_grad_()
-    objective, surrogate, _, drift, accepted = reference_objective(q2, logp, rewards, mask, delta)
+    objective, surrogate, _, _drift, accepted = reference_objective(q2, logp, rewards, mask, delta)
     (-objective).backward()
     assert out.loss.item() == pytest.approx(surrogate, abs=1e-6)
     torch.testing.assert_close(q1.grad, q2.grad, rtol=0, atol=1e-6)

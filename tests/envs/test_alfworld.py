@@ -14,10 +14,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import flashrl.envs  # noqa: F401  (registers the ids)
-import gymnasium as gym
 from flashrl.envs.alfworld import (
     TASK_TYPES,
     ALFWorldEnv,
@@ -29,8 +31,6 @@ from flashrl.envs.alfworld import (
 )
 from flashrl.envs.alfworld.assets import catalog
 from flashrl.envs.base import EpisodeEndedError
-from hypothesis import given
-from hypothesis import strategies as st
 
 pytestmark = pytest.mark.alfworld
 

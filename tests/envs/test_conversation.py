@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flashrl.envs import LanguageEnv
 from flashrl.conversation import (
     ChatTemplateError,
     TokenizedConversation,
     chat_stop_token_ids,
     render_chat,
 )
+from flashrl.envs import LanguageEnv
 
 IM_START, IM_END, ENDOFTEXT, NEWLINE = 1, 2, 0, 198
 USER = [{"role": "user", "content": "What is 2 + 3?"}]

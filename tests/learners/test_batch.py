@@ -129,7 +129,7 @@ def test_an_episode_without_a_label_leaves_the_batch_unlabelled_and_the_filter_r
     batch = TrainBatch.from_episodes([labelled, unlabelled], pad_token_id=0)
     assert batch.success is None
     with pytest.raises(ValueError, match=r"no success labels .* info\['success'\]"):
-        batch.failures
+        _ = batch.failures
 
 
 def test_success_must_be_a_bool():

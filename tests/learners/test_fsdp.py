@@ -230,7 +230,7 @@ def _launch(mode: str, world_size: int, out: Path, model_dir: Path, tokenizer: s
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1", "TOKENIZER_SOURCE": tokenizer,
                "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-        log = open(out / f"{mode}-rank{rank}.log", "w")
+        log = open(out / f"{mode}-rank{rank}.log", "w")  # noqa: SIM115  closed once the rank exits
         procs.append((subprocess.Popen([sys.executable, __file__, mode, str(out), str(model_dir)],
                                        env=env, stdout=log, stderr=subprocess.STDOUT), log))
     failed = []

@@ -54,7 +54,7 @@ def test_host_reads_per_update_do_not_grow_with_the_micro_batches(monkeypatch, m
     for budget in (None, 20):  # one pass, then the 6 episodes (8 to 14 tokens) in 20-token passes
         learner = Learner(make_spec(optimizer="sgd", lr=1e-3, delta=0.012, max_tokens_per_micro_batch=budget,
                                     pack_sequences=pack_sequences))
-        counts[budget], metrics = _count_conversions(monkeypatch, lambda: learner.update(batch))
+        counts[budget], metrics = _count_conversions(monkeypatch, lambda learner=learner: learner.update(batch))
         assert metrics["applied"] == 1.0
         assert metrics["num_micro_batches"] == (1.0 if budget is None else 4.0)
     assert counts[20] == counts[None], (counts[None], counts[20])
@@ -71,6 +71,6 @@ def test_a_skipped_batch_reads_back_as_little(monkeypatch, make_spec, batch):
         learner = Learner(make_spec(optimizer="sgd", lr=1e-3, max_tokens_per_micro_batch=budget))
         with torch.no_grad():
             learner.model.model.norm.weight[0] = math.nan
-        counts[budget], metrics = _count_conversions(monkeypatch, lambda: learner.update(replace(batch)))
+        counts[budget], metrics = _count_conversions(monkeypatch, lambda learner=learner: learner.update(replace(batch)))
         assert metrics["skipped/non_finite_logprobs"] == 1.0 and learner.version == 0
     assert counts[20] == counts[None], (counts[None], counts[20])

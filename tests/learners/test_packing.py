@@ -164,8 +164,8 @@ def test_pack_unpack_round_trip(lengths: list[int], extra: int, seed: int) -> No
     ids = torch.randint(1, 1000, (len(lengths), t), generator=torch.Generator().manual_seed(seed))  # [S, T]
     mask = torch.arange(t).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)  # [S, T]
     packed = pack_rows(ids, mask)
-    assert packed.input_ids.tolist() == [sum((ids[i, :n].tolist() for i, n in enumerate(lengths)), [])]
-    assert packed.position_ids.tolist() == [sum((list(range(n)) for n in lengths), [])]
+    assert packed.input_ids.tolist() == [list(itertools.chain.from_iterable(ids[i, :n].tolist() for i, n in enumerate(lengths)))]
+    assert packed.position_ids.tolist() == [list(itertools.chain.from_iterable(range(n) for n in lengths))]
     assert packed.cu_seqlens.tolist() == [0, *itertools.accumulate(lengths)]
     assert torch.equal(unpack_rows(packed.input_ids, packed), ids.masked_fill(~mask, 0))
 

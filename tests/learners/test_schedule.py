@@ -6,6 +6,7 @@ scheduler stepped after each optimizer step; Molt's AdamW keeps every parameter 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -40,7 +41,7 @@ def test_cosine_with_min_lr_exact_values():
     expected = {0: 0.0, 1: 5e-4, 2: 1e-3, 3: 9.657458e-4, 6: 5.5e-4, 10: 1e-4, 11: 1e-4, 12: 1e-4}
     for k, lr in expected.items():
         assert lrs[k] == pytest.approx(lr, rel=1e-6, abs=1e-15), k
-    assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))  # non-increasing after the warmup
+    assert all(a >= b for a, b in itertools.pairwise(lrs[2:]))  # non-increasing after the warmup
 
 
 def test_constant_schedule_and_the_molt_warmup_length():

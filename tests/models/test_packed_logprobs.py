@@ -186,7 +186,7 @@ def test_verify_packed_attention_passes_and_catches_leaks(tiny_llama_path: str, 
     model = _model("llama", "sdpa", torch.float32, tiny_llama_path)
     assert verify_packed_attention(model) <= 1e-5
     # A model whose mask code does not detect packing (simulated): the probe must notice.
-    import transformers.masking_utils as masking_utils
+    from transformers import masking_utils
 
     monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
     with pytest.raises(RuntimeError, match="attend to each other"):

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from flashrl.env_runners import EnvRunner, EnvRunnerGroup, EnvRunnerSpec
+from flashrl.env_runners import EnvRunner, EnvRunnerGroup
 from flashrl.learners.weight_gather import iter_weight_buckets, put_weight_buckets, weight_manifest
 from flashrl.weight_sync.wire import WeightBuckets
 

@@ -110,7 +110,7 @@ def _check_shapes(
     """Shapes, dtypes and ``delta``: metadata only, no host sync (always checked)."""
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [B, T]; got shape {tuple(logprobs.shape)}.")
-    b, t = logprobs.shape
+    b = logprobs.shape[0]
     if b == 0:
         raise ValueError("Empty batch: logprobs has B = 0 trajectories; a batch needs at least one.")
     for name, tensor in (("behavior_logprobs", behavior_logprobs), ("loss_mask", loss_mask)):
