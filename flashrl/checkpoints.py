@@ -45,7 +45,6 @@ import errno
 import hashlib
 import json
 import os
-import pickle
 import re
 import shutil
 import stat
@@ -54,7 +53,34 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+from flashrl.checkpoint_files import (
+    CheckpointError,
+    check_regular,
+    file_kind,
+    is_regular,
+    load_error_reason,
+    load_tensor_file,
+    open_regular,
+    tree_modes,
+)
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "check_listed",
+    "fsync_path",
+    "latest_checkpoint",
+    "load_error_reason",
+    "load_tensor_file",
+    "manifest_layout",
+    "open_regular",
+    "own_folder",
+    "read_checkpoint",
+    "read_config",
+    "record_checkpoint",
+    "verify_files",
+    "write_checkpoint",
+]
 
 FORMAT_VERSION = 2
 """Bumped when the layout changes incompatibly (2: learner/ folder, sharded learner state, manifest)."""
@@ -79,10 +105,6 @@ LAYOUT_FILES = {SINGLE_FILE_LAYOUT: "learner_state.pt", DCP_LAYOUT: ".metadata"}
 metadata beside its shards); a checkpoint lists exactly one of the two."""
 _CHUNK = 8 << 20
 _MAX_LATEST_BYTES = 4096
-
-
-class CheckpointError(ValueError):
-    """A folder that is not a (compatible) flashrl checkpoint, or a file in it that cannot be read safely."""
 
 
 @dataclass
@@ -226,7 +248,7 @@ def latest_checkpoint(folder: str | os.PathLike[str]) -> str | None:
     if not CHECKPOINT_NAME.fullmatch(name):
         return None
     path = os.path.join(folder, name)
-    return path if os.path.isdir(path) and _is_regular(os.path.join(path, MARKER)) else None
+    return path if os.path.isdir(path) and is_regular(os.path.join(path, MARKER)) else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -274,7 +296,7 @@ def check_listed(path: str, manifest: dict[str, Any]) -> None:
     files: dict[str, Any] = manifest.get("files") or {}
     if not isinstance(files, dict):
         raise CheckpointError(f"{path}: the manifest {MARKER} has no file table; the checkpoint is corrupt.")
-    for name, mode in _tree(path):
+    for name, mode in tree_modes(path):
         file = os.path.join(path, *name.split("/"))
         if name != MARKER and name not in files:
             raise CheckpointError(
@@ -282,7 +304,7 @@ def check_listed(path: str, manifest: dict[str, Any]) -> None:
                 "manifest lists, and restoring refuses anything else (a loader could pick it up unverified). "
                 "Move the file out of the checkpoint, or restore the checkpoint from an intact copy."
             )
-        _check_regular(file, mode, root=path)
+        check_regular(file, mode, root=path)
 
 
 def manifest_layout(path: str, manifest: dict[str, Any]) -> str:
@@ -290,8 +312,8 @@ def manifest_layout(path: str, manifest: dict[str, Any]) -> str:
     layout = manifest.get("learner_layout")
     if layout not in LAYOUT_FILES:
         raise CheckpointError(
-            f"{path}: the manifest {MARKER} says learner_layout {layout!r}, expected one of {sorted(LAYOUT_FILES)}. "
-            "The checkpoint is corrupt; restore it from an intact copy."
+            f"{path}: the manifest {MARKER} says learner_layout {layout!r}, expected one of "
+            f"{sorted(LAYOUT_FILES)}. The checkpoint is corrupt; restore it from an intact copy."
         )
     listed = [name for name in LAYOUT_FILES.values() if f"{LEARNER_DIR}/{name}" in (manifest.get("files") or {})]
     if listed != [LAYOUT_FILES[layout]]:
@@ -339,72 +361,6 @@ def verify_files(path: str, manifest: dict[str, Any], *, only: list[str] | None 
     _map(check, names)
 
 
-def open_regular(file: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
-                 what: str = "a checkpoint file") -> int:
-    """A read-only descriptor of ``file``; a `CheckpointError` unless it is a regular file (inside ``root``).
-
-    Nothing here blocks or reads a device: the path is resolved and ``stat``-ed first (a symlink must
-    stay inside ``root``; a FIFO, device, socket or folder is refused unopened), then opened with
-    ``O_NONBLOCK | O_NOFOLLOW`` and checked again on the descriptor (a swap in between is refused too).
-    A missing file raises FileNotFoundError for the caller to name.
-    """
-    file = os.fspath(file)
-    real = os.path.realpath(file)
-    if root is not None and not _inside(real, os.path.realpath(os.fspath(root))):
-        raise CheckpointError(
-            f"{file}: a symlink to {real}, outside {os.fspath(root)}. Expected {what} as a regular file inside it; "
-            "a checkpoint never reads through a link out of its folder. Replace the link by a copy of the file."
-        )
-    _check_regular(file, os.stat(real).st_mode, what=what)
-    try:
-        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as error:
-        if isinstance(error, FileNotFoundError):
-            raise
-        raise CheckpointError(f"{file}: cannot be opened as {what} ({error.strerror}).") from error
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        _check_regular(file, mode, what=what)
-    return fd
-
-
-def load_tensor_file(file: str | os.PathLike[str]) -> Any:
-    """Load a file written by ``torch.save`` of tensors and plain containers, running no code from it.
-
-    ``weights_only=True`` makes torch's unpickler refuse every global outside its allow-list (tensors,
-    dtypes, plain containers, numbers, strings): a checkpoint is data from wherever it was copied, and a
-    full unpickle of it would run whatever the file asks for. Every way the file can be unreadable
-    (refused global, truncated or corrupt zip, not a torch file) becomes one `CheckpointError` naming it;
-    so does a file that is not a regular one (read through `open_regular`: nothing blocks).
-    """
-    file = os.fspath(file)
-    try:
-        fd = open_regular(file, root=os.path.dirname(os.path.abspath(file)), what="a torch state file")
-    except FileNotFoundError:
-        raise CheckpointError(
-            f"{file}: expected a torch state file here, found none. The checkpoint is incomplete; pass a "
-            "folder written whole by save_to_path()."
-        ) from None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            return torch.load(f, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, TypeError) as error:
-        raise CheckpointError(
-            f"{file} is not a readable flashrl state file (expected tensors and plain Python values saved by "
-            f"flashrl; torch said: {load_error_reason(error)}). The file is truncated, corrupt or was altered; "
-            "nothing in it was run. Restore it from an intact copy of the checkpoint."
-        ) from error
-
-
-def load_error_reason(error: BaseException) -> str:
-    """One line saying why ``torch.load`` refused a file: the unpickler's own line when there is one."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    # weights_only refusals open with a paragraph about torch 2.6; the reason is the WeightsUnpickler line.
-    reason = next((line for line in lines if line.startswith("WeightsUnpickler error:")), lines[0] if lines else "")
-    return f"{type(error).__name__}: {reason}"
-
-
 def _check(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
     path = os.path.abspath(os.fspath(path))
     marker = os.path.join(path, MARKER)
@@ -450,15 +406,15 @@ def _not_own(path: str) -> str | None:
     try:
         mode = os.lstat(path).st_mode
         if not stat.S_ISDIR(mode):
-            return f"{_kind(mode)}, not a folder"
-        if not os.listdir(path) or _is_regular(os.path.join(path, SAVE_MARKER)):
+            return f"{file_kind(mode)}, not a folder"
+        if not os.listdir(path) or is_regular(os.path.join(path, SAVE_MARKER)):
             return None
         if not os.path.lexists(os.path.join(path, MARKER)):
             return f"a folder without {MARKER}"
         files = _read_json(os.path.join(path, MARKER), root=path).get("files")
         if not isinstance(files, dict):
             return f"a folder whose {MARKER} lists no files"
-        unlisted = [name for name, _ in _tree(path) if name != MARKER and name not in files]
+        unlisted = [name for name, _ in tree_modes(path) if name != MARKER and name not in files]
     except (OSError, ValueError, AttributeError) as error:
         return f"unreadable as a checkpoint ({error})"
     return f"a checkpoint holding {unlisted[0]}, which its manifest does not list" if unlisted else None
@@ -491,57 +447,6 @@ def _remove_own(path: str) -> None:
 
 # --------------------------------------------------------------------------------------------------
 # Files
-def _tree(root: str) -> list[tuple[str, int]]:
-    """``(relative path, lstat mode)`` of everything under ``root`` but folders; links are not followed."""
-    found = []
-    with os.scandir(root) as entries:
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                found += [(f"{entry.name}/{name}", mode) for name, mode in _tree(entry.path)]
-            else:
-                found.append((entry.name, entry.stat(follow_symlinks=False).st_mode))
-    return sorted(found)
-
-
-def _inside(real: str, root: str) -> bool:
-    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def _kind(mode: int) -> str:
-    kinds = [(stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink"),
-             (stat.S_ISREG, "a regular file")]
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
-
-
-def _check_regular(file: str, mode: int, *, root: str | None = None, what: str = "a checkpoint file") -> None:
-    """Refuse ``file`` (of ``lstat`` mode ``mode``) unless it is a regular file or a link to one in ``root``."""
-    if stat.S_ISLNK(mode) and root is not None:
-        real = os.path.realpath(file)
-        if not _inside(real, os.path.realpath(root)):
-            raise CheckpointError(
-                f"{file}: a symlink to {real}, outside {root}. Expected {what} as a regular file inside it; a "
-                "checkpoint never reads through a link out of its folder. Replace the link by a copy of the file."
-            )
-        try:
-            mode = os.stat(real).st_mode
-        except FileNotFoundError:
-            raise CheckpointError(f"{file}: a symlink to {real}, which does not exist.") from None
-    if not stat.S_ISREG(mode):
-        raise CheckpointError(
-            f"{file} is {_kind(mode)}; expected {what} as a regular file. flashrl never reads from FIFOs, "
-            "devices or sockets (a read could block forever or never end). Restore the checkpoint from an "
-            "intact copy."
-        )
-
-
-def _is_regular(file: str) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(file).st_mode)
-    except OSError:
-        return False
-
-
 def _digest_tree(root: str) -> dict[str, dict[str, Any]]:
     """``{relative path: {size, sha256}}`` of every file under ``root`` but the save marker, each fsynced."""
     names = []
@@ -652,7 +557,7 @@ def _exchange(a: str, b: str) -> bool:
 
 
 def _replace(tmp: str, path: str) -> None:
-    """Move the finished folder ``tmp`` to ``path``; an existing ``path`` (flashrl's own) is swapped out, then removed."""
+    """Move the finished folder ``tmp`` to ``path``; an existing one (flashrl's own) is swapped out, then removed."""
     parent = os.path.dirname(path)
     if not os.path.lexists(path):
         os.rename(tmp, path)

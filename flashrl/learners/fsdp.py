@@ -76,7 +76,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from flashrl.checkpoints import CheckpointError, load_error_reason, open_regular
+from flashrl.checkpoint_files import CheckpointError, load_error_reason, open_regular
 
 __all__ = [
     "call_through_root",
@@ -489,7 +489,8 @@ class _SafeReader(dcp.FileSystemReader):
         DCP reads ``folder / relative_path`` as written in the metadata: ``../other/__0_0.distcp`` or an
         absolute path would load another checkpoint's shards (or any file) unverified.
         """
-        names = {getattr(info, "relative_path", None) for info in (getattr(metadata, "storage_data", None) or {}).values()}
+        storage = getattr(metadata, "storage_data", None) or {}
+        names = {getattr(info, "relative_path", None) for info in storage.values()}
         for name in sorted(names, key=repr):
             if not _plain_name(name):
                 self.refused = CheckpointError(

@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
-from flashrl.checkpoints import DCP_LAYOUT, LAYOUT_FILES, SINGLE_FILE_LAYOUT, CheckpointError, load_tensor_file
+from flashrl.checkpoints import (
+    DCP_LAYOUT,
+    LAYOUT_FILES,
+    SINGLE_FILE_LAYOUT,
+    CheckpointError,
+    load_tensor_file,
+)
 from flashrl.learners.freeze import freeze_moe_router
 from flashrl.learners.fsdp import replace_folder, tied_aliases
 from flashrl.learners.spec import OPTIMIZERS, LearnerSpec
