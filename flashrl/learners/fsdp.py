@@ -76,7 +76,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from flashrl.checkpoints import CheckpointError, load_error_reason
+from flashrl.checkpoint_files import CheckpointError, load_error_reason, open_regular
 from flashrl.learners.distributed import check_collective_device
 
 __all__ = [
@@ -467,10 +467,15 @@ class _SafeReader(dcp.FileSystemReader):
 
         file = self._get_metadata_path(kwargs.get("rank"))
         try:
-            with self.fs.create_stream(file, "rb") as stream:
+            # A regular file inside the folder, opened without blocking (never a FIFO or a device).
+            fd = open_regular(file, root=self.path, what="DCP metadata")
+            with os.fdopen(fd, "rb") as stream:
                 metadata = _MetadataUnpickler(stream).load()
         except FileNotFoundError:
             raise  # DCP probes for per-rank metadata files that a plain save does not write
+        except CheckpointError as error:
+            self.refused = error
+            raise
         except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError, TypeError) as error:
             self.refused = CheckpointError(
                 f"{file} is not readable DCP metadata ({type(error).__name__}: {error}). The checkpoint is "
@@ -480,7 +485,37 @@ class _SafeReader(dcp.FileSystemReader):
         if getattr(metadata, "storage_meta", None) is None:  # as FileSystemReader.read_metadata does
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
+        self._check_storage(file, metadata)
         return metadata
+
+    def _check_storage(self, file: Any, metadata: Any) -> None:
+        """Every shard file the metadata names is a plain name in this folder, and a regular file.
+
+        DCP reads ``folder / relative_path`` as written in the metadata: ``../other/__0_0.distcp`` or an
+        absolute path would load another checkpoint's shards (or any file) unverified.
+        """
+        storage = getattr(metadata, "storage_data", None) or {}
+        names = {getattr(info, "relative_path", None) for info in storage.values()}
+        for name in sorted(names, key=repr):
+            if not _plain_name(name):
+                self.refused = CheckpointError(
+                    f"{file}: a shard's storage path is {name!r}; expected a file name inside {self.path} (as "
+                    "save_sharded writes, e.g. '__0_0.distcp'). The metadata points outside its folder, so the "
+                    "checkpoint was altered; nothing was loaded. Restore it from an intact copy."
+                )
+                raise self.refused
+            try:
+                os.close(open_regular(os.path.join(self.path, name), root=self.path, what="a DCP shard"))
+            except FileNotFoundError:
+                continue  # DCP names the missing shard itself
+            except CheckpointError as error:
+                self.refused = error
+                raise
+
+
+def _plain_name(name: Any) -> bool:
+    """A file name with no folder part (no separator, not ``.`` or ``..``, not absolute)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
 
 
 class _SafeLoadPlanner(DefaultLoadPlanner):

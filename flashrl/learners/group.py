@@ -108,8 +108,8 @@ class LearnerActor:
     def save_state(self, path: str) -> str:
         return self._learner.save_state(path)
 
-    def load_state(self, path: str) -> tuple[int, int]:
-        self._learner.load_state(path)
+    def load_state(self, path: str, layout: str | None = None) -> tuple[int, int]:
+        self._learner.load_state(path, layout)
         return self._learner.version, self._learner.num_skipped_batches
 
     def version(self) -> int:
@@ -354,16 +354,19 @@ class LearnerGroup:
         path = os.fspath(path)
         return self._call("save_state", [actor.save_state.remote(path) for actor in self._actors])[0]
 
-    def load_state(self, path: str | os.PathLike[str]) -> None:
-        """``Learner.load_state`` on every rank (DCP reshards a folder saved by another number of learners)."""
+    def load_state(self, path: str | os.PathLike[str], *, layout: str | None = None) -> None:
+        """``Learner.load_state`` on every rank (DCP reshards a folder saved by another number of learners).
+
+        ``layout``: a checkpoint's ``learner_layout`` (``single_file`` or ``dcp``); None: the file present.
+        """
         self._check_usable()
         if self._local is not None:
-            self._local.load_state(path)
+            self._local.load_state(path, layout)
             self._version = self._local.version
             self._num_skipped = self._local.num_skipped_batches
             return
         path = os.fspath(path)
-        version, skipped = self._call("load_state", [a.load_state.remote(path) for a in self._actors])[0]
+        version, skipped = self._call("load_state", [a.load_state.remote(path, layout) for a in self._actors])[0]
         self._version, self._num_skipped = int(version), int(skipped)
 
     def save_policy(self, path: str | os.PathLike[str]) -> str:

@@ -385,9 +385,13 @@ class Learner:
         """
         return self.policy.save_state(path, self._extra_state())
 
-    def load_state(self, path: str | os.PathLike[str]) -> None:
-        """Restore what ``save_state`` wrote (a collective when sharded)."""
-        extra = self.policy.load_state(path)
+    def load_state(self, path: str | os.PathLike[str], layout: str | None = None) -> None:
+        """Restore what ``save_state`` wrote (a collective when sharded).
+
+        ``layout``: ``single_file`` or ``dcp``, as a checkpoint's manifest says (``read_checkpoint`` gives
+        it); None reads the one present and refuses a folder holding both.
+        """
+        extra = self.policy.load_state(path, layout)
         self._check_format(extra)
         self._load_extra_state(extra)
 

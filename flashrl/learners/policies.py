@@ -25,16 +25,22 @@ from typing import Any
 
 import torch
 
-from flashrl.checkpoints import load_tensor_file
+from flashrl.checkpoints import (
+    DCP_LAYOUT,
+    LAYOUT_FILES,
+    SINGLE_FILE_LAYOUT,
+    CheckpointError,
+    load_tensor_file,
+)
 from flashrl.learners.freeze import freeze_moe_router
 from flashrl.learners.fsdp import replace_folder, tied_aliases
 from flashrl.learners.spec import OPTIMIZERS, LearnerSpec
 
 __all__ = ["STATE_FILE", "LocalPolicy", "ShardedPolicy", "attention_implementation"]
 
-STATE_FILE = "learner_state.pt"
+STATE_FILE = LAYOUT_FILES[SINGLE_FILE_LAYOUT]
 """A single learner's ``save_state`` folder holds this one file (sharded learners write DCP shards)."""
-DCP_METADATA_FILE = ".metadata"
+DCP_METADATA_FILE = LAYOUT_FILES[DCP_LAYOUT]
 FRESH_OPTIMIZER_FILE = "optimizer_not_started"
 """In a sharded ``save_state`` folder: the optimizer had not stepped, so only the weights were saved."""
 
@@ -178,10 +184,13 @@ class LocalPolicy:
         tmp.replace(folder / STATE_FILE)
         return str(folder)
 
-    def load_state(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Load a single learner's state file, or the DCP shards of sharded learners (every shard, in full)."""
+    def load_state(self, path: str | os.PathLike[str], layout: str | None = None) -> dict[str, Any]:
+        """Load a single learner's state file, or the DCP shards of sharded learners (every shard, in full).
+
+        ``layout`` (a checkpoint manifest's ``learner_layout``) says which; None: the one present.
+        """
         folder = Path(path).resolve()
-        if (folder / DCP_METADATA_FILE).is_file():
+        if state_layout(folder, layout, default=SINGLE_FILE_LAYOUT) == DCP_LAYOUT:
             from flashrl.learners import fsdp
 
             state = fsdp.load_sharded_full(folder)
@@ -338,12 +347,15 @@ class ShardedPolicy:
             (Path(folder) / FRESH_OPTIMIZER_FILE).touch()
         return folder
 
-    def load_state(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Load a DCP folder (from any number of sharded ranks) or a single learner's state file."""
+    def load_state(self, path: str | os.PathLike[str], layout: str | None = None) -> dict[str, Any]:
+        """Load a DCP folder (from any number of sharded ranks) or a single learner's state file.
+
+        ``layout`` (a checkpoint manifest's ``learner_layout``) says which; None: the one present.
+        """
         from flashrl.learners import fsdp
 
         folder = Path(path).resolve()
-        if (folder / STATE_FILE).is_file():
+        if state_layout(folder, layout, default=DCP_LAYOUT) == SINGLE_FILE_LAYOUT:
             model, optimizer, extra = _read_state_file(folder)
             self.load_train_state(model, optimizer)
             return extra
@@ -369,6 +381,23 @@ def _enable_hf_checkpointing(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
             module.training = True
+
+
+def state_layout(folder: Path, layout: str | None, *, default: str) -> str:
+    """How to read the ``save_state`` folder ``folder``: ``layout`` when given (a checkpoint's manifest
+    says), else by the file present (``default`` when neither is); both present is refused."""
+    if layout is not None:
+        if layout not in LAYOUT_FILES:
+            raise ValueError(f"layout must be one of {sorted(LAYOUT_FILES)}; got {layout!r}.")
+        return layout
+    present = [kind for kind, name in LAYOUT_FILES.items() if os.path.lexists(folder / name)]
+    if len(present) > 1:
+        raise CheckpointError(
+            f"{folder} holds both {STATE_FILE} (one learner's state) and {DCP_METADATA_FILE} (sharded learners' "
+            "DCP shards); a save writes one of them. Pass layout= (the checkpoint's learner_layout, which "
+            "read_checkpoint returns), or remove the file that does not belong."
+        )
+    return present[0] if present else default
 
 
 def _read_state_file(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:

@@ -452,7 +452,8 @@ class FlashReinforce(Trainable):
         checkpoint = read_checkpoint(path)  # every file checked against the manifest first
         state = checkpoint.algorithm_state
         served = self.learner_group.version  # the runners serve this version's weights
-        self.learner_group.load_state(checkpoint.learner_path)  # DCP reshards to this number of learners
+        # The manifest's layout, never a guess from the files present; DCP reshards to this number of learners.
+        self.learner_group.load_state(checkpoint.learner_path, layout=checkpoint.learner_layout)
         if self.learner_group.version < served and not self.env_runner_group.streaming:
             # A runner never goes back to an older version (it ignores one): going back in time takes
             # fresh runners (a streaming group is replaced by set_state).
