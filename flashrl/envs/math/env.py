@@ -98,10 +98,10 @@ class MathEnv(LanguageEnv):
     ``verify_timeout_s``, ``reward_fn`` (see Reward), ``order`` (finite sources reset without a ``task_index``: ``shuffle`` each
     epoch, ``random`` with replacement, or ``sequential``; an EnvRunner's training stream picks the task
     itself, in seeded passes: `flashrl.env_runners.data_passes`), ``render_mode`` (``None`` or ``"ansi"``).
-    Several datasets: ``tasks=[a, b, ...]`` (paths or task lists) are blended as Molt blends
-    ``data.prompt_dataset`` (:func:`~flashrl.envs.math.tasks.blend_tasks`): concatenated, or with
-    ``prompt_probs=[p_a, p_b, ...]`` interleaved by those weights (``blend_seed``); ``max_samples_per_source``
-    cuts each source, and the blend, to its first that many tasks (Molt's ``max_count``).
+    Several datasets: ``tasks=[a, b, ...]`` (paths or task lists) are blended by
+    :func:`~flashrl.envs.math.tasks.blend_tasks` (whose docstring names the runtime it follows):
+    concatenated, or with ``prompt_probs=[p_a, p_b, ...]`` interleaved by those weights (``blend_seed``);
+    ``max_samples_per_source`` cuts each source, and the blend, to its first that many tasks.
 
     ## Version history
     * v0: initial version.
