@@ -5,7 +5,7 @@
   hyperparameters every arm starts from.
 * `reference_fields(name)`: a variant of the method's public release (`grpo`, `no_trust`, `no_is`,
   `token_mean`, `constant_length`, `negative_q09`) as the config fields it changes, derived from
-  `flashrl.recipes.settings` through `flashrl.recipes.translate` (the same translation the tuned
+  `flashrl.reproduction.experiments` through `flashrl.reproduction.translate` (the same translation the tuned
   examples use), never retyped; `staleness_fields(q)` likewise for the reference's queue depths.
 * `Scale` (`FULL`, `QUICK`) and `arithmetic_config(scale, ...)`: the main job's config at a size.
 """
@@ -50,10 +50,10 @@ hardware) stays the main job's."""
 
 
 def _setting_fields(setting: str, variants: Sequence[str] = ()) -> dict[str, Any]:
-    from flashrl.recipes.settings import resolve_setting
-    from flashrl.recipes.translate import flashrl_fields
+    from flashrl.reproduction.experiments import resolve_experiment
+    from flashrl.reproduction.translate import flashrl_fields
 
-    return flashrl_fields(resolve_setting(setting, variants)).values
+    return flashrl_fields(resolve_experiment(setting, variants)).values
 
 
 def reference_fields(name: str, *, max_new_tokens: int) -> dict[str, Any]:
@@ -94,10 +94,10 @@ def staleness_fields(queue_size: int, *, train_batch_size: int) -> dict[str, Any
 
 
 def reference_source(name: str) -> str:
-    from flashrl.recipes.settings import REFERENCE, SETTINGS
+    from flashrl.reproduction.experiments import EXPERIMENTS, REFERENCE
 
     setting, variant = REFERENCE_VARIANTS[name]
-    return f"{REFERENCE}: {SETTINGS[setting].source}, variant {variant!r}"
+    return f"{REFERENCE}: {EXPERIMENTS[setting].source}, variant {variant!r}"
 
 
 @dataclass(frozen=True)

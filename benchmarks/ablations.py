@@ -3,7 +3,7 @@
 Every arm is the CPU main job (`tuned_examples/smollm2_arithmetic_cpu.py`: SmolLM2-135M-Instruct,
 easy sums, held-out greedy accuracy, vLLM's CPU build) with the config fields of one variant of the
 reference (`yifanzhang-pro/FlashREINFORCE`; derived by `benchmarks/_configs.py` through
-`flashrl.recipes.translate`, never retyped), and the same rollout budget (B rollouts x updates):
+`flashrl.reproduction.translate`, never retyped), and the same rollout budget (B rollouts x updates):
 
 * `flash_reinforce`: the main job itself (sample-mean, token IS, trust region at its delta 0.05);
 * `token_mean`, `constant_length`: the reference's reductions (`qwen7b_tool`); constant_length's
@@ -86,7 +86,7 @@ class Arm:
 
 
 def make_arms(batch_size: int, max_new_tokens: int) -> list[Arm]:
-    from flashrl.recipes.settings import REFERENCE, SETTINGS
+    from flashrl.reproduction.experiments import EXPERIMENTS, REFERENCE
 
     def ref(variant: str) -> dict[str, Any]:
         return reference_fields(variant, max_new_tokens=max_new_tokens)
@@ -97,7 +97,7 @@ def make_arms(batch_size: int, max_new_tokens: int) -> list[Arm]:
     for q in QUEUE_SIZES:
         stale = staleness_fields(q, train_batch_size=batch_size)
         source = (
-            f"{REFERENCE}: {SETTINGS[STALENESS_SETTINGS[q]].source} (train.async_queue_size, "
+            f"{REFERENCE}: {EXPERIMENTS[STALENESS_SETTINGS[q]].source} (train.async_queue_size, "
             f"actor.flash_gate_delta); {q} x B episodes in flight"
         )
         arms.append(Arm(f"flash_reinforce@Q{q}", stale, source, None))

@@ -8,7 +8,7 @@ update, so at every update they have consumed the same rollout budget:
 * `flash_reinforce`: the main job as it is (B distinct prompts, one rollout each, batch-mean baseline,
   token importance ratio, Sequence Trust Region, sample-mean, asynchronous collection);
 * `grpo`: the reference's `grpo` variant (`qwen7b_tool`; fields derived by `benchmarks/_configs.py`
-  through `flashrl.recipes.translate`): B/G prompts x G = 4 rollouts, `baseline="group_norm"`,
+  through `flashrl.reproduction.translate`): B/G prompts x G = 4 rollouts, `baseline="group_norm"`,
   token-mean, no importance sampling, no trust region, `rollout_mode="sync_group"`.
 
 Held-out accuracy is measured before training, every `--eval-every` updates and after the last, for

@@ -1,17 +1,17 @@
-"""Launch a reference FlashREINFORCE setting on NVIDIA Molt 0.2.1 (registry package molt-rl).
+"""Launch a reference FlashREINFORCE experiment on NVIDIA Molt 0.2.1 (registry package molt-rl).
 
     python scripts/train_molt.py --dry-run                                   # r1, placeholders shown
     python scripts/train_molt.py --recipe qwen_math --variant gate_1e3 --dry-run
     python scripts/train_molt.py --recipe r1 --train-data /data/r1/train --eval-data /data/r1/eval \\
         --agent-path /molt/examples/python/agents/math.py --actor-gpus 1 --rollout-gpus 7
 
-The values come from the same table as the tuned examples (flashrl/recipes/settings.py, copied from
-the reference `yifanzhang-pro/FlashREINFORCE`); flashrl/recipes/molt.py turns them into Molt 0.2.1's
+The values come from the same table as the tuned examples (flashrl/reproduction/experiments.py, copied from
+the reference `yifanzhang-pro/FlashREINFORCE`); flashrl/reproduction/molt.py turns them into Molt 0.2.1's
 flags. `--dry-run` prints the command and checks it against the recorded 0.2.1 flag list
-(flashrl/recipes/molt_rl_0_2_1_flags.py); it needs neither Molt, nor data, nor a GPU. Without
+(flashrl/reproduction/molt_rl_0_2_1_flags.py); it needs neither Molt, nor data, nor a GPU. Without
 `--dry-run` the script checks that molt-rl 0.2.1 is installed and that its `--help` lists every
 flag about to be passed, then runs Molt in the foreground. It never starts or stops a Ray cluster:
-start one first (`ray start --head`). A setting Molt 0.2.1 cannot run (a failure-token filter
+start one first (`ray start --head`). An experiment Molt 0.2.1 cannot run (a failure-token filter
 q < 1, `no_is`, `constant_length`) is refused with the reason; run those natively with flashrl.
 """
 
@@ -31,8 +31,13 @@ from pathlib import Path
 # a clean checkout works without installing flashrl: the table needs nothing beyond the standard library
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flashrl.recipes.molt import MOLT_MODULE, MOLT_PACKAGE, MOLT_VERSION, Placement, molt_command
-from flashrl.recipes.settings import SETTINGS, ResolvedSetting, SettingError, resolve_setting
+from flashrl.reproduction.experiments import (
+    EXPERIMENTS,
+    ExperimentError,
+    ResolvedExperiment,
+    resolve_experiment,
+)
+from flashrl.reproduction.molt import MOLT_MODULE, MOLT_PACKAGE, MOLT_VERSION, Placement, molt_command
 
 PLACEHOLDERS = {
     "train_data": "<TRAIN_DATA>",
@@ -44,7 +49,7 @@ EXIT_REFUSED = 2
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--recipe", choices=sorted(SETTINGS), default="r1", help="reference setting")
+    parser.add_argument("--recipe", choices=sorted(EXPERIMENTS), default="r1", help="reference experiment")
     parser.add_argument(
         "--variant",
         action="append",
@@ -52,13 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="a variant by the reference's name (repeatable, applied in order)",
     )
-    parser.add_argument("--model", help="local checkpoint or hub id (default: the setting's model)")
+    parser.add_argument("--model", help="local checkpoint or hub id (default: the experiment's model)")
     parser.add_argument("--train-data", type=Path, help="Molt saved dataset for training")
     parser.add_argument("--eval-data", type=Path, help="Molt saved dataset for evaluation")
     parser.add_argument(
         "--agent-path",
         type=Path,
-        help="Molt agent for the setting's environment (default with --molt-path and a math setting: "
+        help="Molt agent for the experiment's environment (default with --molt-path and a math experiment: "
         "the checkout's examples/python/agents/math.py)",
     )
     parser.add_argument("--molt-path", type=Path, help="a Molt source checkout (working directory)")
@@ -77,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--delta", type=float, help="override the trust-region threshold (inf: no trust region)"
     )
     parser.add_argument("--attention", default="flash_attention_2", choices=["flash_attention_2", "te"])
-    parser.add_argument("--print-config", action="store_true", help="print the resolved setting as JSON")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved experiment as JSON")
     parser.add_argument(
         "--dry-run", action="store_true", help="print the command only (no Molt, data or GPU needed)"
     )
@@ -93,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     check_placement(args, parser, resolved.flags["train.batch_size"])
     agent = args.agent_path
-    if agent is None and args.molt_path is not None and resolved.setting.agent_kind == "math":
+    if agent is None and args.molt_path is not None and resolved.experiment.agent_kind == "math":
         agent = args.molt_path / "examples/python/agents/math.py"
     given = {"train_data": args.train_data, "eval_data": args.eval_data, "agent_path": agent}
     missing = [name for name, value in given.items() if value is None]
@@ -101,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "to run Molt, pass "
             + ", ".join("--" + name.replace("_", "-") for name in missing)
-            + f" (the {resolved.setting.agent_kind} setting's agent and Molt saved datasets; "
+            + f" (the {resolved.experiment.agent_kind} experiment's agent and Molt saved datasets; "
             "see docs/training.md)"
         )
     paths = {
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     command = molt_command(
         resolved,
-        model=args.model or resolved.setting.model,
+        model=args.model or resolved.experiment.model,
         output=str(args.output.expanduser().resolve()),
         placement=Placement(
             actor_nodes=args.actor_nodes,
@@ -126,26 +131,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     label = f"{resolved.name}" + "".join(f" --variant {v}" for v in resolved.variants)
     if command.refusals:
+        # "setting": the word this line has always printed (scripts may match it)
         print(f"refused: Molt {MOLT_VERSION} cannot run setting {label}:", file=sys.stderr)
         for reason in command.refusals:
             print(f"  - {reason}", file=sys.stderr)
         return EXIT_REFUSED
     unknown = command.unknown_flags()
-    if unknown:  # a bug in flashrl/recipes/molt.py, never a user error
+    if unknown:  # a bug in flashrl/reproduction/molt.py, never a user error
         print(f"error: flags not in Molt {MOLT_VERSION}'s recorded list: {unknown}", file=sys.stderr)
         return EXIT_REFUSED
-    print_command(command, args, label, resolved.setting.source, [PLACEHOLDERS[name] for name in missing])
+    print_command(command, args, label, resolved.experiment.source, [PLACEHOLDERS[name] for name in missing])
     if args.dry_run:
         print(f"# dry run: every flag is in Molt {MOLT_VERSION}'s recorded list; nothing was started")
         return 0
     return launch(command, args, parser)
 
 
-def resolve_with_overrides(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ResolvedSetting:
-    """The setting with its variants, then `--episodes` and `--delta` (usage errors exit 2)."""
+def resolve_with_overrides(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ResolvedExperiment:
+    """The experiment with its variants, then `--episodes` and `--delta` (usage errors exit 2)."""
     try:
-        resolved = resolve_setting(args.recipe, args.variant)
-    except SettingError as err:
+        resolved = resolve_experiment(args.recipe, args.variant)
+    except ExperimentError as err:
         parser.error(str(err))
     overrides = {}
     if args.episodes is not None:
@@ -158,8 +164,8 @@ def resolve_with_overrides(args: argparse.Namespace, parser: argparse.ArgumentPa
         overrides["actor.flash_gate_delta"] = args.delta
     if not overrides:
         return resolved
-    return ResolvedSetting(
-        setting=resolved.setting,
+    return ResolvedExperiment(
+        experiment=resolved.experiment,
         variants=resolved.variants,
         dropped=resolved.dropped,
         flags={**resolved.flags, **overrides},
@@ -182,7 +188,7 @@ def print_command(
     command, args: argparse.Namespace, label: str, source: str, placeholders: list[str]
 ) -> None:
     env_line = " ".join(f"{k}={shlex.quote(v)}" for k, v in command.env.items())
-    print(f"# molt-rl {MOLT_VERSION}, setting {label} ({source} of the reference)")
+    print(f"# molt-rl {MOLT_VERSION}, setting {label} ({source} of the reference)")  # the printed word kept
     if args.molt_path is not None:
         print(f"# working directory: {args.molt_path.expanduser().resolve()}")
     if placeholders:

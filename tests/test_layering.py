@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "flashrl"
-ENTRY_POINTS = {"cli.py", "__main__.py", "recipes"}
+ENTRY_POINTS = {"cli.py", "__main__.py", "recipes", "reproduction"}
 UPPER = {"algorithms": "flashrl.algorithms", "envs": "flashrl.envs"}
 
 

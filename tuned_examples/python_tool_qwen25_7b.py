@@ -1,4 +1,4 @@
-"""FlashREINFORCE: Qwen2.5-7B-Instruct, 10-turn math with a Python tool (reference setting `qwen7b_tool`).
+"""FlashREINFORCE: Qwen2.5-7B-Instruct, 10-turn math with a Python tool (reference experiment `qwen7b_tool`).
 
     python tuned_examples/python_tool_qwen25_7b.py --dry-run
     python tuned_examples/python_tool_qwen25_7b.py --resume                # continue the newest run from its newest checkpoint
@@ -8,7 +8,7 @@
 
 Every value comes from `examples/settings/qwen2p5_7b_instruct_python_tool_10turn.json` (merged over
 `examples/settings/common.json`) of the public reference `yifanzhang-pro/FlashREINFORCE`, held in
-`flashrl/recipes/settings.py`; the hardware layout is flashrl's choice. Variants by the reference's
+`flashrl/reproduction/experiments.py`; the hardware layout is flashrl's choice. Variants by the reference's
 names: negative_q09, negative_q02, negative_q00, token_mean, constant_length, grpo.
 
 See tuned_examples/README.md for the table of values and their sources.
@@ -16,7 +16,7 @@ See tuned_examples/README.md for the table of values and their sources.
 
 import sys
 
-from flashrl.recipes import run_setting
+from flashrl.reproduction.experiment_run import run_experiment
 
 if __name__ == "__main__":
-    sys.exit(run_setting("qwen7b_tool"))
+    sys.exit(run_experiment("qwen7b_tool"))

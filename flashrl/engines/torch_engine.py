@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from flashrl.engines.base import ModelEngine
 from flashrl.engines.sampling import processed_logprobs, sample_tokens
-from flashrl.engines.types import Completion, Engine, SamplingConfig, check_full_state_dict
+from flashrl.engines.types import Completion, SamplingConfig, check_full_state_dict
 from flashrl.models.routing_replay import RoutingRecorder, record_routing
 from flashrl.weight_sync.buckets import Weights, aiter_buckets, as_buckets
 
@@ -86,7 +87,7 @@ class _Batcher:
                     r.future.set_result(c)
 
 
-class TorchEngine(Engine):
+class TorchEngine(ModelEngine):
     """Transformers model + KV cache; see the module docstring."""
 
     def __init__(self, model: str, *, seed: int, options: TorchEngineOptions | None = None) -> None:
@@ -122,18 +123,6 @@ class TorchEngine(Engine):
         """Most requests sampled together so far (shows that concurrent calls were batched)."""
 
     # -- Engine API -------------------------------------------------------------------------------
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
 
     @property
     def model(self) -> torch.nn.Module:

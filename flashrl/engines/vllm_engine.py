@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from flashrl.engines.base import ModelEngine
 from flashrl.engines.memory import (
     CPU_BLOCK_SIZE,
     DEFAULT_MAX_NUM_SEQS,
@@ -47,7 +48,7 @@ from flashrl.engines.memory import (
     kv_bytes_per_token_from_hf,
     kv_cache_budget,
 )
-from flashrl.engines.types import Completion, Engine, SamplingConfig, check_full_state_dict
+from flashrl.engines.types import Completion, SamplingConfig, check_full_state_dict
 from flashrl.weight_sync.buckets import Weights, aiter_buckets, as_buckets
 from flashrl.weight_sync.resolve import (
     PUSH_ROUTES,
@@ -251,7 +252,7 @@ def _model_dtype(dtype: str, hf_config: Any) -> str:
     return str(getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "float32")
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(ModelEngine):
     """vLLM's ``AsyncLLM`` behind the flashrl engine API; see the module docstring."""
 
     weight_names = "checkpoint"
@@ -306,18 +307,6 @@ class VLLMEngine(Engine):
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
     # -- Engine API -------------------------------------------------------------------------------
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
 
     @property
     def num_transfer_workers(self) -> int:

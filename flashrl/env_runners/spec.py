@@ -92,7 +92,7 @@ class EnvRunnerSpec:
     """B: finished trajectories per update, each from a different prompt (also the most one poll returns)."""
 
     routing_replay: bool = setting(False, section="training")
-    """R3 (Molt's --train.routing_replay): the engines record the experts an MoE policy routed every token to,
+    """R3: the engines record the experts an MoE policy routed every token to,
     and the learners' forward uses them (``flashrl.models.routing_replay``); MoE models only."""
 
     # --- evaluation -------------------------------------------------------------------------------

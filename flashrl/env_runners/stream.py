@@ -5,7 +5,7 @@ Two ways to fill a batch of B episodes (docs/design.md §3):
 - ``async`` (the method): the next B finished episodes of B distinct prompts, in arrival order
   (`BatchAssembler`); the runners keep sampling while the learner updates. With
   ``async_queue_size`` = Q set, the runners start training episodes only as an admission budget
-  allows (at most Q batches ahead of the learner, Molt's meaning of ``train.async_queue_size``) and
+  allows (at most Q batches ahead of the learner: ``EnvRunnerSpec.async_queue_size``) and
   episodes more than Q versions behind the learner are dropped (``stale``).
 - ``sync_group`` (the GRPO comparison): B/G prompts x G rollouts, waiting for all of them.
 
@@ -209,9 +209,9 @@ class EpisodeStream:
     def allowed_starts(self, blocked: int, consumed: int = 0) -> int | None:
         """Training episodes the runners may have started in total under `async_queue_size` (Q).
 
-        Molt's meaning of `train.async_queue_size`: the rollout side may run at most Q batches ahead of
-        the learner. Per episode: started, not yet taken by the learner, not dropped and not lost
-        (in flight, buffered, in the batch being collected, waiting in `pending`) stays <= Q x B.
+        The rollout side may run at most Q batches ahead of the learner. Per episode: started, not yet
+        taken by the learner, not dropped and not lost (in flight, buffered, in the batch being
+        collected, waiting in `pending`) stays <= Q x B.
         The `blocked` waiting episodes (their prompt is already in the batch) do not count, so too
         few distinct finished episodes never deadlock the stream. `consumed`: episodes of the batch
         just collected, not yet booked as trained on. None when Q is not set (no budget).

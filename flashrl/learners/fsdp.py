@@ -14,7 +14,7 @@ instead, with torch's own engines and nothing home-made where those serve:
   ``docs/design.md`` section 1), so the summed shard gradients are exactly the global gradient, as with
   today's all-reduce.
 - The optimizer is a plain ``torch.optim.AdamW`` over the sharded parameters (it steps ``DTensor`` s
-  shard by shard), built by the learner (``flashrl/learners/spec.py``: one group, as Molt's).
+  shard by shard), built by the learner (``flashrl/learners/spec.py``: one group).
 - ``clip_grad_norm``: the global gradient norm across shards (``torch.nn.utils`` on ``DTensor``
   gradients reduces the per-shard norms), optional clipping.
 - ``save_sharded`` / ``load_sharded``: a DCP checkpoint folder; every rank writes its own shards, and

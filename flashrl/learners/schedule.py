@@ -11,7 +11,7 @@ the ALFWorld setting: ``constant``). Update ``k`` (0-based) uses ``lr * factor(k
 * ``cosine_with_min_lr``: with ``W = ceil(N * lr_warmup_ratio)`` warmup updates of ``N = total_updates``,
   ``factor(k) = k / max(1, W)`` for ``k < W``, then with ``progress = (k - W) / max(1, N - W)``,
   ``factor(k) = m + (1 - m) * (1 + cos(pi * progress)) / 2`` (``m = min_lr_ratio``). With a warmup the
-  first update has lr 0, as in Molt. Past ``N`` updates the factor stays at ``m`` (transformers' cosine
+  first update has lr 0. Past ``N`` updates the factor stays at ``m`` (transformers' cosine
   would rise again; flashrl holds the minimum).
 
 The scheduler is a ``torch.optim.lr_scheduler.LambdaLR`` whose ``state_dict`` is part of the learner
@@ -45,7 +45,7 @@ LR_SCHEDULES: dict[str, ScheduleFactory] = {}
 
 
 def warmup_updates(total_updates: int, lr_warmup_ratio: float) -> int:
-    """Molt's warmup length, ``ceil(total * ratio)`` (``molt/trainer/fsdp/strategy.py``)."""
+    """The warmup length, ``ceil(total * ratio)`` (the runtime's, as the module docstring says)."""
     return math.ceil(total_updates * lr_warmup_ratio)
 
 

@@ -83,7 +83,7 @@ class LearnerSpec:
     optimizer_offload: bool = setting(False, section="learners")
     """With num_learners >= 2 (FSDP2): keep parameter shards, gradients and optimizer state in host memory."""
     freeze_moe_router: bool = setting(False, section="learners")
-    """Freeze the MoE router (gate) weights during RL, as Molt's --actor.freeze_moe_router; MoE models only."""
+    """Freeze the MoE router (gate) weights during RL (``flashrl.learners.freeze``); MoE models only."""
 
     # --- the model and the optimizer ----------------------------------------------------------------
     model: str = "smollm2-135m-instruct"
@@ -119,7 +119,7 @@ class LearnerSpec:
     adam_eps: float = setting(1e-8, gt=0)
     """Adam's denominator epsilon (ignored by sgd)."""
     weight_decay: float = setting(0.0, ge=0)
-    """Decoupled weight decay on every parameter (norms and biases too, as Molt); 0 = a pure policy-gradient step."""
+    """Decoupled weight decay on every parameter (norms and biases too); 0 = a pure policy-gradient step."""
     logprob_chunk_size: int = setting(1024, integer=True, ge=1)
     """Tokens per chunk when the learner recomputes log-probs (bounds the [N, V] memory)."""
     gradient_checkpointing: bool = False
@@ -136,7 +136,7 @@ class LearnerSpec:
     """The algorithm's loss hook (a flashrl.learners.Loss, e.g. FlashReinforceLoss)."""
     routing_replay: bool = setting(False, derived="the env runners' routing_replay")
     """R3: the forward routes every token to the experts the engine recorded (gates recomputed from the current
-    router), as Molt's --train.routing_replay; MoE models only (``flashrl.models.routing_replay``)."""
+    router); MoE models only (``flashrl.models.routing_replay``)."""
 
     def __post_init__(self) -> None:
         check = Checks("LearnerSpec")

@@ -231,8 +231,8 @@ class BuilderMethods:
             optimizer: Optimizer name in the learners' registry (OPTIMIZERS): 'adamw' or 'sgd'.
             betas: Adam betas (ignored by sgd); the reference's runtime uses (0.9, 0.95).
             adam_eps: Adam's denominator epsilon (ignored by sgd).
-            weight_decay: Decoupled weight decay on every parameter (norms and biases too, as Molt); 0 = a
-                pure policy-gradient step.
+            weight_decay: Decoupled weight decay on every parameter (norms and biases too); 0 = a pure
+                policy-gradient step.
             logprob_chunk_size: Tokens per chunk when the learner recomputes log-probs (bounds the [N, V]
                 memory).
             gradient_checkpointing: Recompute activations in the backward pass (less memory, about 30%

@@ -257,7 +257,7 @@ class GroupNormBaseline:
     As Molt's ``grpo`` estimator (``molt/trainer/algorithm/advantage.py``), the one the reference's
     ``grpo`` variants select (``examples/settings/*.json``: ``algo.advantage.estimator = grpo``): the
     *sample* standard deviation (Bessel's correction, ``torch.std``'s default), and a group of one
-    rollout has std 0 (so its advantage is 0). No batch whitening follows (Molt's ``grpo`` returns
+    rollout has std 0 (so its advantage is 0). No batch whitening follows (that estimator returns
     the group-normalised values as they are). Only for the synchronous comparison (``sync_group``).
     """
 

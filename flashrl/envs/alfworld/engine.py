@@ -44,10 +44,6 @@ def _engine_section() -> Iterator[None]:
             sys.argv[:] = argv
 
 
-#: What the engine answers to a command that is not admissible (textworld's own text).
-NOTHING_HAPPENS = "Nothing happens."
-
-
 @dataclass(frozen=True)
 class GameStep:
     """What the engine reports after ``reset`` or one command."""

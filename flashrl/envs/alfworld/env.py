@@ -6,9 +6,8 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 from flashrl.envs.alfworld.commands import parse_command
 from flashrl.envs.alfworld.engine import GameStep
 from flashrl.envs.alfworld.games import (
@@ -21,6 +20,7 @@ from flashrl.envs.alfworld.games import (
 from flashrl.envs.alfworld.generator import GeneratorConfig
 from flashrl.envs.alfworld.host import GameHost
 from flashrl.envs.base import LanguageEnv, Messages, StepResult
+from flashrl.envs.task_order import EpochCursor, Order, check_order
 from flashrl.envs.worker_process import EnvWorkerCrashedError, EnvWorkerError, WorkerProcess
 
 #: The system message unless ``system_prompt`` says otherwise.
@@ -29,8 +29,6 @@ DEFAULT_SYSTEM_PROMPT = (
     "admissible commands. Reply with exactly one command, copied from the admissible commands, on the "
     "last line of your reply after '> ' (for example: > go to cabinet 1). You may think before that line."
 )
-
-Order = Literal["shuffle", "random", "sequential"]
 
 _TASK = re.compile(r"Your task is to:\s*(?P<task>.+?)\s*$", re.DOTALL)
 
@@ -127,8 +125,7 @@ class ALFWorldEnv(LanguageEnv):
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
             raise ValueError(f"max_turns must be a positive int; got {max_turns!r}.")
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        if order not in ("shuffle", "random", "sequential"):
-            raise ValueError(f"order must be 'shuffle', 'random' or 'sequential'; got {order!r}.")
+        check_order(order)
         if not isinstance(max_loaded_games, int) or max_loaded_games < 1:
             raise ValueError(f"max_loaded_games must be a positive int; got {max_loaded_games!r}.")
         if not isinstance(worker_timeout_s, (int, float)) or not worker_timeout_s > 0:
@@ -173,8 +170,7 @@ class ALFWorldEnv(LanguageEnv):
         self._stored: list[str] | None = None
         """The current game file's stored walkthrough."""
         self._walkthroughs: dict[Path, list[str]] = {}
-        self._permutation: np.ndarray | None = None
-        self._cursor = 0
+        self._epoch = EpochCursor()
 
     @property
     def games(self) -> tuple[GameRecord, ...]:
@@ -186,7 +182,7 @@ class ALFWorldEnv(LanguageEnv):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Messages, dict[str, Any]]:
         if seed is not None:
-            self._permutation, self._cursor = None, 0  # a new seed restarts the epoch order
+            self._epoch.restart()  # a new seed restarts the epoch order
         return super().reset(seed=seed, options=options)
 
     def _reset_task(self, options: dict[str, Any]) -> tuple[Messages, dict[str, Any]]:
@@ -299,17 +295,7 @@ class ALFWorldEnv(LanguageEnv):
         return list(self._walkthroughs[self.game.path])
 
     def _next_index(self) -> int:
-        n = len(self.games)
-        if self.order == "random":
-            return int(self.np_random.integers(n))
-        if self.order == "sequential":
-            index = self._cursor % n
-        else:
-            if self._permutation is None or self._cursor % n == 0:
-                self._permutation = self.np_random.permutation(n)
-            index = int(self._permutation[self._cursor % n])
-        self._cursor += 1
-        return index
+        return self._epoch.next_index(len(self.games), self.order, self.np_random)
 
     def close(self) -> None:
         if self._worker is not None:

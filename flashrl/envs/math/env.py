@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from flashrl.envs.math.tasks import (
 )
 from flashrl.envs.math.templates import PromptTemplate, resolve_template
 from flashrl.envs.math.verifier import VerifyResult, verify_answer
+from flashrl.envs.task_order import EpochCursor, Order, check_order
 from flashrl.user_code import import_path
 
 #: Built-in task presets: name -> (task source factory, default template name).
@@ -31,8 +32,6 @@ PRESETS: dict[str, tuple[Any, str]] = {
     "arithmetic": (lambda: ArithmeticGenerator.from_difficulty(3), "boxed"),
     "word_problems": (lambda: WordProblemGenerator(), "step_by_step"),
 }
-
-Order = Literal["shuffle", "random", "sequential"]
 
 
 class MathEnv(LanguageEnv):
@@ -99,10 +98,10 @@ class MathEnv(LanguageEnv):
     ``verify_timeout_s``, ``reward_fn`` (see Reward), ``order`` (finite sources reset without a ``task_index``: ``shuffle`` each
     epoch, ``random`` with replacement, or ``sequential``; an EnvRunner's training stream picks the task
     itself, in seeded passes: `flashrl.env_runners.data_passes`), ``render_mode`` (``None`` or ``"ansi"``).
-    Several datasets: ``tasks=[a, b, ...]`` (paths or task lists) are blended as Molt blends
-    ``data.prompt_dataset`` (:func:`~flashrl.envs.math.tasks.blend_tasks`): concatenated, or with
-    ``prompt_probs=[p_a, p_b, ...]`` interleaved by those weights (``blend_seed``); ``max_samples_per_source``
-    cuts each source, and the blend, to its first that many tasks (Molt's ``max_count``).
+    Several datasets: ``tasks=[a, b, ...]`` (paths or task lists) are blended by
+    :func:`~flashrl.envs.math.tasks.blend_tasks` (whose docstring names the runtime it follows):
+    concatenated, or with ``prompt_probs=[p_a, p_b, ...]`` interleaved by those weights (``blend_seed``);
+    ``max_samples_per_source`` cuts each source, and the blend, to its first that many tasks.
 
     ## Version history
     * v0: initial version.
@@ -168,8 +167,7 @@ class MathEnv(LanguageEnv):
         self.template = resolve_template(template, default_template)
         if system_prompt is not None:
             self.template = PromptTemplate(self.template.user, system_prompt)
-        if order not in ("shuffle", "random", "sequential"):
-            raise ValueError(f"order must be 'shuffle', 'random' or 'sequential'; got {order!r}.")
+        check_order(order)
         if not verify_timeout_s > 0:
             raise ValueError(f"verify_timeout_s must be > 0; got {verify_timeout_s}.")
         if format_reward < 0:
@@ -186,8 +184,7 @@ class MathEnv(LanguageEnv):
         self.verifier_failures = 0
         """Number of steps whose verification timed out or crashed (reward 0 was given)."""
         self.task: MathTask | None = None
-        self._permutation: np.ndarray | None = None
-        self._cursor = 0
+        self._epoch = EpochCursor()
 
     @property
     def finite(self) -> bool:
@@ -198,7 +195,7 @@ class MathEnv(LanguageEnv):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Messages, dict[str, Any]]:
         if seed is not None:
-            self._permutation, self._cursor = None, 0  # a new seed restarts the epoch order
+            self._epoch.restart()  # a new seed restarts the epoch order
         return super().reset(seed=seed, options=options)
 
     def _reset_task(self, options: dict[str, Any]) -> tuple[Messages, dict[str, Any]]:
@@ -233,17 +230,7 @@ class MathEnv(LanguageEnv):
         return self.template.messages(self.task), info
 
     def _next_index(self) -> int:
-        n = len(self.tasks)  # type: ignore[arg-type]
-        if self.order == "random":
-            return int(self.np_random.integers(n))
-        if self.order == "sequential":
-            index = self._cursor % n
-        else:
-            if self._permutation is None or self._cursor % n == 0:
-                self._permutation = self.np_random.permutation(n)
-            index = int(self._permutation[self._cursor % n])
-        self._cursor += 1
-        return index
+        return self._epoch.next_index(len(self.tasks), self.order, self.np_random)  # type: ignore[arg-type]
 
     def _step_action(self, action: str) -> StepResult:
         assert self.task is not None

@@ -6,7 +6,7 @@ generators (:mod:`flashrl.envs.math.generators`) are infinite sources. Both sati
 
 Fields are configurable (``question_field``, ``answer_field``, ``id_field``, ``datasource_field``) and
 may be dotted paths into nested records (``"reward_model.ground_truth"``). A row's benchmark name
-(``data_source``, as verl names it, or ``datasource``, as the reference's Molt data do) is kept in
+(``data_source`` or ``datasource``: :data:`DATASOURCE_FIELDS`) is kept in
 :attr:`MathTask.info`, so every episode of the task reports it (per-benchmark evaluation). A
 malformed row raises :class:`DatasetError` naming the file and line (JSONL) or row (Parquet,
 datasets), what was expected and what was found.
@@ -322,16 +322,16 @@ def blend_tasks(
     max_count: int | None = None,
     name: str | None = None,
 ) -> TaskList:
-    """Several finite task lists as one, as Molt 0.2.1 blends ``data.prompt_dataset`` by ``data.prompt_probs``.
+    """Several finite task lists as one, as Molt 0.2.1's ``blending_datasets`` (molt/datasets/utils.py)
+    blends ``data.prompt_dataset`` by ``data.prompt_probs``.
 
-    Molt's ``blending_datasets`` (molt/datasets/utils.py): each source is cut to its first ``max_count``
-    tasks; without ``probabilities`` the sources are concatenated; with them they are interleaved as
+    Each source is cut to its first ``max_count`` tasks; without ``probabilities`` the sources are concatenated; with them they are interleaved as
     Hugging Face's ``interleave_datasets(probabilities=..., seed=..., stopping_strategy="all_exhausted")``
     does: draw a source with those probabilities (``numpy.random.default_rng(seed)``, 1000 draws at a
     time), take its next task (a source that runs out starts over), stop once every source has run out
     at least once. So the blend holds every task of every source at least once, and the smaller sources'
-    tasks repeated in proportion to their weight. The result is cut to its first ``max_count`` tasks (Molt
-    cuts the blend to ``data.max_samples``). Repeated tasks keep their ids (duplicates are allowed).
+    tasks repeated in proportion to their weight. The result is cut to its first ``max_count`` tasks (the
+    runtime cuts the blend to ``data.max_samples``). Repeated tasks keep their ids (duplicates are allowed).
     """
     lists = [TaskList(source, name=getattr(source, "name", "tasks"), allow_duplicate_ids=True) for source in sources]
     if not lists:

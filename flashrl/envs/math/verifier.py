@@ -298,11 +298,6 @@ def configure_verifier(*, max_workers: int) -> None:
     old.close()
 
 
-def shutdown_verifier() -> None:
-    """Stop every verification worker of this process (they restart on the next call)."""
-    _POOL.close()
-
-
 def verifier_worker_pids() -> list[int]:
     """Process ids of the live verification workers (for tests and monitoring)."""
     return _POOL.worker_pids()

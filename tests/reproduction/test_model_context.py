@@ -1,7 +1,7 @@
 """`qwen_math`'s 6,144-token context on Qwen2.5-Math-1.5B, whose config says 4,096.
 
 The reference requires a model config that allows 6,144 tokens and Molt hands vLLM that context as it
-is; vLLM refuses a longer context than the config's at engine start. The setting states the config
+is; vLLM refuses a longer context than the config's at engine start. The experiment states the config
 change (`hf_overrides`), and the plan refuses a context no config allows instead of warning.
 """
 
@@ -13,23 +13,23 @@ import pytest
 
 from flashrl.recipes.architectures import ARCHITECTURES
 from flashrl.recipes.plan import _context_problem
-from flashrl.recipes.settings import QWEN_MATH_CONTEXT, resolve_setting
-from flashrl.recipes.translate import flashrl_fields
+from flashrl.reproduction.experiments import QWEN_MATH_CONTEXT, resolve_experiment
+from flashrl.reproduction.translate import flashrl_fields
 
 ARCH = ARCHITECTURES["Qwen/Qwen2.5-Math-1.5B"]
 
 
-def test_the_setting_overrides_the_model_context_with_its_provenance() -> None:
+def test_the_experiment_overrides_the_model_context_with_its_provenance() -> None:
     assert ARCH.max_position_embeddings == 4096 < QWEN_MATH_CONTEXT == 6144
-    fields = flashrl_fields(resolve_setting("qwen_math"))
+    fields = flashrl_fields(resolve_experiment("qwen_math"))
     assert fields.values["max_episode_tokens"] == 6144
     assert fields.values["engine_options"]["engine_args"] == {"hf_overrides": {"max_position_embeddings": 6144}}
     source = fields.sources["engine_options.engine_args"]
     assert "examples/settings/qwen2p5_math_1p5b_dapo_math.json notes" in source
     assert "molt/cli/train_rl_ray.py" in source and "RoPE unchanged" in source
-    # the other settings' models allow their contexts: no override
+    # the other experiments' models allow their contexts: no override
     for name in ("r1", "qwen7b_tool", "alfworld"):
-        assert "hf_overrides" not in flashrl_fields(resolve_setting(name)).values["engine_options"].get("engine_args", {})
+        assert "hf_overrides" not in flashrl_fields(resolve_experiment(name)).values["engine_options"].get("engine_args", {})
 
 
 def _config(engine_args: dict, tokens: int = 6144, engine: str = "vllm") -> SimpleNamespace:

@@ -1,20 +1,21 @@
-"""The five experiment settings of the FlashREINFORCE release, as data, and how they resolve.
+"""The five experiments of the FlashREINFORCE release, as data, and how they resolve.
 
 This module is the one table of hyperparameters behind the GPU tuned examples
 (`tuned_examples/*.py`) and the Molt launcher (`scripts/train_molt.py`). Every value is copied from
 a file of the public reference repository `yifanzhang-pro/FlashREINFORCE` and every entry names that
-file (`source`): `examples/settings/common.json` holds the flags shared by all settings, each
-setting file overrides some of them and names its variants. The keys are the reference's own
-Molt-style flag names (`actor.flash_gate_delta`, `rollout.n_samples_per_prompt`, ...);
-`flashrl.recipes.translate` turns them into `FlashReinforceConfig` fields and
-`flashrl.recipes.molt` into the flags of the public Molt 0.2.1 CLI.
+file (`source`): `examples/settings/common.json` holds the flags shared by all experiments, each
+experiment's file (the release's "settings" files) overrides some of them and names its variants.
+The keys are the reference's own Molt-style flag names (`actor.flash_gate_delta`,
+`rollout.n_samples_per_prompt`, ...); `flashrl.reproduction.translate` turns them into
+`FlashReinforceConfig` fields and `flashrl.reproduction.molt` into the flags of the public Molt 0.2.1
+CLI.
 
-Resolution follows the reference's `examples/run_experiment.py` semantics: the setting's flags are
+Resolution follows the reference's `examples/run_experiment.py` semantics: the experiment's flags are
 merged over `common.json` (itself over the two optimizer defaults the reference inherits from Molt
 0.2.1, `RUNTIME_DEFAULTS`), then each selected variant in order (the last value wins); an unknown
 variant is an error that lists the known ones; a variant that leaves the FlashREINFORCE loss
 (`actor.loss_mode` other than `flash_reinforce`, i.e. `grpo`) drops the `actor.flash_*` flags; and
-every resolved setting keeps one full-batch update per collected batch.
+every resolved experiment keeps one full-batch update per collected batch.
 
 What the reference does not fix (the hardware layout, the number of evaluation episodes, the
 success bar of `--as-test`) is flashrl's own choice and lives in `FLASHRL_CHOICES`, marked as such.
@@ -33,28 +34,28 @@ from typing import Any
 __all__ = [
     "COMMON",
     "COMMON_SOURCE",
+    "EXPERIMENTS",
     "FLASHRL_CHOICE",
     "FLASHRL_CHOICES",
     "REFERENCE",
     "RUNTIME_DEFAULTS",
-    "SETTINGS",
+    "Experiment",
+    "ExperimentError",
     "FlashrlChoices",
-    "ResolvedSetting",
-    "Setting",
-    "SettingError",
-    "resolve_setting",
+    "ResolvedExperiment",
+    "resolve_experiment",
 ]
 
 REFERENCE = "yifanzhang-pro/FlashREINFORCE"
-"""The public repository the settings are copied from (files below are paths inside it)."""
+"""The public repository the experiments are copied from (files below are paths inside it)."""
 
 COMMON_SOURCE = "examples/settings/common.json"
 FLASHRL_CHOICE = "flashrl's choice (the reference fixes no value)"
 """The tag of every value flashrl chose itself."""
 
 
-class SettingError(ValueError):
-    """An unknown setting or variant, or a resolved setting that breaks the reference's contract."""
+class ExperimentError(ValueError):
+    """An unknown experiment or variant, or a resolved experiment that breaks the reference's contract."""
 
 
 def _frozen(data: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -108,11 +109,11 @@ COMMON: Mapping[str, Any] = _frozen(
         "vllm.gpu_memory_utilization": 0.9,
     }
 )
-"""The flags every setting starts from (`examples/settings/common.json`)."""
+"""The flags every experiment starts from (`examples/settings/common.json`)."""
 
 RUNTIME_DEFAULTS_SOURCE = "molt-rl 0.2.1 default (molt/cli/common_args.py), not set by the reference"
 RUNTIME_DEFAULTS: Mapping[str, Any] = _frozen(
-    {  # what the reference's runs take from Molt 0.2.1's parser because no settings file sets it
+    {  # what the reference's runs take from Molt 0.2.1's parser because no experiment's file sets it
         "actor.adam.betas": (0.9, 0.95),
         "actor.adam.eps": 1e-08,
     }
@@ -121,7 +122,7 @@ RUNTIME_DEFAULTS: Mapping[str, Any] = _frozen(
 
 
 @dataclass(frozen=True)
-class Setting:
+class Experiment:
     """One reference experiment: its file's fields, verbatim, plus the evaluation it describes."""
 
     name: str
@@ -144,9 +145,9 @@ class Setting:
     """What the online evaluation scores (the 'Online evaluation' column of `examples/README.md`)."""
 
 
-SETTINGS: Mapping[str, Setting] = _frozen(
+EXPERIMENTS: Mapping[str, Experiment] = _frozen(
     {
-        "r1": Setting(
+        "r1": Experiment(
             name="r1",
             source="examples/settings/deepseek_r1_distill_qwen_1p5b_math_sanity.json",
             model="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
@@ -182,7 +183,7 @@ SETTINGS: Mapping[str, Setting] = _frozen(
             ),
             evaluation="AIME24/25, avg@32, every 128 updates",
         ),
-        "qwen_math": Setting(
+        "qwen_math": Experiment(
             name="qwen_math",
             source="examples/settings/qwen2p5_math_1p5b_dapo_math.json",
             model="Qwen/Qwen2.5-Math-1.5B",
@@ -216,7 +217,7 @@ SETTINGS: Mapping[str, Setting] = _frozen(
             ),
             evaluation="AMC23/Minerva/AIME25, avg@4, every 100 updates",
         ),
-        "qwen7b_tool": Setting(
+        "qwen7b_tool": Experiment(
             name="qwen7b_tool",
             source="examples/settings/qwen2p5_7b_instruct_python_tool_10turn.json",
             model="Qwen/Qwen2.5-7B-Instruct",
@@ -269,7 +270,7 @@ SETTINGS: Mapping[str, Setting] = _frozen(
             ),
             evaluation="AMC23/Minerva/AIME25, avg@4, every 100 updates",
         ),
-        "qwen3_tool_ablation": Setting(
+        "qwen3_tool_ablation": Experiment(
             name="qwen3_tool_ablation",
             source="examples/settings/qwen3_tool_ablation.json",
             model="Qwen/Qwen3-30B-A3B",
@@ -301,7 +302,7 @@ SETTINGS: Mapping[str, Setting] = _frozen(
             ),
             evaluation="AMC23/Minerva/AIME25, avg@4, every 100 updates",
         ),
-        "alfworld": Setting(
+        "alfworld": Experiment(
             name="alfworld",
             source="examples/settings/qwen2p5_7b_instruct_alfworld_50turn.json",
             model="Qwen/Qwen2.5-7B-Instruct",
@@ -357,15 +358,15 @@ SETTINGS: Mapping[str, Setting] = _frozen(
         ),
     }
 )
-"""The five settings by the reference's names (`examples/README.md`, first table)."""
+"""The five experiments by the reference's names (`examples/README.md`, first table)."""
 
 
 @dataclass(frozen=True)
 class FlashrlChoices:
-    """What flashrl chose for a setting where the reference fixes nothing (all `FLASHRL_CHOICE`)."""
+    """What flashrl chose for an experiment where the reference fixes nothing (all `FLASHRL_CHOICE`)."""
 
     script: str
-    """The tuned example that runs the setting (`tuned_examples/<script>.py`)."""
+    """The tuned example that runs the experiment (`tuned_examples/<script>.py`)."""
     description: str
     """One line for `--help` and the dry-run."""
     num_nodes: int
@@ -415,7 +416,7 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
     {
         "r1": FlashrlChoices(
             script="r1_distill_qwen_1p5b_long_cot",
-            description="DeepSeek-R1-Distill-Qwen-1.5B, long chain-of-thought math (reference setting 'r1')",
+            description="DeepSeek-R1-Distill-Qwen-1.5B, long chain-of-thought math (reference experiment 'r1')",
             num_nodes=2,
             gpus_per_node=8,
             num_env_runners=8,
@@ -427,7 +428,7 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
         ),
         "qwen_math": FlashrlChoices(
             script="qwen25_math_1p5b",
-            description="Qwen2.5-Math-1.5B, single-turn math on DAPO problems (reference setting 'qwen_math')",
+            description="Qwen2.5-Math-1.5B, single-turn math on DAPO problems (reference experiment 'qwen_math')",
             num_nodes=1,
             gpus_per_node=8,
             num_env_runners=4,
@@ -442,7 +443,7 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
         "qwen7b_tool": FlashrlChoices(
             script="python_tool_qwen25_7b",
             description="Qwen2.5-7B-Instruct, 10-turn math with a sandboxed Python tool "
-            "(reference setting 'qwen7b_tool')",
+            "(reference experiment 'qwen7b_tool')",
             num_nodes=1,
             gpus_per_node=8,
             num_env_runners=4,
@@ -457,7 +458,7 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
         "qwen3_tool_ablation": FlashrlChoices(
             script="python_tool_qwen3_30b_a3b",
             description="Qwen3-30B-A3B (MoE), 20-turn Python-tool trust ablation "
-            "(reference setting 'qwen3_tool_ablation')",
+            "(reference experiment 'qwen3_tool_ablation')",
             num_nodes=2,
             gpus_per_node=8,
             num_env_runners=2,
@@ -474,7 +475,7 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
         ),
         "alfworld": FlashrlChoices(
             script="alfworld_qwen25_7b",
-            description="Qwen2.5-7B-Instruct, ALFWorld, 50 turns (reference setting 'alfworld')",
+            description="Qwen2.5-7B-Instruct, ALFWorld, 50 turns (reference experiment 'alfworld')",
             num_nodes=1,
             gpus_per_node=8,
             num_env_runners=4,
@@ -484,24 +485,24 @@ FLASHRL_CHOICES: Mapping[str, FlashrlChoices] = _frozen(
             max_tokens_per_micro_batch=16384,
             learner_layout="FSDP2 over 4 learners, passes of one 16,384-token episode: about 53 GiB of 80; one "
             "padded pass of 16 x 16,384 tokens per learner needs about 193 GiB (flashrl/recipes/memory.py)",
-            # Prompts per split: the reference evaluates 140 seen + 134 unseen games (the setting
+            # Prompts per split: the reference evaluates 140 seen + 134 unseen games (the experiment
             # file's notes, examples/README.md); 140 plays every seen game once, the 134 unseen too.
             evaluation_num_episodes=140,
             success_threshold=0.80,
         ),
     }
 )
-"""flashrl's own choices per setting, keyed like `SETTINGS`."""
+"""flashrl's own choices per experiment, keyed like `EXPERIMENTS`."""
 
 
 @dataclass(frozen=True)
-class ResolvedSetting:
-    """A setting with its variants applied: the reference flags a run uses, and where each came from."""
+class ResolvedExperiment:
+    """An experiment with its variants applied: the reference flags a run uses, and where each came from."""
 
-    setting: Setting
+    experiment: Experiment
     variants: tuple[str, ...]
     flags: Mapping[str, Any]
-    """Reference-style flags after merging (common < setting < variants, in order)."""
+    """Reference-style flags after merging (common < experiment < variants, in order)."""
     origin: Mapping[str, str]
     """Flag -> the reference file (and variant) its value comes from."""
     dropped: tuple[str, ...] = ()
@@ -509,7 +510,7 @@ class ResolvedSetting:
 
     @property
     def name(self) -> str:
-        return self.setting.name
+        return self.experiment.name
 
     @property
     def is_flash_reinforce(self) -> bool:
@@ -527,20 +528,20 @@ class ResolvedSetting:
         return rounds * int(self.flags["train.num_episodes"]) * int(self.flags["train.max_epochs"])
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict: the setting, the selected variants, the merged flags and their origin."""
+        """A JSON-ready dict: the experiment, the selected variants, the merged flags and their origin."""
         return {
-            "setting": self.name,
+            "setting": self.name,  # the key --print-config prints (the release's word)
             "reference": REFERENCE,
-            "source": self.setting.source,
+            "source": self.experiment.source,
             "variants": list(self.variants),
-            "model": self.setting.model,
-            "agent_kind": self.setting.agent_kind,
-            "max_agent_turns": self.setting.max_agent_turns,
-            "evaluation": self.setting.evaluation,
+            "model": self.experiment.model,
+            "agent_kind": self.experiment.agent_kind,
+            "max_agent_turns": self.experiment.max_agent_turns,
+            "evaluation": self.experiment.evaluation,
             "flags": {k: _jsonable(v) for k, v in self.flags.items()},
             "flag_sources": dict(self.origin),
             "dropped_flags": list(self.dropped),
-            "notes": list(self.setting.notes),
+            "notes": list(self.experiment.notes),
         }
 
 
@@ -552,38 +553,38 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def resolve_setting(name: str, variants: Sequence[str] = ()) -> ResolvedSetting:
-    """Merge `COMMON`, the setting's flags and each variant in order; check the one-update contract.
+def resolve_experiment(name: str, variants: Sequence[str] = ()) -> ResolvedExperiment:
+    """Merge `COMMON`, the experiment's flags and each variant in order; check the one-update contract.
 
     Raises:
-        SettingError: unknown setting or variant (the message lists the known ones), or a merged
-            setting whose rollout batch is not one full training batch.
+        ExperimentError: unknown experiment or variant (the message lists the known ones), or a
+            merged experiment whose rollout batch is not one full training batch.
     """
-    if name not in SETTINGS:
-        raise SettingError(f"unknown setting {name!r}: expected one of {sorted(SETTINGS)}.")
-    setting = SETTINGS[name]
+    if name not in EXPERIMENTS:
+        raise ExperimentError(f"unknown experiment {name!r}: expected one of {sorted(EXPERIMENTS)}.")
+    experiment = EXPERIMENTS[name]
     flags = {**RUNTIME_DEFAULTS, **COMMON}
     origin = {key: RUNTIME_DEFAULTS_SOURCE for key in RUNTIME_DEFAULTS} | {
         key: COMMON_SOURCE for key in COMMON
     }
-    flags.update(setting.flags)
-    origin.update({key: setting.source for key in setting.flags})
+    flags.update(experiment.flags)
+    origin.update({key: experiment.source for key in experiment.flags})
     for variant in variants:
-        if variant not in setting.variants:
-            raise SettingError(
-                f"unknown variant {variant!r} of setting {name!r}: expected one of {list(setting.variants)} "
+        if variant not in experiment.variants:
+            raise ExperimentError(
+                f"unknown variant {variant!r} of experiment {name!r}: expected one of {list(experiment.variants)} "
                 f"(several apply in order). Fix: pick a listed name."
             )
-        flags.update(setting.variants[variant])
-        origin.update({key: f"{setting.source} (variant {variant})" for key in setting.variants[variant]})
+        flags.update(experiment.variants[variant])
+        origin.update({key: f"{experiment.source} (variant {variant})" for key in experiment.variants[variant]})
     dropped: tuple[str, ...] = ()
     if flags["actor.loss_mode"] != "flash_reinforce":  # the reference drops the native-loss flags
         dropped = tuple(key for key in flags if key.startswith("actor.flash_"))
         for key in dropped:
             del flags[key]
             del origin[key]
-    resolved = ResolvedSetting(
-        setting=setting,
+    resolved = ResolvedExperiment(
+        experiment=experiment,
         variants=tuple(variants),
         flags=_frozen(copy.deepcopy(flags)),
         origin=_frozen(origin),
@@ -593,28 +594,28 @@ def resolve_setting(name: str, variants: Sequence[str] = ()) -> ResolvedSetting:
     return resolved
 
 
-def _check_contract(resolved: ResolvedSetting) -> None:
+def _check_contract(resolved: ResolvedExperiment) -> None:
     flags = resolved.flags
-    where = f"setting {resolved.name!r} with variants {list(resolved.variants)}"
+    where = f"experiment {resolved.name!r} with variants {list(resolved.variants)}"
     batch = flags["rollout.batch_size"] * flags["rollout.n_samples_per_prompt"]
     if batch != flags["train.batch_size"] or flags["train.max_epochs"] != 1:
-        raise SettingError(
+        raise ExperimentError(
             f"{where}: expected one full-batch update per collected batch (rollout.batch_size x "
             f"rollout.n_samples_per_prompt == train.batch_size, train.max_epochs == 1), got {batch} vs "
             f"{flags['train.batch_size']} and {flags['train.max_epochs']} epochs."
         )
     if resolved.is_flash_reinforce and flags["rollout.n_samples_per_prompt"] != 1:
-        raise SettingError(
+        raise ExperimentError(
             f"{where}: FlashREINFORCE samples one rollout per prompt, got "
             f"rollout.n_samples_per_prompt={flags['rollout.n_samples_per_prompt']}."
         )
     if flags["data.max_len"] <= flags["rollout.max_new_tokens"]:
-        raise SettingError(
+        raise ExperimentError(
             f"{where}: expected data.max_len > rollout.max_new_tokens, got {flags['data.max_len']} and "
             f"{flags['rollout.max_new_tokens']}."
         )
 
 
-def dumps(resolved: ResolvedSetting, extra: Mapping[str, Any] | None = None) -> str:
-    """The resolved setting as indented JSON (infinite floats as strings)."""
+def dumps(resolved: ResolvedExperiment, extra: Mapping[str, Any] | None = None) -> str:
+    """The resolved experiment as indented JSON (infinite floats as strings)."""
     return json.dumps({**resolved.to_json(), **(extra or {})}, indent=2, default=_jsonable)

@@ -1,4 +1,4 @@
-"""The reference settings table: values as the reference files have them, variants, translation."""
+"""The reference experiments table: values as the reference files have them, variants, translation."""
 
 from __future__ import annotations
 
@@ -10,27 +10,27 @@ from pathlib import Path
 import pytest
 
 from flashrl.algorithms import FlashReinforceConfig
-from flashrl.recipes.settings import (
+from flashrl.reproduction.experiments import (
     COMMON,
+    EXPERIMENTS,
     FLASHRL_CHOICE,
     FLASHRL_CHOICES,
-    SETTINGS,
-    SettingError,
-    resolve_setting,
+    ExperimentError,
+    resolve_experiment,
 )
-from flashrl.recipes.translate import TRANSLATION, flashrl_fields
+from flashrl.reproduction.translate import TRANSLATION, flashrl_fields
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "tuned_examples"
-CASES = [(name, variant) for name, s in SETTINGS.items() for variant in (None, *s.variants)]
+CASES = [(name, variant) for name, s in EXPERIMENTS.items() for variant in (None, *s.variants)]
 
 
 def resolved(name: str, *variants: str):
-    return resolve_setting(name, variants)
+    return resolve_experiment(name, variants)
 
 
-def test_the_five_settings_and_their_variants_by_the_reference_names() -> None:
+def test_the_five_experiments_and_their_variants_by_the_reference_names() -> None:
     # examples/README.md, "Variant names"
-    assert {name: list(s.variants) for name, s in SETTINGS.items()} == {
+    assert {name: list(s.variants) for name, s in EXPERIMENTS.items()} == {
         "r1": ["gate_5e3", "no_trust"],
         "qwen_math": ["gate_1e3", "negative_q09", "negative_q02", "five_benchmark_eval16"],
         "qwen7b_tool": [
@@ -45,7 +45,7 @@ def test_the_five_settings_and_their_variants_by_the_reference_names() -> None:
         "alfworld": ["negative_q02", "no_is", "grpo"],
     }
     assert all(
-        s.source.startswith("examples/settings/") and s.source.endswith(".json") for s in SETTINGS.values()
+        s.source.startswith("examples/settings/") and s.source.endswith(".json") for s in EXPERIMENTS.values()
     )
 
 
@@ -72,7 +72,7 @@ def test_common_values_are_the_reference_ones() -> None:
 
 @pytest.mark.parametrize(
     ("name", "total", "generated", "delta", "batch", "queue", "turns"),
-    [  # examples/README.md, first table, and each setting file
+    [  # examples/README.md, first table, and each experiment file
         ("r1", 9216, 8192, 0.003, 128, 8, 1),
         ("qwen_math", 6144, 4096, 0.003, 128, 1, 1),
         ("qwen7b_tool", 8192, 6144, 0.001, 128, 1, 10),
@@ -80,7 +80,7 @@ def test_common_values_are_the_reference_ones() -> None:
         ("alfworld", 16384, 8192, 0.001, 64, 1, 50),
     ],
 )
-def test_each_setting_resolves_to_the_reference_values(
+def test_each_experiment_resolves_to_the_reference_values(
     name: str, total: int, generated: int, delta: float, batch: int, queue: int, turns: int
 ) -> None:
     r = resolved(name)
@@ -92,12 +92,12 @@ def test_each_setting_resolves_to_the_reference_values(
         batch,
         queue,
     )
-    assert r.setting.max_agent_turns == turns
+    assert r.experiment.max_agent_turns == turns
     assert r.origin["actor.adam.lr"] == "examples/settings/common.json"
-    assert r.origin["data.max_len"] == r.setting.source
+    assert r.origin["data.max_len"] == r.experiment.source
 
 
-def test_setting_specific_evaluation_and_schedule() -> None:
+def test_experiment_specific_evaluation_and_schedule() -> None:
     r1, alf = resolved("r1").flags, resolved("alfworld").flags
     assert (r1["eval.n_samples_per_prompt"], r1["eval.temperature"], r1["eval.top_p"], r1["eval.steps"]) == (
         32,
@@ -123,11 +123,11 @@ def test_variants_apply_in_order_and_the_last_value_wins() -> None:
     assert math.isinf(flashrl_fields(resolved("r1", "no_trust")).values["delta"])
 
 
-def test_unknown_setting_or_variant_lists_the_known_ones() -> None:
-    with pytest.raises(SettingError, match=r"unknown variant 'typo'.*\['gate_5e3', 'no_trust'\]"):
+def test_unknown_experiment_or_variant_lists_the_known_ones() -> None:
+    with pytest.raises(ExperimentError, match=r"unknown variant 'typo'.*\['gate_5e3', 'no_trust'\]"):
         resolved("r1", "typo")
-    with pytest.raises(SettingError, match="unknown setting 'r2'"):
-        resolve_setting("r2")
+    with pytest.raises(ExperimentError, match="unknown experiment 'r2'"):
+        resolve_experiment("r2")
 
 
 def test_grpo_leaves_the_native_loss_flags_out_and_keeps_the_batch() -> None:
@@ -149,7 +149,7 @@ def test_grpo_leaves_the_native_loss_flags_out_and_keeps_the_batch() -> None:
 
 
 @pytest.mark.parametrize(("name", "variant"), CASES)
-def test_every_flag_of_every_setting_translates(name: str, variant: str | None) -> None:
+def test_every_flag_of_every_experiment_translates(name: str, variant: str | None) -> None:
     r = resolved(name, *([variant] if variant else []))
     assert set(r.flags) <= set(TRANSLATION)
     out = flashrl_fields(r)
@@ -182,7 +182,7 @@ def test_every_flag_of_every_setting_translates(name: str, variant: str | None) 
     json.dumps(r.to_json())  # JSON-ready, inf included
 
 
-def test_translated_values_of_the_qwen7b_tool_setting() -> None:
+def test_translated_values_of_the_qwen7b_tool_experiment() -> None:
     values = flashrl_fields(resolved("qwen7b_tool")).values
     assert (
         values["lr"],
@@ -215,10 +215,10 @@ def test_translated_values_of_the_qwen7b_tool_setting() -> None:
     assert (no_is["importance_sampling"], no_is["delta"]) == ("none", 0.001)
 
 
-def test_every_setting_has_its_tuned_example() -> None:
+def test_every_experiment_has_its_tuned_example() -> None:
     for name, choices in FLASHRL_CHOICES.items():
         text = (EXAMPLES / f"{choices.script}.py").read_text()
-        assert f'run_setting("{name}")' in text
+        assert f'run_experiment("{name}")' in text
         assert len(ast.parse(text).body) <= 6  # docstring, imports, the main: thin
 
 
@@ -226,9 +226,8 @@ def test_alfworld_evaluates_every_seen_and_unseen_game_once() -> None:
     """The reference's 140 seen + 134 unseen games: evaluation_num_episodes counts prompts per split."""
     import argparse
 
-    from flashrl.env_runners import EnvRunnerSpec
     from flashrl.env_runners.evaluation import num_prompts
-    from flashrl.recipes.setting_run import ALFWORLD_EVAL_GAMES, setting_config
+    from flashrl.reproduction.experiment_run import ALFWORLD_EVAL_GAMES, experiment_config
 
     out = flashrl_fields(resolved("alfworld"))
     assert out.values["evaluation_num_episodes"] == 140
@@ -236,7 +235,7 @@ def test_alfworld_evaluates_every_seen_and_unseen_game_once() -> None:
                                                "valid_unseen": {"split": "valid_unseen"}}
     assert "140 seen + 134 unseen games" in out.sources["evaluation_num_episodes"]
     args = argparse.Namespace(alfworld_data=None, num_generated_games=8)
-    spec = setting_config(resolved("alfworld"), args).env_runner_spec()
+    spec = experiment_config(resolved("alfworld"), args).env_runner_spec()
     assert {split: env["split"] for split, env in spec.evaluation_splits.items()} == {
         "valid_seen": "valid_seen", "valid_unseen": "valid_unseen"}
     # a finite game list caps the prompts at its size: each game played once, 274 in all
@@ -257,32 +256,32 @@ def test_a_constant_schedule_leaves_warmup_and_min_lr_inert() -> None:
 def test_a_field_the_config_lacks_is_an_error_not_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    from flashrl.recipes import setting_run
+    from flashrl.reproduction import experiment_run
 
-    real = setting_run.flashrl_fields
+    real = experiment_run.flashrl_fields
 
     def with_extra(resolved, **kwargs):
         out = real(resolved, **kwargs)
         out.set("no_such_field", 1, "examples/settings/common.json: a future flag")
         return out
 
-    monkeypatch.setattr(setting_run, "flashrl_fields", with_extra)
+    monkeypatch.setattr(experiment_run, "flashrl_fields", with_extra)
     args = argparse.Namespace(data="train.jsonl", eval_data="eval.jsonl")
-    with pytest.raises(SettingError, match=r"needs FlashReinforceConfig fields \['no_such_field'\]"):
-        setting_run.setting_config(resolved("qwen_math"), args)
+    with pytest.raises(ExperimentError, match=r"needs FlashReinforceConfig fields \['no_such_field'\]"):
+        experiment_run.experiment_config(resolved("qwen_math"), args)
 
 
-def test_every_setting_builds_a_valid_config() -> None:
+def test_every_experiment_builds_a_valid_config() -> None:
     import argparse
 
-    from flashrl.recipes.setting_run import setting_config
+    from flashrl.reproduction.experiment_run import experiment_config
 
     for name, variant in CASES:
         r = resolved(name, *([variant] if variant else []))
         args = argparse.Namespace(
             data="t.jsonl", eval_data="e.jsonl", alfworld_data=None, num_generated_games=8
         )
-        config = setting_config(r, args)
+        config = experiment_config(r, args)
         with pytest.warns(UserWarning) if config.rollout_mode == "sync_group" else _no_warning():
             config.validate()
         assert (config.delta, config.train_batch_size) == (

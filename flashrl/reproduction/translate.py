@@ -1,4 +1,4 @@
-"""From a resolved reference setting (Molt-style flags) to `FlashReinforceConfig` fields.
+"""From a resolved reference experiment (Molt-style flags) to `FlashReinforceConfig` fields.
 
 `TRANSLATION` has one row per flag the reference uses. A row either names the flashrl field it sets
 (with a value map where the spelling differs), or says why flashrl has no counterpart and which
@@ -20,7 +20,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flashrl.recipes.settings import FLASHRL_CHOICE, FLASHRL_CHOICES, ResolvedSetting, SettingError
+from flashrl.reproduction.experiments import (
+    FLASHRL_CHOICE,
+    FLASHRL_CHOICES,
+    ExperimentError,
+    ResolvedExperiment,
+)
 
 __all__ = ["ENVIRONMENTS", "GROUP_BASELINE", "TRANSLATION", "Translation", "flashrl_fields"]
 
@@ -56,7 +61,7 @@ class Translation:
 def _delta(value: Any) -> float:
     number = float(value)  # the reference writes the no-trust gate as "inf" or 1e9
     if math.isnan(number) or number <= 0:
-        raise SettingError(f"actor.flash_gate_delta: expected a number > 0 or 'inf', got {value!r}.")
+        raise ExperimentError(f"actor.flash_gate_delta: expected a number > 0 or 'inf', got {value!r}.")
     return number
 
 
@@ -71,7 +76,7 @@ def _loss_mode(mode: Any) -> dict[str, Any]:
         return {"trust_region": "bernoulli_kl", "importance_sampling": "token"}
     if mode == "ppo":  # ratio == 1 under force_on_policy + one epoch: see the module docstring
         return {"trust_region": "none", "importance_sampling": "none", "aggregation": "token_mean"}
-    raise SettingError(f"actor.loss_mode: expected 'flash_reinforce' or 'ppo', got {mode!r}.")
+    raise ExperimentError(f"actor.loss_mode: expected 'flash_reinforce' or 'ppo', got {mode!r}.")
 
 
 _NO_COUNTERPART = "no flashrl counterpart: "
@@ -98,7 +103,7 @@ TRANSLATION: Mapping[str, Translation] = {
     "data.max_len": Translation("max_episode_tokens", "total context of an episode (prompt + all turns)"),
     # --- rollout ---------------------------------------------------------------------------------------
     "rollout.batch_size": Translation(
-        None, "prompts per batch: train_batch_size / group_size (checked equal by the setting's contract)"
+        None, "prompts per batch: train_batch_size / group_size (checked equal by the experiment's contract)"
     ),
     "rollout.vllm_generate_batch_size": Translation(
         "episodes_in_flight", "rollouts in flight over all engines, split evenly over the env runners"
@@ -221,12 +226,12 @@ TRANSLATION: Mapping[str, Translation] = {
         "engine_options.gpu_memory_utilization", "share of GPU memory vLLM may use"
     ),
 }
-"""Every reference flag the settings use -> its flashrl meaning."""
+"""Every reference flag the experiments use -> its flashrl meaning."""
 
 
 @dataclass
 class FlashrlFields:
-    """The flashrl fields of a setting and where each value comes from."""
+    """The flashrl fields of an experiment and where each value comes from."""
 
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
@@ -240,30 +245,30 @@ class FlashrlFields:
 
 
 def flashrl_fields(
-    resolved: ResolvedSetting, *, env_config: Mapping[str, Any] | None = None
+    resolved: ResolvedExperiment, *, env_config: Mapping[str, Any] | None = None
 ) -> FlashrlFields:
-    """The `FlashReinforceConfig` fields of a resolved setting, each with its source.
+    """The `FlashReinforceConfig` fields of a resolved experiment, each with its source.
 
     Flags that set several fields (`actor.loss_mode`, `rollout.n_samples_per_prompt`) go first, so
     that a specific flag (`actor.flash_no_is`) refines what they set.
 
     Args:
-        resolved: the setting with its variants.
+        resolved: the experiment with its variants.
         env_config: the environment's data arguments (task files, games), merged under the
-            setting's turn limit.
+            experiment's turn limit.
 
     Raises:
-        SettingError: a flag without a row in `TRANSLATION`, or a value its row does not accept.
+        ExperimentError: a flag without a row in `TRANSLATION`, or a value its row does not accept.
     """
-    setting, flags = resolved.setting, resolved.flags
-    choices = FLASHRL_CHOICES[setting.name]
+    experiment, flags = resolved.experiment, resolved.flags
+    choices = FLASHRL_CHOICES[experiment.name]
     out = FlashrlFields()
     runners = choices.num_env_runners
     unknown = [key for key in flags if key not in TRANSLATION]
     if unknown:
-        raise SettingError(
-            f"reference flags {unknown} (from {setting.source}) have no row in "
-            "flashrl.recipes.translate.TRANSLATION; expected every flag to be translated or explained. "
+        raise ExperimentError(
+            f"reference flags {unknown} (from {experiment.source}) have no row in "
+            "flashrl.reproduction.translate.TRANSLATION; expected every flag to be translated or explained. "
             "Fix: add their rows."
         )
     for key in sorted(flags, key=lambda k: TRANSLATION[k].expand is None):
@@ -278,12 +283,12 @@ def flashrl_fields(
                 f"{out.sources[name]}, inert under actor.lr_scheduler=constant (Molt 0.2.1 "
                 "passes it to transformers' constant schedule, which ignores it)",
             )
-    out.set("model", setting.model, f"{setting.source}: model")
-    out.set("env", ENVIRONMENTS[setting.agent_kind], f"{setting.source}: agent_kind={setting.agent_kind!r}")
+    out.set("model", experiment.model, f"{experiment.source}: model")
+    out.set("env", ENVIRONMENTS[experiment.agent_kind], f"{experiment.source}: agent_kind={experiment.agent_kind!r}")
     env = dict(env_config or {})
-    if setting.agent_kind != "math":
-        env["max_turns"] = setting.max_agent_turns
-        out.sources["env_config.max_turns"] = f"{setting.source}: max_agent_turns"
+    if experiment.agent_kind != "math":
+        env["max_turns"] = experiment.max_agent_turns
+        out.sources["env_config.max_turns"] = f"{experiment.source}: max_agent_turns"
     out.values["env_config"] = env  # its data arguments come from the command line (--data, ...)
     _choices(resolved, out)
     _evaluation_data(resolved, out)
@@ -299,14 +304,14 @@ def _translate_flag(key: str, value: Any, source: str, out: FlashrlFields, runne
         return
     if rule.field is None:
         if rule.implied and value not in rule.implied:
-            raise SettingError(
+            raise ExperimentError(
                 f"reference flag {key}={value!r} (from {source}): flashrl only supports "
                 f"{list(rule.implied)} ({rule.meaning})."
             )
         return
     if rule.values is not None:
         if value not in rule.values:
-            raise SettingError(
+            raise ExperimentError(
                 f"reference flag {key}={value!r} (from {source}): expected one of {list(rule.values)}."
             )
         value = rule.values[value]
@@ -323,11 +328,11 @@ def _translate_flag(key: str, value: Any, source: str, out: FlashrlFields, runne
     out.set(rule.field, value, f"{source}: {key}")
 
 
-def _evaluation_data(resolved: ResolvedSetting, out: FlashrlFields) -> None:
+def _evaluation_data(resolved: ResolvedExperiment, out: FlashrlFields) -> None:
     """Which held-out sets the online evaluation reports (examples/README.md)."""
     readme = "examples/README.md"
-    if resolved.setting.agent_kind == "alfworld":
-        games = f"{readme}: 140 seen + 134 unseen games ({resolved.setting.source} notes)"
+    if resolved.experiment.agent_kind == "alfworld":
+        games = f"{readme}: 140 seen + 134 unseen games ({resolved.experiment.source} notes)"
         out.set(
             "evaluation_splits",
             {"valid_seen": {"split": "valid_seen"}, "valid_unseen": {"split": "valid_unseen"}},
@@ -344,11 +349,11 @@ def _evaluation_data(resolved: ResolvedSetting, out: FlashrlFields) -> None:
         out.set(
             "evaluation_datasource_key",
             "datasource",
-            f"{readme}: math data carry a benchmark 'datasource' ({resolved.setting.evaluation})",
+            f"{readme}: math data carry a benchmark 'datasource' ({resolved.experiment.evaluation})",
         )
 
 
-def _choices(resolved: ResolvedSetting, out: FlashrlFields) -> None:
+def _choices(resolved: ResolvedExperiment, out: FlashrlFields) -> None:
     """flashrl's own choices: the hardware layout and what the reference leaves open."""
     c = FLASHRL_CHOICES[resolved.name]
     for name, value in (

@@ -1,7 +1,7 @@
 """Every option of Molt 0.2.1's RL CLI (`python -m molt.cli.train_rl_ray`), as data.
 
 Extracted from the registry package molt-rl==0.2.1 (its wheel, unpacked) with
-`python -m flashrl.recipes.molt extract <folder holding molt/>` (then `ruff format`): that runs
+`python -m flashrl.reproduction.molt extract <folder holding molt/>` (then `ruff format`): that runs
 only the parser-building statements of the `if __name__ == "__main__":` block of
 `molt/cli/train_rl_ray.py` (up to `args = parser.parse_args()`), which lists the flags without importing
 Ray or vLLM.

@@ -1,15 +1,15 @@
-"""Running a reference setting as a tuned example: its preset, its config, its command line.
+"""Running a reference experiment as a tuned example: its preset, its config, its command line.
 
 A GPU tuned example is three lines::
 
-    from flashrl.recipes import run_setting
+    from flashrl.reproduction.experiment_run import run_experiment
     if __name__ == "__main__":
-        sys.exit(run_setting("qwen_math"))
+        sys.exit(run_experiment("qwen_math"))
 
-`run_setting` adds to the shared flags (`flashrl.recipes.args`): `--variant NAME` (repeatable,
-applied in order), `--print-config` (the resolved setting and its flashrl fields as JSON) and the
-data arguments of the setting's environment. The values come from `flashrl.recipes.settings`;
-`flashrl.recipes.translate` maps them onto `FlashReinforceConfig`.
+`run_experiment` adds to the shared flags (`flashrl.recipes.args`): `--variant NAME` (repeatable,
+applied in order), `--print-config` (the resolved experiment and its flashrl fields as JSON) and the
+data arguments of the experiment's environment. The values come from `flashrl.reproduction.experiments`;
+`flashrl.reproduction.translate` maps them onto `FlashReinforceConfig`.
 """
 
 from __future__ import annotations
@@ -22,33 +22,33 @@ from typing import Any
 
 from flashrl.recipes.plan import EXIT_INVALID_CONFIG
 from flashrl.recipes.preset import GPU_PINS, NodePlan, Preset
-from flashrl.recipes.settings import (
+from flashrl.reproduction.experiments import (
+    EXPERIMENTS,
     FLASHRL_CHOICE,
     FLASHRL_CHOICES,
-    SETTINGS,
-    ResolvedSetting,
-    SettingError,
+    ExperimentError,
+    ResolvedExperiment,
     dumps,
-    resolve_setting,
+    resolve_experiment,
 )
-from flashrl.recipes.translate import flashrl_fields
+from flashrl.reproduction.translate import flashrl_fields
 
-__all__ = ["config_factory", "run_setting", "setting_config", "setting_preset"]
+__all__ = ["config_factory", "experiment_config", "experiment_preset", "run_experiment"]
 
 SUCCESS_METRIC = "evaluation/episode_return_mean"
 ALFWORLD_EVAL_GAMES = {"valid_seen": 140, "valid_unseen": 134}
 """Generated evaluation games per split when no official data is given (examples/README.md counts)."""
 
 
-def setting_preset(name: str, variants: Sequence[str] = ()) -> Preset:
-    """The `Preset` (success bar, node plan, pins, sources) of a setting with its variants."""
+def experiment_preset(name: str, variants: Sequence[str] = ()) -> Preset:
+    """The `Preset` (success bar, node plan, pins, sources) of an experiment with its variants."""
     resolved = _resolve_or_exit(name, variants)
     choices = FLASHRL_CHOICES[name]
-    setting = resolved.setting
+    experiment = resolved.experiment
     pins = dict(GPU_PINS)
-    if setting.agent_kind == "alfworld":
+    if experiment.agent_kind == "alfworld":
         pins["alfworld"] = "==0.4.2"
-    if setting.agent_kind == "python_tool":
+    if experiment.agent_kind == "python_tool":
         pins["pyseccomp"] = ">=0.1"
     out = flashrl_fields(resolved)
     sources = {
@@ -59,11 +59,11 @@ def setting_preset(name: str, variants: Sequence[str] = ()) -> Preset:
     sources["node plan, actors, GPUs"] = FLASHRL_CHOICE + " (the reference's launch commands are examples)"
     data_args = (
         {"ALFWorld data (json_2.1.1)": "alfworld_data"}
-        if setting.agent_kind == "alfworld"
+        if experiment.agent_kind == "alfworld"
         else {"training data": "data", "held-out data": "eval_data"}
     )
-    notes = tuple(f"reference ({setting.source}): {note}" for note in setting.notes)
-    notes += (f"variants of {name}: {list(setting.variants)} (selected: {list(resolved.variants)})",)
+    notes = tuple(f"reference ({experiment.source}): {note}" for note in experiment.notes)
+    notes += (f"variants of {name}: {list(experiment.variants)} (selected: {list(resolved.variants)})",)
     return Preset(
         name=choices.script,
         description=choices.description,
@@ -80,30 +80,30 @@ def setting_preset(name: str, variants: Sequence[str] = ()) -> Preset:
         pins=pins,
         sources=sources,
         notes=notes,
-        needs_sandbox=setting.agent_kind == "python_tool",
-        needs_alfworld=setting.agent_kind == "alfworld",
+        needs_sandbox=experiment.agent_kind == "python_tool",
+        needs_alfworld=experiment.agent_kind == "alfworld",
         data_args=data_args,
     )
 
 
-def add_setting_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    """`--variant`, `--print-config` and the data arguments of the setting's environment."""
-    setting = SETTINGS[name]
-    group = parser.add_argument_group(f"reference setting {name!r} ({setting.source})")
+def add_experiment_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """`--variant`, `--print-config` and the data arguments of the experiment's environment."""
+    experiment = EXPERIMENTS[name]
+    group = parser.add_argument_group(f"reference experiment {name!r} ({experiment.source})")
     group.add_argument(
         "--variant",
         action="append",
         default=[],
         metavar="NAME",
-        help=f"a variant of the setting, by the reference's name (repeatable, applied in order): "
-        f"{', '.join(setting.variants)}",
+        help=f"a variant of the experiment, by the reference's name (repeatable, applied in order): "
+        f"{', '.join(experiment.variants)}",
     )
     group.add_argument(
         "--print-config",
         action="store_true",
-        help="print the resolved setting and its flashrl fields as JSON",
+        help="print the resolved experiment and its flashrl fields as JSON",
     )
-    if setting.agent_kind == "alfworld":
+    if experiment.agent_kind == "alfworld":
         official = (
             os.path.join(os.environ["ALFWORLD_DATA"], "json_2.1.1")
             if os.environ.get("ALFWORLD_DATA")
@@ -117,19 +117,19 @@ def add_setting_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         group.add_argument(
             "--num-generated-games",
             type=int,
-            default=int(resolve_setting(name).flags["data.max_samples"]),
-            help="training games to generate without data (default: the setting's data.max_samples)",
+            default=int(resolve_experiment(name).flags["data.max_samples"]),
+            help="training games to generate without data (default: the experiment's data.max_samples)",
         )
     else:
         group.add_argument("--data", default=f"data/{name}/train.jsonl", help="training rows (JSONL/Parquet)")
         group.add_argument("--eval-data", default=f"data/{name}/eval.jsonl", help="held-out rows")
 
 
-def setting_config(resolved: ResolvedSetting, args: argparse.Namespace) -> Any:
-    """The `FlashReinforceConfig` of a resolved setting (data from `args`); not validated.
+def experiment_config(resolved: ResolvedExperiment, args: argparse.Namespace) -> Any:
+    """The `FlashReinforceConfig` of a resolved experiment (data from `args`); not validated.
 
     Raises:
-        SettingError: the setting needs a field this flashrl's `FlashReinforceConfig` lacks.
+        ExperimentError: the experiment needs a field this flashrl's `FlashReinforceConfig` lacks.
     """
     from flashrl.algorithms import FlashReinforceConfig
 
@@ -142,9 +142,9 @@ def setting_config(resolved: ResolvedSetting, args: argparse.Namespace) -> Any:
     known = set(FlashReinforceConfig.setting_names())
     missing = sorted(set(values) - known)
     if missing:
-        raise SettingError(
-            f"setting {resolved.name!r} needs FlashReinforceConfig fields {missing}, which this flashrl does "
-            f"not have (expected every field of the setting to exist; sources: "
+        raise ExperimentError(
+            f"experiment {resolved.name!r} needs FlashReinforceConfig fields {missing}, which this flashrl does "
+            f"not have (expected every field of the experiment to exist; sources: "
             f"{ {k: out.sources.get(k, '') for k in missing} }). Fix: update flashrl; nothing is dropped."
         )
     config = FlashReinforceConfig()
@@ -160,28 +160,28 @@ def config_factory(name: str) -> Callable[[argparse.Namespace], Any]:
     def make_config(args: argparse.Namespace) -> Any:
         resolved = _resolve_or_exit(name, getattr(args, "variant", None) or ())
         try:
-            return setting_config(resolved, args)
-        except SettingError as err:
+            return experiment_config(resolved, args)
+        except ExperimentError as err:
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(EXIT_INVALID_CONFIG) from err
 
     return make_config
 
 
-def run_setting(name: str, argv: Sequence[str] | None = None) -> int:
-    """The main of a reference-setting tuned example; returns the exit code (see `run_preset`)."""
+def run_experiment(name: str, argv: Sequence[str] | None = None) -> int:
+    """The main of a reference-experiment tuned example; returns the exit code (see `run_preset`)."""
     from flashrl.recipes.run import build_config, run_built
 
     argv = list(sys.argv[1:] if argv is None else argv)
     probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     probe.add_argument("--variant", action="append", default=[])
     variants = probe.parse_known_args(argv)[0].variant
-    preset = setting_preset(name, variants)
+    preset = experiment_preset(name, variants)
     config, args = build_config(
-        preset, config_factory(name), argv, add_arguments=lambda parser: add_setting_arguments(parser, name)
+        preset, config_factory(name), argv, add_arguments=lambda parser: add_experiment_arguments(parser, name)
     )
     if args.print_config:
-        resolved = resolve_setting(name, args.variant)
+        resolved = resolve_experiment(name, args.variant)
         out = flashrl_fields(resolved)
         extra = {
             "flashrl_config": {k: getattr(config, k) for k in out.values if k not in ("env_config",)}
@@ -193,18 +193,18 @@ def run_setting(name: str, argv: Sequence[str] | None = None) -> int:
     return run_built(preset, config, args)
 
 
-def _resolve_or_exit(name: str, variants: Sequence[str]) -> ResolvedSetting:
+def _resolve_or_exit(name: str, variants: Sequence[str]) -> ResolvedExperiment:
     try:
-        return resolve_setting(name, variants)
-    except SettingError as err:
+        return resolve_experiment(name, variants)
+    except ExperimentError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(EXIT_INVALID_CONFIG) from err
 
 
-def _data(resolved: ResolvedSetting, args: argparse.Namespace) -> tuple[dict, dict, dict | None]:
+def _data(resolved: ResolvedExperiment, args: argparse.Namespace) -> tuple[dict, dict, dict | None]:
     """Training env_config, evaluation env_config and evaluation splits from the data arguments."""
-    if resolved.setting.agent_kind != "alfworld":
-        template = {"template": "boxed"} if resolved.setting.agent_kind == "math" else {}
+    if resolved.experiment.agent_kind != "alfworld":
+        template = {"template": "boxed"} if resolved.experiment.agent_kind == "math" else {}
         return {"tasks": args.data, **template}, {"tasks": args.eval_data}, None
     root = getattr(args, "alfworld_data", None)
     if root:

@@ -1,4 +1,4 @@
-"""scripts/train_molt.py: the settings as Molt 0.2.1 commands; no Molt installation needed."""
+"""scripts/train_molt.py: the experiments as Molt 0.2.1 commands; no Molt installation needed."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flashrl.recipes.molt import MOLT_0_2_1_CHOICES, MOLT_0_2_1_FLAGS, extract_flags
-from flashrl.recipes.settings import SETTINGS, resolve_setting
+from flashrl.reproduction.experiments import EXPERIMENTS, resolve_experiment
+from flashrl.reproduction.molt import MOLT_0_2_1_CHOICES, MOLT_0_2_1_FLAGS, extract_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_molt.py"
@@ -20,7 +20,7 @@ SPEC = importlib.util.spec_from_file_location("train_molt", SCRIPT)
 train_molt = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(train_molt)
 
-CASES = [(name, variant) for name, s in SETTINGS.items() for variant in (None, *s.variants)]
+CASES = [(name, variant) for name, s in EXPERIMENTS.items() for variant in (None, *s.variants)]
 REFUSED = {  # what Molt 0.2.1 cannot run, and the reason's key word
     ("qwen_math", "negative_q09"): "q < 1",
     ("qwen_math", "negative_q02"): "q < 1",
@@ -29,7 +29,7 @@ REFUSED = {  # what Molt 0.2.1 cannot run, and the reason's key word
     ("qwen7b_tool", "negative_q00"): "q < 1",
     ("qwen7b_tool", "constant_length"): "constant_length",
     ("qwen3_tool_ablation", "no_is"): "no_is",
-    ("alfworld", None): "q < 1",  # the ALFWorld setting itself uses q = 0.9
+    ("alfworld", None): "q < 1",  # the ALFWorld experiment itself uses q = 0.9
     ("alfworld", "negative_q02"): "q < 1",
     ("alfworld", "no_is"): "no_is",
     ("alfworld", "grpo"): "partial rollout",
@@ -105,7 +105,7 @@ def test_clean_checkout_dry_run_needs_no_installed_package(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("name", "variant"), CASES)
-def test_every_setting_is_a_valid_molt_command_or_refused(
+def test_every_experiment_is_a_valid_molt_command_or_refused(
     name: str, variant: str | None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, err = dry_run(capsys, "--recipe", name, *(["--variant", variant] if variant else []))
@@ -116,7 +116,7 @@ def test_every_setting_is_a_valid_molt_command_or_refused(
         return
     assert code == 0, err
     flags = parse(command_of(out))  # every flag in the recorded 0.2.1 list, with the right arity
-    r = resolve_setting(name, [variant] if variant else [])
+    r = resolve_experiment(name, [variant] if variant else [])
     assert flags["--train.max_epochs"] == ["1"] and "--train.force_on_policy" in flags
     assert flags["--train.batch_size"] == [str(r.flags["train.batch_size"])]
     assert flags["--rollout.max_new_tokens"] == [str(r.flags["rollout.max_new_tokens"])]
@@ -140,7 +140,7 @@ def test_every_setting_is_a_valid_molt_command_or_refused(
 
 
 def test_the_reference_launcher_flags_for_r1_with_gate_5e3(capsys: pytest.CaptureFixture[str]) -> None:
-    # the reference's scripts/train_molt.py runs r1 at delta 5e-3: the setting's gate_5e3 variant
+    # the reference's scripts/train_molt.py runs r1 at delta 5e-3: the experiment's gate_5e3 variant
     _, out, _ = dry_run(capsys, "--recipe", "r1", "--variant", "gate_5e3")
     text = " ".join(command_of(out))
     for expected in (

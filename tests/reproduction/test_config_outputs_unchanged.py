@@ -1,9 +1,9 @@
-"""The resolved configs users see stay byte-identical: every setting's `--print-config` (each variant)
+"""The resolved configs users see stay byte-identical: every experiment's `--print-config` (each variant)
 and every tuned example's `FlashReinforceConfig.to_dict()` (the flat names Tune and checkpoints use).
 
 The expected texts were recorded from the code before the config was composed of the core's specs
-(`tests/recipes/data/config_outputs.json`). A change that alters any of them on purpose records them
-again: `python tests/recipes/test_config_outputs_unchanged.py --record` (and says why in its commit).
+(`tests/reproduction/data/config_outputs.json`). A change that alters any of them on purpose records them
+again: `python tests/reproduction/test_config_outputs_unchanged.py --record` (and says why in its commit).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ CPU_EXAMPLES = ("smollm2_arithmetic_cpu",)
 
 
 def _print_config(name: str, variant: str | None) -> str:
-    from flashrl.recipes import run_setting
+    from flashrl.reproduction.experiment_run import run_experiment
 
     argv = ["--print-config"] + (["--variant", variant] if variant else [])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert run_setting(name, argv) == 0
+        assert run_experiment(name, argv) == 0
     return out.getvalue()
 
 
@@ -45,11 +45,11 @@ def _example_dict(script: str) -> str:
 
 
 def _cases() -> list[str]:
-    from flashrl.recipes.settings import SETTINGS
+    from flashrl.reproduction.experiments import EXPERIMENTS
 
     cases = []
-    for name, setting in SETTINGS.items():
-        cases += [f"print-config {name}"] + [f"print-config {name} {v}" for v in setting.variants]
+    for name, experiment in EXPERIMENTS.items():
+        cases += [f"print-config {name}"] + [f"print-config {name} {v}" for v in experiment.variants]
         cases.append(f"to_dict {name}")
     return cases + [f"to_dict_example {script}" for script in CPU_EXAMPLES]
 
@@ -59,12 +59,15 @@ def _output(case: str) -> str:
     if kind == "print-config":
         return _print_config(name, variant[0] if variant else None)
     if kind == "to_dict":
-        from flashrl.recipes import config_factory, setting_preset
         from flashrl.recipes.run import build_config
-        from flashrl.recipes.setting_run import add_setting_arguments
+        from flashrl.reproduction.experiment_run import (
+            add_experiment_arguments,
+            config_factory,
+            experiment_preset,
+        )
 
-        config, _ = build_config(setting_preset(name, ()), config_factory(name), ["--output", "results/x"],
-                                 add_arguments=lambda parser: add_setting_arguments(parser, name))
+        config, _ = build_config(experiment_preset(name, ()), config_factory(name), ["--output", "results/x"],
+                                 add_arguments=lambda parser: add_experiment_arguments(parser, name))
         return json.dumps(config.to_dict(), indent=1, sort_keys=True, default=repr)
     return _example_dict(name)
 
@@ -79,7 +82,7 @@ def test_every_case_is_recorded():
 
 @pytest.mark.parametrize("case", sorted(_recorded()) if RECORD.exists() else [])
 def test_output_is_byte_identical_to_the_record(case, monkeypatch):
-    # The ALFWorld setting reads $ALFWORLD_DATA for its default data folder, and importing the
+    # The ALFWorld experiment reads $ALFWORLD_DATA for its default data folder, and importing the
     # alfworld package sets it: the record is of a shell without it.
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
     assert _output(case) == _recorded()[case]
@@ -87,7 +90,7 @@ def test_output_is_byte_identical_to_the_record(case, monkeypatch):
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--record"]:
-        raise SystemExit("usage: python tests/recipes/test_config_outputs_unchanged.py --record")
+        raise SystemExit("usage: python tests/reproduction/test_config_outputs_unchanged.py --record")
     RECORD.parent.mkdir(parents=True, exist_ok=True)
     RECORD.write_text(json.dumps({case: _output(case) for case in _cases()}, indent=1, sort_keys=True) + "\n",
                       encoding="utf-8")

@@ -1,4 +1,4 @@
-"""The reference settings as a command line of NVIDIA Molt 0.2.1 (`python -m molt.cli.train_rl_ray`).
+"""The reference experiments as a command line of NVIDIA Molt 0.2.1 (`python -m molt.cli.train_rl_ray`).
 
 Molt 0.2.1 (registry package `molt-rl`) has no native FlashREINFORCE loss (`actor.loss_mode` offers
 ppo, cispo, gspo; no `actor.flash_*` flag). It runs the base method through its behavior correction,
@@ -18,8 +18,8 @@ as the reference's `scripts/train_molt.py` does:
 `constant_length` reduction; those run natively in flashrl (`tuned_examples/`). The GRPO variants
 run as Molt's own GRPO (`actor.loss_mode ppo`, `algo.advantage.estimator grpo`).
 
-`MOLT_0_2_1_FLAGS` (flashrl/recipes/molt_rl_0_2_1_flags.py) records every flag of 0.2.1's RL CLI,
-extracted from its parser by `python -m flashrl.recipes.molt extract <folder holding molt/>`.
+`MOLT_0_2_1_FLAGS` (flashrl/reproduction/molt_rl_0_2_1_flags.py) records every flag of 0.2.1's RL CLI,
+extracted from its parser by `python -m flashrl.reproduction.molt extract <folder holding molt/>`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flashrl.recipes.molt_rl_0_2_1_flags import MOLT_0_2_1_CHOICES, MOLT_0_2_1_FLAGS
-from flashrl.recipes.settings import FLASHRL_CHOICES, ResolvedSetting
+from flashrl.reproduction.experiments import FLASHRL_CHOICES, ResolvedExperiment
+from flashrl.reproduction.molt_rl_0_2_1_flags import MOLT_0_2_1_CHOICES, MOLT_0_2_1_FLAGS
 
 __all__ = [
     "MOLT_0_2_1_CHOICES",
@@ -68,7 +68,7 @@ class Placement:
 
 @dataclass
 class MoltCommand:
-    """The Molt flags of a resolved setting, or why Molt 0.2.1 cannot run it."""
+    """The Molt flags of a resolved experiment, or why Molt 0.2.1 cannot run it."""
 
     flags: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -101,7 +101,7 @@ def _render(value: Any) -> str:
 
 
 def molt_command(
-    resolved: ResolvedSetting,
+    resolved: ResolvedExperiment,
     *,
     model: str,
     train_data: str,
@@ -110,7 +110,7 @@ def molt_command(
     output: str,
     placement: Placement = Placement(),
 ) -> MoltCommand:
-    """The Molt 0.2.1 command of a resolved setting (with the refusals, if it cannot run there)."""
+    """The Molt 0.2.1 command of a resolved experiment (with the refusals, if it cannot run there)."""
     flags = dict(resolved.flags)
     out = MoltCommand()
     script = FLASHRL_CHOICES[resolved.name].script
@@ -153,7 +153,7 @@ def molt_command(
     )
     out.flags = flags
     out.env = {
-        "MAX_AGENT_TURNS": str(resolved.setting.max_agent_turns),  # read by the agent, not by Molt
+        "MAX_AGENT_TURNS": str(resolved.experiment.max_agent_turns),  # read by the agent, not by Molt
         "RAY_USAGE_STATS_ENABLED": "0",
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "TOKENIZERS_PARALLELISM": "true",
@@ -243,7 +243,7 @@ def _module_text(flags: Mapping[str, str], choices: Mapping[str, tuple[str, ...]
         f'"""Every option of Molt {MOLT_VERSION}\'s RL CLI (`python -m {MOLT_MODULE}`), as data.',
         "",
         f"Extracted from the registry package {MOLT_PACKAGE}=={MOLT_VERSION} (its wheel, unpacked) with",
-        "`python -m flashrl.recipes.molt extract <folder holding molt/>` (then `ruff format`): that runs",
+        "`python -m flashrl.reproduction.molt extract <folder holding molt/>` (then `ruff format`): that runs",
         'only the parser-building statements of the `if __name__ == "__main__":` block of',
         f"`{CLI_SOURCE}` (up to `args = parser.parse_args()`), which lists the flags without importing",
         "Ray or vLLM.",
