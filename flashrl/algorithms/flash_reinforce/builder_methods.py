@@ -155,8 +155,8 @@ class BuilderMethods:
                 attention (GPU).
             optimizer_offload: With num_learners >= 2 (FSDP2): keep parameter shards, gradients and optimizer
                 state in host memory.
-            freeze_moe_router: Freeze the MoE router (gate) weights during RL, as Molt's
-                --actor.freeze_moe_router; MoE models only.
+            freeze_moe_router: Freeze the MoE router (gate) weights during RL (``flashrl.learners.freeze``);
+                MoE models only.
             restart_failed_learners: When a learner actor dies or times out, start a new learner group and
                 resume from the run's newest checkpoint (or its start); False stops the run with the cause
                 (see docs/runtime.md, Faults).
@@ -207,9 +207,8 @@ class BuilderMethods:
         Args:
             train_batch_size: B: finished trajectories per update, each from a different prompt (also the most
                 one poll returns).
-            routing_replay: R3 (Molt's --train.routing_replay): the engines record the experts an MoE policy
-                routed every token to, and the learners' forward uses them
-                (``flashrl.models.routing_replay``); MoE models only.
+            routing_replay: R3: the engines record the experts an MoE policy routed every token to, and the
+                learners' forward uses them (``flashrl.models.routing_replay``); MoE models only.
             model: Policy model: a local Hugging Face folder, a hub id, or a flashrl model name (the learner
                 loads a local folder: an algorithm resolves the name first, ``flashrl.models.resolve_model``).
             dtype: Learner compute dtype: 'float32' or 'bfloat16' (float32 master weights, optimizer, gradient
