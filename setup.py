@@ -54,7 +54,8 @@ setup(
         "alfworld": ["alfworld==0.4.2", "textworld[pddl]"],
         # Experiment trackers for `loggers=[...]` (flashrl.loggers); CSV, JSON lines and TensorBoard need none.
         "loggers": ["wandb>=0.20", "mlflow-skinny>=2.10"],
-        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"],
+        # ruff pinned: its default rule set changes between releases, and CI lints with it (.ci/run).
+        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "ruff==0.17.6"],
     },
     entry_points={"console_scripts": ["flashrl=flashrl.cli:main"]},
     classifiers=[

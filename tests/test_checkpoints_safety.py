@@ -187,10 +187,12 @@ def test_a_payload_in_the_dcp_extra_state_runs_nothing(tmp_path: Path) -> None:
         warnings.simplefilter("ignore")
         fsdp.save_sharded(tmp_path / "dcp", model, extra_state={"x": _Payload(marker)})
     assert not marker.exists()
-    with pytest.raises(CheckpointError, match=r"dcp: the entry 'extra_state' .* not plain data.*Unsupported global"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fsdp.load_sharded(tmp_path / "dcp", torch.nn.Linear(3, 2))
+    with (
+        pytest.raises(CheckpointError, match=r"dcp: the entry 'extra_state' .* not plain data.*Unsupported global"),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")
+        fsdp.load_sharded(tmp_path / "dcp", torch.nn.Linear(3, 2))
     assert not marker.exists()
 
 

@@ -189,7 +189,7 @@ def shard_model(
             "(or torch.distributed.init_process_group) on every rank first; one rank works with world_size=1."
         )
     if isinstance(model, FSDPModule):
-        raise ValueError(f"{type(model).__name__} is already sharded; call shard_model once per model.")
+        raise ValueError(f"{type(model).__name__} is already sharded; call shard_model once per model.")  # noqa: TRY004  a state, not a type, is wrong
     units = list(layers) if layers is not None else decoder_layers(model)
     mesh = mesh or _default_mesh(model)
     if reduce_dtype is None and param_dtype is not None and param_dtype.itemsize < 4:
