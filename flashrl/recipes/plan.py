@@ -515,7 +515,13 @@ def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> tuple[lis
         )
     if config.num_gpus_per_learner > 0:
         gpu_bytes = nodes.gpu_memory_gib * GIB * min(1.0, config.num_gpus_per_learner)  # a fraction shares its GPU
-        lines.append(f"    learner on its GPU: {format_bytes(lm.total)} of {format_bytes(gpu_bytes)}")
+        shared = config.engine == "vllm" and is_colocated(config.num_gpus_per_learner, config.num_gpus_per_env_runner)
+        if shared:  # Ray's fraction divides no memory: the engine's reservation is checked against the device
+            gpu_bytes = nodes.gpu_memory_gib * GIB
+        lines.append(
+            f"    learner on its GPU: {format_bytes(lm.total)} of {format_bytes(gpu_bytes)}"
+            + (", shared with an engine (below)" if shared else "")
+        )
         if config.num_gpus_per_learner > 1:
             report.warnings.append(
                 f"num_gpus_per_learner={config.num_gpus_per_learner:g}: a learner trains on one device; the "

@@ -87,3 +87,10 @@ def test_a_learner_whose_update_exceeds_the_device_gets_the_learners_fixes(monke
     assert error.startswith("colocated learner: its update's peak ")
     assert "exceeds the whole 80.00 GiB GPU even with the engine asleep. Fix: set max_tokens_per_micro_batch" in error
     assert "gpu_memory_utilization" not in error  # no share of the engine's makes room for it
+
+
+def test_a_colocated_learner_is_measured_against_the_whole_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ray's 0.5 divides no memory: the learner's 34.38 GiB peak is not "above its 40 GiB share" nor
+    # below it; the pair is checked against the 80 GiB device (the engine's lines)
+    _, out = _report(monkeypatch)
+    assert "learner on its GPU: 34.38 GiB of 80.00 GiB, shared with an engine (below)" in out
