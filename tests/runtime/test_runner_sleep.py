@@ -15,12 +15,12 @@ from flashrl.env_runners.env_runner import EnvRunner
 
 
 class SleepEngine:
-    """`VLLMEngine`'s sleep-mode surface, simulated: sleep / wake_up, and an update that takes a while."""
+    """`VLLMEngine`'s sleep-mode surface, simulated: sleep / wake_up, and an update that takes a while;
+    the torch engine's tokenizer and context stay on ``inner``."""
 
-    def __init__(self, engine) -> None:
-        self._inner = engine
-        self.version = 0
-        self.calls: list = []
+    def __init__(self, inner) -> None:
+        self.inner, self.version, self.calls = inner, 0, []
+        self.max_model_len, self.tokenizer = inner.max_model_len, inner.tokenizer  # what setup() reads
 
     async def sleep(self) -> None:
         self.calls.append("sleep")
@@ -34,19 +34,20 @@ class SleepEngine:
         self.version = version
         self.calls.append(("update end", version))
 
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
-
 
 @pytest.fixture
 def runner(tiny_config, tiny_llama_path):
-    runner = EnvRunner(tiny_config().env_runner_spec(), runner_index=0, num_runners=1, model_path=tiny_llama_path)
+    """A started runner (its torch engine, then wrapped) and the loop it runs on."""
     loop = asyncio.new_event_loop()
-    loop.run_until_complete(runner.setup())
-    runner._engine = SleepEngine(runner._engine)
-    yield runner, loop
-    loop.run_until_complete(runner.stop())
-    loop.close()
+    started = EnvRunner(tiny_config().env_runner_spec(), runner_index=0, num_runners=1, model_path=tiny_llama_path)
+    loop.run_until_complete(started.setup())
+    started._engine = SleepEngine(started._engine)
+    try:
+        yield started, loop
+    finally:
+        started._engine = started._engine.inner  # stop() closes the real engine
+        loop.run_until_complete(started.stop())
+        loop.close()
 
 
 def test_a_wake_queued_behind_a_weight_update_waits_for_it(runner) -> None:
