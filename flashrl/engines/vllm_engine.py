@@ -39,6 +39,11 @@ from typing import Any
 import torch
 
 from flashrl.engines.base import ModelEngine
+from flashrl.engines.colocation import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    SLEEP_ON_CPU_ERROR,
+    colocated_memory_utilization,
+)
 from flashrl.engines.memory import (
     CPU_BLOCK_SIZE,
     DEFAULT_MAX_NUM_SEQS,
@@ -75,8 +80,19 @@ class VLLMEngineOptions:
     dtype: str | None = None
     """Model dtype; default float32 on CPU (exact log-probs), the checkpoint's dtype on GPU."""
     gpu_memory_utilization: float | None = None
-    """GPU: share of the device's memory vLLM may take (weights + KV cache; default 0.85). CPU: not
-    used, the KV cache gets a byte budget (``kv_cache_memory_bytes``) instead of a share of RAM."""
+    """GPU: share of the device's memory vLLM may take (weights + KV cache), of the whole device whatever
+    Ray's GPU fraction; default 0.85, or next to a learner on its GPU derived from the learner's planned
+    bytes (``flashrl.engines.colocation``). CPU: not used, the KV cache gets a byte budget
+    (``kv_cache_memory_bytes``) instead of a share of RAM."""
+    colocated_learner_bytes: int | None = None
+    """GPU, colocated layout: the learner's planned bytes on this engine's device while the engine is
+    awake (set by the algorithm); the default ``gpu_memory_utilization`` leaves them free."""
+    colocated_gpu_fraction: float | None = None
+    """GPU, colocated layout: Ray's GPU fraction of the runner, the default ``gpu_memory_utilization``
+    when ``colocated_learner_bytes`` is unknown."""
+    sleep_mode: bool = False
+    """GPU: start vLLM with ``enable_sleep_mode``; the runner sleeps the engine (level 1) while its
+    colocated learner updates (``sleep`` / ``wake_up``). vLLM 0.32's CPU build has none: a ValueError."""
     max_model_len: int | None = None
     """Context length (prompt + completion); default: the model's ``max_position_embeddings``. An
     env runner passes the run's ``max_episode_tokens``."""
@@ -146,6 +162,7 @@ def vllm_engine_args(
     on_cpu: bool,
     hf_config: Any,
     environ: Mapping[str, str] = os.environ,
+    device_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The ``vllm.AsyncEngineArgs`` fields of an engine; on CPU with a KV budget in bytes.
 
@@ -153,6 +170,7 @@ def vllm_engine_args(
     ``max_model_len`` tokens unless ``kv_cache_memory_bytes`` (or vLLM's legacy
     ``VLLM_CPU_KVCACHE_SPACE``, GiB, which vLLM lets win over the engine argument) sets it; a budget
     that cannot hold one full-context sequence raises ``ValueError`` here, before vLLM starts.
+    On GPU ``device_bytes`` (the device's total memory) sizes a colocated engine's default share.
     """
     o = options
     args: dict[str, Any] = {
@@ -181,7 +199,11 @@ def vllm_engine_args(
     if o.record_routed_experts:
         args.update(routed_experts_args(on_cpu=on_cpu))
     if not on_cpu or o.gpu_memory_utilization is not None:
-        args["gpu_memory_utilization"] = o.gpu_memory_utilization or 0.85
+        args["gpu_memory_utilization"] = o.gpu_memory_utilization or default_memory_utilization(o, device_bytes)
+    if o.sleep_mode:
+        if on_cpu:
+            raise ValueError(SLEEP_ON_CPU_ERROR)
+        args["enable_sleep_mode"] = True
     if o.kv_cache_memory_bytes is not None:
         args["kv_cache_memory_bytes"] = int(o.kv_cache_memory_bytes)
     args.update(o.engine_args)
@@ -209,6 +231,21 @@ def vllm_engine_args(
         budget = kv_cache_budget(num_seqs=int(args["max_num_seqs"]), **check)
         args["kv_cache_memory_bytes"] = budget.reserved_bytes
     return args
+
+
+def default_memory_utilization(options: VLLMEngineOptions, device_bytes: int | None) -> float:
+    """``gpu_memory_utilization`` when unset: 0.85 of a GPU of its own; next to a learner, what it leaves.
+
+    vLLM reserves ``ceil(total_memory * gpu_memory_utilization)`` of the whole device and refuses to
+    start with less free (``vllm/v1/worker/utils.py``, ``request_memory``), so a colocated engine's
+    share is ``flashrl.engines.colocation.colocated_memory_utilization`` of the learner's planned bytes.
+    """
+    if options.colocated_gpu_fraction is None:
+        return DEFAULT_GPU_MEMORY_UTILIZATION
+    learner = options.colocated_learner_bytes if device_bytes else None
+    return colocated_memory_utilization(
+        int(device_bytes or 0), learner_bytes=learner, runner_gpus=float(options.colocated_gpu_fraction)
+    )
 
 
 def parallel_size(args: Mapping[str, Any]) -> int:
@@ -273,6 +310,8 @@ class VLLMEngine(ModelEngine):
         self._version = 0
         self._update_lock: asyncio.Lock | None = None
         self._broken: str | None = None
+        self._asleep: list[str] = []
+        """vLLM sleep-mode tags still asleep (``sleep``: weights and KV cache; woken in that order)."""
         self._llm = self._start(path, seed)
         self._max_model_len = int(self._llm.model_config.max_model_len)
 
@@ -291,7 +330,11 @@ class VLLMEngine(ModelEngine):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = vllm_engine_args(self.options, path=path, seed=seed, on_cpu=on_cpu, hf_config=self._hf_config)
+        # the device's total memory as vLLM's request_memory counts it (NVML, no CUDA context here)
+        device_bytes = None if on_cpu else int(current_platform.get_device_total_memory(0))
+        args = vllm_engine_args(
+            self.options, path=path, seed=seed, on_cpu=on_cpu, hf_config=self._hf_config, device_bytes=device_bytes
+        )
         self.kv_cache_memory_bytes: int | None = args.get("kv_cache_memory_bytes")
         """KV-cache bytes asked of vLLM (None: vLLM sizes it from ``gpu_memory_utilization``)."""
         logger.info(
@@ -373,6 +416,7 @@ class VLLMEngine(ModelEngine):
             await llm.pause_generation(mode="keep", clear_cache=False)
             loads, finished = 0, False
             try:
+                await self._wake("weights")  # sleep mode: the new weights load into resident memory
                 await llm.collective_rpc("flashrl_start_weight_update")
                 try:
                     async for declared, bucket in aiter_buckets(stream):
@@ -396,7 +440,66 @@ class VLLMEngine(ModelEngine):
                     self._broken = f"a weight update to version {version} failed midway ({err!r})"
                 raise
             finally:
-                await llm.resume_generation()
+                await self._resume()
+
+    # -- sleep mode (a colocated learner's update) --------------------------------------------------
+
+    async def sleep(self) -> None:
+        """Free the engine's GPU memory for its colocated learner's update (vLLM's sleep level 1).
+
+        Generation pauses with requests frozen, every running request is preempted and the prefix
+        cache emptied (no request holds KV that sleeping discards: on wake they are prefilled again),
+        then vLLM copies the weights to host memory and frees the KV cache. Requests that arrive
+        while asleep wait. The next weight update wakes the weights before it loads and the KV cache
+        after (``wake_up`` does both when no update comes).
+        """
+        self._check_usable()
+        if not self.options.sleep_mode:
+            raise RuntimeError("sleep(): this engine was started without sleep_mode (vLLM's enable_sleep_mode).")
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        async with self._update_lock:
+            if self._asleep:
+                return
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                await self._drop_old_kv()
+                await self._llm.sleep(level=1, mode="keep")
+            except BaseException:
+                await self._llm.resume_generation()
+                raise
+            self._asleep = ["weights", "kv_cache"]
+
+    async def wake_up(self) -> None:
+        """Wake a sleeping engine (weights, empty prefix cache, KV cache) and resume; awake: nothing."""
+        self._check_usable()
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        async with self._update_lock:
+            if not self._asleep:
+                return
+            await self._wake("weights")
+            await self._drop_old_kv()
+            await self._resume()
+
+    @property
+    def is_sleeping(self) -> bool:
+        """Whether part of the engine's memory is asleep (``sleep`` until the next update or ``wake_up``)."""
+        return bool(self._asleep)
+
+    async def _wake(self, tag: str) -> None:
+        """Wake one sleep-mode tag if it sleeps (vLLM's ``wake_up(tags)``; the scheduler stays paused
+        until every tag is awake, vllm/v1/engine/core.py ``EngineCore.wake_up``)."""
+        if tag in self._asleep:
+            await self._llm.wake_up(tags=[tag])
+            self._asleep.remove(tag)
+
+    async def _resume(self) -> None:
+        """Resume generation, waking a sleeping KV cache first (the prefix cache was emptied before)."""
+        try:
+            await self._wake("kv_cache")
+        finally:
+            await self._llm.resume_generation()
 
     # -- GPU push routes (vLLM's weight-transfer engines) -------------------------------------------
 
@@ -415,9 +518,10 @@ class VLLMEngine(ModelEngine):
         await self._update_lock.acquire()  # released by end_weight_transfer (or on failure here)
         try:
             await self._llm.pause_generation(mode="keep", clear_cache=False)
+            await self._wake("weights")  # sleep mode: the pushed weights land in resident memory
             await self._llm.start_weight_update()
         except BaseException:
-            await self._llm.resume_generation()
+            await self._resume()
             self._update_lock.release()
             raise
 
@@ -444,7 +548,7 @@ class VLLMEngine(ModelEngine):
             self._broken = f"finishing a pushed weight update to version {version} failed ({err!r})"
             raise
         finally:
-            await self._llm.resume_generation()
+            await self._resume()
             self._update_lock.release()
 
     def check_weight_plan(self, plan: list[tuple[str, str, list[int]]]) -> int:

@@ -267,6 +267,19 @@ class EnvRunner:
         if self._arrived is not None:
             self._arrived.set()  # a poll waiting for episodes returns and raises
 
+    async def sleep_engine(self) -> None:
+        """Colocated learner's update ahead: the engine frees its GPU memory (vLLM sleep mode) and
+        generation waits until the next weight update or ``wake_engine``."""
+        await self.setup()
+        async with self.weight_receiver.lock:
+            await self._engine.sleep()
+
+    async def wake_engine(self) -> None:
+        """Wake the engine if no weight update woke it (a skipped update); an awake engine: nothing."""
+        await self.setup()
+        async with self.weight_receiver.lock:
+            await self._engine.wake_up()
+
     # ------------------------------------------------------------------------------------------
     # the async stream
     # ------------------------------------------------------------------------------------------

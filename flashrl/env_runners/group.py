@@ -241,6 +241,14 @@ class EnvRunnerGroup:
             )
         return time.perf_counter() - start
 
+    def sleep_engines(self) -> None:
+        """Every runner's engine frees its GPU for a colocated learner's update (vLLM sleep mode)."""
+        self._settle([slot.actor.sleep_engine.remote() for slot in self._slots.values()], "sleep their engines")
+
+    def wake_engines(self) -> None:
+        """Wake the engines that no weight update woke (sleep mode); a replacement runner starts awake."""
+        self._settle([slot.actor.wake_engine.remote() for slot in self._slots.values()], "wake their engines")
+
     def _check_weight_calls(self) -> None:
         """Restart the runners whose earlier weight update failed (a dead actor shows up here first)."""
         if not self._weight_calls:

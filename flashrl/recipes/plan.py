@@ -25,6 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from flashrl.engines import engine_options_for_run
+from flashrl.engines.colocation import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    colocated_memory_utilization,
+    is_colocated,
+    resolve_sleep_mode,
+)
 from flashrl.engines.memory import DEFAULT_MAX_NUM_SEQS
 from flashrl.recipes.architectures import Architecture, architecture_for
 from flashrl.recipes.memory import (
@@ -33,7 +39,7 @@ from flashrl.recipes.memory import (
     checkpoint_memory,
     env_runner_memory,
     format_bytes,
-    learner_memory,
+    learner_memory_for,
 )
 from flashrl.recipes.preset import NodePlan, Preset
 from flashrl.weight_sync.layout import RouteError, planned_engine_options
@@ -259,16 +265,6 @@ def _engine_parallel_size(config: Any) -> int:
     return int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
 
 
-def _flash_attention(config: Any) -> bool:
-    """Whether the learners attend with flash attention: bfloat16 on a GPU with ``flash_attn`` installed
-    (``flashrl.learners.policies.attention_implementation``), judged on the machine making the plan."""
-    return (
-        config.num_gpus_per_learner > 0
-        and config.dtype == "bfloat16"
-        and importlib.util.find_spec("flash_attn") is not None
-    )
-
-
 def _context_problem(config: Any, arch: Architecture) -> str | None:
     """vLLM's start-time refusal of a context above the model config's, unless its config is overridden.
 
@@ -311,7 +307,7 @@ def _first_fit(bundles: list[tuple[str, dict[str, float]]], nodes: NodePlan) -> 
 
 # ------------------------------------------------------------------------------------ memory
 def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
-    config, nodes = report.config, report.node_plan
+    config = report.config
     if arch is None:
         report.warnings.append(
             f"no architecture known for model {config.model!r} (not in the table of "
@@ -330,7 +326,8 @@ def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
     context_problem = _context_problem(config, arch)
     if context_problem:
         report.errors.append(context_problem)
-    lines += _learner_memory_lines(report, arch)
+    learner_lines, lm = _learner_memory_lines(report, arch)
+    lines += learner_lines
     on_gpu = config.num_gpus_per_env_runner > 0
     engine_dtype = str(config.engine_options.get("dtype") or ("bfloat16" if on_gpu else "float32"))
     if engine_dtype not in ("float32", "bfloat16", "float16"):
@@ -373,13 +370,9 @@ def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
     ]
     if on_gpu:
         tp = max(1, int(config.num_gpus_per_env_runner))
-        share = float(config.engine_options.get("gpu_memory_utilization") or 0.85)
         per_gpu = rm.total / tp
-        budget = share * nodes.gpu_memory_gib * GIB * min(1.0, config.num_gpus_per_env_runner)
-        lines.append(
-            f"    per GPU (split over {tp}): {format_bytes(per_gpu)} of {format_bytes(budget)} "
-            f"(gpu_memory_utilization {share:g})"
-        )
+        budget_lines, budget = _engine_budget(report, lm)
+        lines += [f"    per GPU (split over {tp}): {format_bytes(per_gpu)} of {format_bytes(budget)}", *budget_lines]
         if per_gpu > budget:
             report.warnings.append(
                 f"env runner needs {format_bytes(per_gpu)} per GPU, above its budget {format_bytes(budget)}: "
@@ -390,7 +383,83 @@ def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
     return lines
 
 
-def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> list[str]:
+def _engine_budget(report: DryRunReport, lm: LearnerMemory) -> tuple[list[str], float]:
+    """What vLLM reserves on each of an engine's GPUs, and on a GPU shared with a learner whether both fit.
+
+    vLLM reserves ``gpu_memory_utilization x total_memory`` of the whole device, whatever Ray's GPU
+    fraction, and refuses to start with less free (``flashrl.engines.colocation``); the share is the
+    engine's default when unset (0.85, or next to a learner what the learner's estimate leaves).
+    """
+    config, nodes = report.config, report.node_plan
+    device = nodes.gpu_memory_gib * GIB
+    learner_gpus, runner_gpus = config.num_gpus_per_learner, config.num_gpus_per_env_runner
+    colocated = config.engine == "vllm" and is_colocated(learner_gpus, runner_gpus)
+    try:
+        sleep = resolve_sleep_mode(
+            config.engine_sleep_mode, engine=config.engine, learner_gpus=learner_gpus, runner_gpus=runner_gpus
+        )
+    except ValueError as err:
+        report.errors.append(str(err))
+        sleep = False
+    awake = lm.static if sleep else lm.total  # the learner's bytes while the engine holds its reservation
+    given = config.engine_options.get("gpu_memory_utilization")
+    try:
+        util = float(given) if given is not None else (
+            colocated_memory_utilization(int(device), learner_bytes=awake, runner_gpus=runner_gpus)
+            if colocated else DEFAULT_GPU_MEMORY_UTILIZATION
+        )  # fmt: skip
+    except ValueError as err:  # the learner leaves the engine nothing
+        report.errors.append(str(err))
+        return [f"    colocated: the learner leaves the engine no memory ({format_bytes(awake)} of {format_bytes(device)})"], 0.0
+    source = "set" if given is not None else ("derived from the learner's estimate" if colocated else "default")
+    budget = util * device
+    lines = [
+        (
+            f"    engine reserves gpu_memory_utilization {util:g} ({source}) x the whole {format_bytes(device)} "
+            f"device = {format_bytes(budget)} at start (vLLM's request_memory, whatever Ray's GPU fraction)"
+        )
+    ]
+    if not colocated:
+        return lines, budget
+    lines.append(
+        f"    shared GPU: learner {format_bytes(awake)} "
+        + (f"(its static state; sleep mode frees the engine for the update's peak {format_bytes(lm.total)}) "
+           if sleep else "(its peak; sleep mode off) ")
+        + f"+ engine {format_bytes(budget)} of {format_bytes(device)}"
+    )  # fmt: skip
+    if lm.total > device:  # no share of the engine's helps: the update alone needs more than the device
+        report.errors.append(
+            f"colocated learner: its update's peak {format_bytes(lm.total)} exceeds the whole {format_bytes(device)} "
+            "GPU even with the engine asleep. Fix: " + _learner_fix(config, lm, device)
+            + "; or the learner on a GPU of its own (num_gpus_per_learner=1, num_gpus_per_env_runner=1)"
+        )
+    elif awake + budget > device:
+        report.errors.append(
+            f"colocated learner and engine do not fit one {format_bytes(device)} GPU: expected learner + engine "
+            f"reservation <= the device, got {format_bytes(awake)} + {format_bytes(budget)} (vLLM reserves "
+            f"gpu_memory_utilization {util:g} of the whole device and refuses to start with less free, or the "
+            "learner runs out of memory). Fix: " + _colocated_fix(int(device), lm, sleep, runner_gpus)
+        )
+    return lines, budget
+
+
+def _colocated_fix(device: int, lm: LearnerMemory, sleep: bool, runner_gpus: float) -> str:
+    """The settings that make a colocated layout fit: a share the learner leaves, sleep mode, or two GPUs."""
+    candidates = [(lm.static if sleep else lm.total, "")]
+    if not sleep:  # the engine sleeps through the update: only the static state stays next to it
+        candidates.append((lm.static, ", engine_sleep_mode=True"))
+    fixes = []
+    for learner, extra in candidates:
+        try:
+            util = colocated_memory_utilization(device, learner_bytes=learner, runner_gpus=runner_gpus)
+        except ValueError:
+            continue
+        fixes.append(f"engine_options={{'gpu_memory_utilization': {util:g}}}{extra}")
+    fixes.append("the learner on a GPU of its own (num_gpus_per_learner=1, num_gpus_per_env_runner=1)")
+    return "; or ".join(fixes)
+
+
+def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> tuple[list[str], LearnerMemory]:
     """One learner's memory (flashrl/recipes/memory.py) and whether it fits its GPU share or the node's RAM."""
     config, nodes = report.config, report.node_plan
     try:
@@ -401,21 +470,7 @@ def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> list[str]
     except RouteError as err:
         report.errors.append(f"weight sync: {err}")
         route = "shm"
-    lm = learner_memory(
-        arch,
-        dtype=config.dtype,
-        optimizer=config.optimizer,
-        train_batch_size=config.train_batch_size,
-        num_learners=config.num_learners,
-        max_episode_tokens=config.max_episode_tokens,
-        gradient_checkpointing=config.gradient_checkpointing,
-        logprob_chunk_size=config.logprob_chunk_size,
-        max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
-        optimizer_offload=config.optimizer_offload,
-        flash_attention=_flash_attention(config),
-        pack_sequences=config.pack_sequences,
-        weight_sync=route,
-    )
+    lm = learner_memory_for(config, arch, weight_sync=route)
     layout = (
         f"FSDP2 over {config.num_learners} learners" + (", optimizer offloaded" if config.optimizer_offload else "")
         if lm.sharded
@@ -460,7 +515,13 @@ def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> list[str]
         )
     if config.num_gpus_per_learner > 0:
         gpu_bytes = nodes.gpu_memory_gib * GIB * min(1.0, config.num_gpus_per_learner)  # a fraction shares its GPU
-        lines.append(f"    learner on its GPU: {format_bytes(lm.total)} of {format_bytes(gpu_bytes)}")
+        shared = config.engine == "vllm" and is_colocated(config.num_gpus_per_learner, config.num_gpus_per_env_runner)
+        if shared:  # Ray's fraction divides no memory: the engine's reservation is checked against the device
+            gpu_bytes = nodes.gpu_memory_gib * GIB
+        lines.append(
+            f"    learner on its GPU: {format_bytes(lm.total)} of {format_bytes(gpu_bytes)}"
+            + (", shared with an engine (below)" if shared else "")
+        )
         if config.num_gpus_per_learner > 1:
             report.warnings.append(
                 f"num_gpus_per_learner={config.num_gpus_per_learner:g}: a learner trains on one device; the "
@@ -494,7 +555,7 @@ def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> list[str]
             f"(offloaded state + each learner's shard + the export bucket), above the nodes' RAM "
             f"({nodes.host_memory_gib:g} GiB in all)"
         )
-    return lines
+    return lines, lm
 
 
 def _learner_fix(config: Any, lm: LearnerMemory, gpu_bytes: float) -> str:

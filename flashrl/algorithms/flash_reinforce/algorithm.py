@@ -40,6 +40,7 @@ from flashrl.callbacks import (
     make_callbacks,
 )
 from flashrl.checkpoints import read_checkpoint, read_config, record_checkpoint, write_checkpoint
+from flashrl.engines.colocation import colocated_engine_options, is_colocated, resolve_sleep_mode
 from flashrl.env_runners import EnvRunnerGroup, EpisodeStream, RunnerReport
 from flashrl.episode import Episode
 from flashrl.learners import LearnerGroupError
@@ -108,9 +109,12 @@ class FlashReinforce(Trainable):
         self.total_updates = cfg.learner_spec(model=self.model_path, train_size=train_size).total_updates
         self.stream: EpisodeStream | None = None
         self.learner_group = self._new_learner_group()
+        self._engine_options = _planned_engine_options(cfg, self.model_path)
+        self._engines_sleep = bool(self._engine_options.get("sleep_mode"))
+        """Colocated engines sleep while the learner updates (vLLM sleep mode; docs/engines.md)."""
         self.stream = EpisodeStream(
             EnvRunnerGroup(
-                cfg.env_runner_spec(engine_options=_planned_engine_options(cfg)), model_path=self.model_path
+                cfg.env_runner_spec(engine_options=self._engine_options), model_path=self.model_path
             ),
             rollout_mode=cfg.rollout_mode,
             group_size=cfg.group_size,
@@ -199,19 +203,8 @@ class FlashReinforce(Trainable):
         version_before = self.learner_group.version
         collected = self.stream.next_batch(version_before)
         episodes = collected.episodes
-        from flashrl.learners import TrainBatch
-
         lags = policy_lags(version_before, [ep.min_policy_version for ep in episodes])
-        batch = TrainBatch.from_episodes(
-            episodes, pad_token_id=self.pad_token_id, group_ids=collected.group_ids
-        )
-        update_start = time.perf_counter()
-        learner_metrics = self.learner_group.update(batch)
-        update_s = time.perf_counter() - update_start
-        del batch  # one update, then the batch is gone
-        sync_s = 0.0
-        if self.learner_group.version != version_before:  # a skipped batch leaves nothing new to send
-            sync_s = self._weight_sync.push(self.learner_group, self.env_runner_group)
+        learner_metrics, update_s, sync_s = self._update_and_push(collected, version_before)
         times = IterationTimes(
             sample_wait=collected.wait_s,
             learner_update=update_s,
@@ -246,6 +239,33 @@ class FlashReinforce(Trainable):
             metrics["done"] = True  # Tune's flag: the trial stops after this result
         self._report(metrics, episodes, lags, learner_metrics)
         return metrics
+
+    def _update_and_push(self, collected: Any, version_before: int) -> tuple[dict[str, Any], float, float]:
+        """One learner update on the collected batch, then the new weights to the runners.
+
+        Returns the learner's metrics, the update's and the push's seconds. Colocated engines in
+        sleep mode free their GPU first (generation waits) and wake with the new weights (the push),
+        or here when no push comes (a skipped batch, a failed update).
+        """
+        from flashrl.learners import TrainBatch
+
+        batch = TrainBatch.from_episodes(
+            collected.episodes, pad_token_id=self.pad_token_id, group_ids=collected.group_ids
+        )
+        if self._engines_sleep:
+            self.env_runner_group.sleep_engines()
+        try:
+            update_start = time.perf_counter()
+            learner_metrics = self.learner_group.update(batch)
+            update_s = time.perf_counter() - update_start
+            del batch  # one update, then the batch is gone
+            sync_s = 0.0
+            if self.learner_group.version != version_before:  # a skipped batch leaves nothing new to send
+                sync_s = self._weight_sync.push(self.learner_group, self.env_runner_group)
+        finally:
+            if self._engines_sleep:  # awake engines (woken by the push): nothing happens
+                self.env_runner_group.wake_engines()
+        return learner_metrics, update_s, sync_s
 
     def _restart_learners(self, error: LearnerGroupError) -> None:
         """A new learner group, resumed from the newest checkpoint of this run (or its start); or raise.
@@ -483,15 +503,32 @@ class FlashReinforce(Trainable):
         super().stop()
 
 
-def _planned_engine_options(config: FlashReinforceConfig) -> dict[str, Any]:
-    """The engine options the runners start with: ``weight_sync`` resolved from the resource layout."""
-    return planned_engine_options(
+def _planned_engine_options(config: FlashReinforceConfig, model_path: str | None = None) -> dict[str, Any]:
+    """The engine options the runners start with: ``weight_sync`` resolved from the resource layout, and
+    next to a learner on its GPU the sleep mode and the learner's planned bytes (``flashrl.engines.colocation``)."""
+    learner_gpus, runner_gpus = config.num_gpus_per_learner, config.num_gpus_per_env_runner
+    options = planned_engine_options(
         config.engine,
         config.engine_options,
-        learner_gpus=config.num_gpus_per_learner,
-        runner_gpus=config.num_gpus_per_env_runner,
+        learner_gpus=learner_gpus,
+        runner_gpus=runner_gpus,
         num_env_runners=config.num_env_runners,
     )
+    sleep = resolve_sleep_mode(
+        config.engine_sleep_mode, engine=config.engine, learner_gpus=learner_gpus, runner_gpus=runner_gpus
+    )
+    estimate = None
+    if config.engine == "vllm" and is_colocated(learner_gpus, runner_gpus):
+        from flashrl.recipes.architectures import architecture_for
+        from flashrl.recipes.memory import learner_memory_for
+
+        arch = architecture_for(config.model, model_path)
+        if arch is not None:
+            estimate = learner_memory_for(config, arch, weight_sync=str(options.get("weight_sync", "shm")))
+    return colocated_engine_options(
+        options, engine=config.engine, learner_gpus=learner_gpus, runner_gpus=runner_gpus, sleep_mode=sleep,
+        learner_memory=estimate,
+    )  # fmt: skip
 
 
 def _check_envs(config: FlashReinforceConfig) -> int | None:

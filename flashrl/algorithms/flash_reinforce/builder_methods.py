@@ -68,6 +68,7 @@ class BuilderMethods:
         num_gpus_per_env_runner: float = NotProvided,
         engine: str = NotProvided,
         engine_options: dict[str, Any] = NotProvided,
+        engine_sleep_mode: bool | None = NotProvided,
         episodes_in_flight_per_env_runner: int = NotProvided,
         max_buffered_episodes_per_env_runner: int | None = NotProvided,
         async_queue_size: int | None = NotProvided,
@@ -97,6 +98,8 @@ class BuilderMethods:
                 start).
             engine_options: Extra keyword arguments for `flashrl.engines.make_engine` (e.g.
                 gpu_memory_utilization).
+            engine_sleep_mode: vLLM sleep mode: the engine frees its GPU while a learner on the same GPU
+                updates; None = on for colocated GPU layouts.
             episodes_in_flight_per_env_runner: Episodes each EnvRunner keeps running concurrently (K); the
                 engine batches their requests.
             max_buffered_episodes_per_env_runner: Finished episodes a runner may hold before it pauses new

@@ -1,0 +1,114 @@
+"""The driver's side of a colocated run: the engine options it starts the runners with, and the order
+of sleep, update, push and wake in one iteration (fakes for the learner group, the runners and the route)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from flashrl.algorithms import FlashReinforceConfig
+from flashrl.algorithms.flash_reinforce.algorithm import FlashReinforce, _planned_engine_options
+from flashrl.algorithms.flash_reinforce.config import ConfigError
+
+
+def _config(learner_gpus: float = 0.5, runner_gpus: float = 0.5, **env_runners: Any) -> FlashReinforceConfig:
+    return (
+        FlashReinforceConfig()
+        .environment("flashrl/Math-v0")
+        .training(model="Qwen/Qwen2.5-Math-1.5B", dtype="bfloat16", train_batch_size=8)
+        .learners(num_learners=1, num_gpus_per_learner=learner_gpus, max_tokens_per_micro_batch=1024)
+        .env_runners(
+            num_env_runners=1, num_gpus_per_env_runner=runner_gpus, max_episode_tokens=1024, max_new_tokens=512,
+            **env_runners,
+        )
+    )
+
+
+def test_colocated_runners_start_with_sleep_mode_and_the_learners_bytes() -> None:
+    # Qwen2.5-Math-1.5B, bfloat16, AdamW, one learner: static state 30,874,286,080 bytes (28.75 GiB),
+    # peak 36,919,719,936 (34.38 GiB), the numbers tests/recipes/test_colocated_plan.py plans with
+    assert _planned_engine_options(_config()) == {
+        "weight_sync": "ipc", "sleep_mode": True, "colocated_gpu_fraction": 0.5,
+        "colocated_learner_bytes": 30874286080,
+    }  # fmt: skip
+    off = _planned_engine_options(_config(engine_sleep_mode=False))
+    assert off == {"weight_sync": "ipc", "colocated_gpu_fraction": 0.5, "colocated_learner_bytes": 36919719936}
+    assert _planned_engine_options(_config(1, 1)) == {"weight_sync": "nccl"}
+    assert _planned_engine_options(_config(0, 0)) == {"weight_sync": "shm"}
+
+
+def test_sleep_mode_on_cpu_engines_is_refused_by_the_config() -> None:
+    with pytest.raises(ConfigError, match="CPU build has no sleep mode"):
+        _config(0, 0, engine_sleep_mode=True).validate()
+    with pytest.raises(ConfigError, match="engine_sleep_mode: expected"):
+        _config(engine_sleep_mode="yes").validate()
+
+
+class _Recorder:
+    def __init__(self, calls: list[str], version: int = 0, *, updates: bool = True) -> None:
+        self.calls, self.version, self.updates = calls, version, updates
+
+    # the learner group
+    def update(self, batch: Any) -> dict[str, float]:
+        self.calls.append("learner update")
+        self.version += int(self.updates)
+        return {"loss": 0.0}
+
+    # the env runner group
+    def sleep_engines(self) -> None:
+        self.calls.append("sleep engines")
+
+    def wake_engines(self) -> None:
+        self.calls.append("wake engines")
+
+    # the weight-sync route
+    def push(self, learners: Any, runners: Any) -> float:
+        self.calls.append("push weights")
+        return 0.0
+
+
+def _algorithm(calls: list[str], *, sleep: bool, updates: bool = True) -> FlashReinforce:
+    algo = FlashReinforce.__new__(FlashReinforce)  # no Ray, no actors: only what one update touches
+    fake = _Recorder(calls, updates=updates)
+    algo.learner_group, algo._weight_sync, algo._engines_sleep, algo.pad_token_id = fake, fake, sleep, 0
+    algo.stream = SimpleNamespace(group=fake)
+    return algo
+
+
+@pytest.fixture(autouse=True)
+def _no_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import flashrl.learners
+
+    monkeypatch.setattr(flashrl.learners.TrainBatch, "from_episodes", staticmethod(lambda *a, **k: "batch"))
+
+
+COLLECTED = SimpleNamespace(episodes=[], group_ids=None)
+
+
+def test_colocated_engines_sleep_through_the_update_and_wake() -> None:
+    calls: list[str] = []
+    _algorithm(calls, sleep=True)._update_and_push(COLLECTED, 0)
+    # the push wakes each engine (weights, load, empty prefix cache, KV cache); the last wake finds them awake
+    assert calls == ["sleep engines", "learner update", "push weights", "wake engines"]
+    calls.clear()
+    _algorithm(calls, sleep=True, updates=False)._update_and_push(COLLECTED, 0)  # a skipped batch: no push
+    assert calls == ["sleep engines", "learner update", "wake engines"]
+    calls.clear()
+    _algorithm(calls, sleep=False)._update_and_push(COLLECTED, 0)
+    assert calls == ["learner update", "push weights"]
+
+
+def test_a_failed_update_still_wakes_the_engines() -> None:
+    calls: list[str] = []
+    algo = _algorithm(calls, sleep=True)
+
+    def fail(batch: Any) -> None:
+        calls.append("learner update")
+        raise RuntimeError("learner died")
+
+    algo.learner_group.update = fail
+    with pytest.raises(RuntimeError, match="learner died"):
+        algo._update_and_push(COLLECTED, 0)
+    assert calls == ["sleep engines", "learner update", "wake engines"]
