@@ -377,6 +377,7 @@ class EnvRunner:
             engine_version=int(self._engine.version),
             env_steps=accounts.env_steps,
             callback_metrics=accounts.metrics.state(),
+            last_env_error=None if self._env_errors.last is None else self._env_errors.last.describe(),
         )
 
     async def _stream(self) -> None:

@@ -100,6 +100,8 @@ class EnvRunnerGroup:
         """Pending async weight updates: ref -> (runner index, the actor it went to)."""
         self.num_restarts = 0
         self.num_lost_episodes = 0
+        self.last_env_error: str | None = None
+        """The latest env error any runner reported (`RunnerReport.last_env_error`); None if none came."""
         self._repeats: tuple[str, int] | None = None
         """(the last runner error that was not a death, how many times in a row it came)."""
         self.facts: dict[str, Any] = {}
@@ -350,6 +352,8 @@ class EnvRunnerGroup:
 
     def _book(self, index: int, report: RunnerReport) -> None:
         self._repeats = None  # a runner works again: an earlier error was not the run's fate
+        if report.last_env_error is not None:
+            self.last_env_error = report.last_env_error
         slot = self._slots[index]
         slot.started = report.started
         slot.in_flight = report.in_flight

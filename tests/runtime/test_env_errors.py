@@ -199,3 +199,28 @@ def test_an_episode_through_the_env_starts_the_count_again(tiny_config):
     assert books.error(other) is None  # a different error starts a new streak
     assert books.error(other) is None
     assert isinstance(books.error(other), EnvErrorStreak)
+
+
+def test_the_sample_timeout_message_quotes_the_last_env_error(tiny_config):
+    from types import SimpleNamespace
+
+    from flashrl.env_runners.batching import BatchAssembler
+    from flashrl.env_runners.stream import EpisodeStream
+
+    runner = _runner(tiny_config(env="flashrl-test/RaisingReward-v0"))
+
+    async def scenario():
+        report = await runner.sample([0], group_size=1)
+        await runner.stop()
+        return report
+
+    report = asyncio.run(scenario())
+    assert report.skipped == {"env_error": 1}
+    assert report.last_env_error.startswith("env 'flashrl-test/RaisingReward-v0', episode 0, prompt id 'parity-")
+    assert report.last_env_error.endswith("KeyError: 'answer'")
+    stream = EpisodeStream.__new__(EpisodeStream)  # the message only
+    stream.group = SimpleNamespace(spec=SimpleNamespace(sample_timeout_s=600.0, train_batch_size=4), in_flight=4,
+                                   last_env_error=report.last_env_error)
+    text = str(stream._stalled(BatchAssembler(4, pending_capacity=8, learner_version=0), 0, 0, 0))
+    assert text.startswith("No finished episode arrived for 600 s (sample_timeout_s); 0/4 collected, 4 in flight.")
+    assert text.endswith(f"fix the env instead; the last one was in {report.last_env_error}")
