@@ -8,8 +8,10 @@ it (`Episode.policy_versions`), so the learner knows the lag of every trajectory
 
 Episodes that cannot be trained on are dropped and counted, never silently and never as a crash:
 non-finite rewards or log-probs, log-probs above 0, a turn the engine aborted, no generated token,
-longer than the context budget, a request the engine rejects, an environment that raised (see
-`RUNNER_SKIP_REASONS`). An engine failure is fatal: the next `poll` raises it and the
+longer than the context budget, a request the engine rejects, an environment that raised or returned
+text the tokenizer cannot encode (see `RUNNER_SKIP_REASONS`). Env calls (reset, step, close) run in a
+thread pool within ``env_timeout_s``, never on the event loop; the same env error in
+`ENV_ERROR_LIMIT` episodes in a row stops the run with its traceback (`flashrl.env_runners.env_errors`). An engine failure is fatal: the next `poll` raises it and the
 `EnvRunnerGroup` restarts the actor.
 
 The user's callbacks (`flashrl.callbacks`) fire here: `on_episode_end` for each episode that will be

@@ -224,3 +224,15 @@ def test_the_sample_timeout_message_quotes_the_last_env_error(tiny_config):
     text = str(stream._stalled(BatchAssembler(4, pending_capacity=8, learner_version=0), 0, 0, 0))
     assert text.startswith("No finished episode arrived for 600 s (sample_timeout_s); 0/4 collected, 4 in flight.")
     assert text.endswith(f"fix the env instead; the last one was in {report.last_env_error}")
+
+
+def test_env_text_is_checked_where_it_nests():
+    from flashrl.env_runners.env_errors import check_text
+
+    check_text([{"role": "tool", "content": [{"type": "text", "text": "ok é 😀"}]}], "step")  # valid: no raise
+    with pytest.raises(ValueError, match=r"env.step returned messages\[0\]\['content'\]\[1\]\['text'\] with text that "
+                                         r"is not valid Unicode: expected UTF-8-encodable text, got '\\udcff' at "
+                                         r"position 3 \(surrogates not allowed\)"):
+        check_text([{"role": "tool", "content": [{"text": "a"}, {"text": "abc\udcffdef"}]}], "step")
+    with pytest.raises(TypeError, match=r"env.reset returned messages\[0\]\['content'\] as bytes: expected str"):
+        check_text([{"role": "user", "content": b"\xff\xfe"}], "reset")
