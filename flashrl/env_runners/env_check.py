@@ -6,8 +6,11 @@ restarted over and over, each time starting an engine again. So the driver check
 
 - ``env_config_problems``: every key of an ``env_config`` against the signature of the env's entry
   point (cheap; no env is built), with the closest valid name;
-- ``build_env_once``: makes one env with the given ``env_config``, resets it once and closes it, and
-  turns any error into an ``EnvCheckError`` that names the env, the settings and the cause;
+- ``build_env_once``: makes one env with the given ``env_config``, resets it once, steps it once with
+  a throwaway reply (`CHECK_ACTION`) and closes it, and turns any error into an ``EnvCheckError`` that
+  names the env, the settings and the cause with the innermost frames of its traceback (a reward
+  function that raises, or one given as a plain string to an env that expects a callable, fails
+  here, not as thousands of dropped episodes in the runners);
 - ``env_code_problems``: the user code of the env (its entry point; constructor arguments the env
   declares as code in ``code_arguments``, such as Math's ``reward_fn``) shipped and unpacked as the
   runners receive it (``runner_env_spec``, ``runner_spec``: paths imported in the driver, objects
@@ -44,7 +47,12 @@ __all__ = ["EnvCheckError", "build_env_once", "env_code_problems", "env_config_p
 
 
 class EnvCheckError(ValueError):
-    """An environment that cannot be built or reset with the run's settings."""
+    """An environment that cannot be built, reset or stepped with the run's settings."""
+
+
+CHECK_ACTION = "0"
+"""The reply `build_env_once` steps the env with: short, plain text that any env must score (a reward
+of 0 is expected), so that a reward function or a tool that raises does so before the run starts."""
 
 
 def _entry_point(env_id: str) -> Callable[..., Any] | None:
@@ -90,10 +98,12 @@ def env_config_problems(env_id: str, env_config: Mapping[str, Any], *, name: str
 def build_env_once(
     env_id: str, env_config: Mapping[str, Any], *, what: str = "env_config", seed: int = 0
 ) -> int | None:
-    """Make, reset and close one env; an error in any of them is an ``EnvCheckError``.
+    """Make, reset, step (once, with `CHECK_ACTION`) and close one env; an error in any of them is an
+    ``EnvCheckError`` quoting the cause's traceback (its innermost frames: the env's own code).
 
     Returns the env's finite task count (`finite_task_count`: what the data passes walk), or None.
     """
+    from flashrl.env_runners.env_errors import EnvBoundary, user_traceback
     from flashrl.env_runners.rollout import finite_task_count
 
     try:
@@ -103,13 +113,19 @@ def build_env_once(
             f"{what}: expected settings with which {env_id} can be built, got {dict(env_config)!r}; building it "
             f"raised {type(err).__name__}: {err}. Fix: correct {what} (the env's docstring lists its arguments)."
         ) from err
+    env = EnvBoundary(env)  # text the runners' tokenizer cannot encode fails here too
+    call = "reset"
     try:
         env.reset(seed=seed)
-        return finite_task_count(env)
-    except Exception as err:  # noqa: BLE001 - as above, for the first reset
+        count = finite_task_count(env)
+        call = f"step({CHECK_ACTION!r})"
+        env.step(CHECK_ACTION)
+        return count
+    except Exception as err:  # noqa: BLE001 - as above, for the first reset and step
         raise EnvCheckError(
-            f"{what}: expected an env that resets, got {env_id} with {dict(env_config)!r}, whose reset raised "
-            f"{type(err).__name__}: {err}. Fix: correct {what} or the env's data."
+            f"{what}: expected an env that resets and steps, got {env_id} with {dict(env_config)!r}, whose "
+            f"{call} raised {type(err).__name__}: {err}\n{user_traceback(err)}\nFix: correct {what}, the env's "
+            "code (e.g. its reward function) or its data."
         ) from err
     finally:
         env.close()

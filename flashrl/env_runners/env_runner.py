@@ -8,8 +8,10 @@ it (`Episode.policy_versions`), so the learner knows the lag of every trajectory
 
 Episodes that cannot be trained on are dropped and counted, never silently and never as a crash:
 non-finite rewards or log-probs, log-probs above 0, a turn the engine aborted, no generated token,
-longer than the context budget, a request the engine rejects, an environment that raised (see
-`RUNNER_SKIP_REASONS`). An engine failure is fatal: the next `poll` raises it and the
+longer than the context budget, a request the engine rejects, an environment that raised or returned
+text the tokenizer cannot encode (see `RUNNER_SKIP_REASONS`). Env calls (reset, step, close) run in a
+thread pool within ``env_timeout_s``, never on the event loop; the same env error in
+`ENV_ERROR_LIMIT` episodes in a row stops the run with its traceback (`flashrl.env_runners.env_errors`). An engine failure is fatal: the next `poll` raises it and the
 `EnvRunnerGroup` restarts the actor.
 
 The user's callbacks (`flashrl.callbacks`) fire here: `on_episode_end` for each episode that will be
@@ -34,10 +36,18 @@ import gymnasium as gym
 
 from flashrl.callbacks import MetricsLogger, make_callbacks
 from flashrl.env_runners.data_passes import DataPasses
+from flashrl.env_runners.env_errors import (
+    EnvBoundary,
+    EnvErrorBooks,
+    EnvErrorRecord,
+    error_signature,
+    user_traceback,
+)
 from flashrl.env_runners.evaluation import split_env_config
 from flashrl.env_runners.rollout import (
     EnvError,
     EnvTimeout,
+    _in_thread,
     evaluation_reset_options,
     finite_task_count,
     play_episode,
@@ -92,10 +102,9 @@ class EnvRunner:
         self._engine: Any = None
         self._pools: dict[tuple[int, str | None], list[gym.Env]] = defaultdict(list)
         """Idle env instances per (stream, evaluation split)."""
-        self._executor = ThreadPoolExecutor(
-            max_workers=max(2, self.spec.episodes_in_flight_per_env_runner),
-            thread_name_prefix=f"env-runner-{runner_index}",
-        )
+        self._executor = self._new_executor()
+        self._env_errors = EnvErrorBooks()
+        """This runner's streak of identical env errors (`flashrl.env_runners.env_errors`)."""
         self._buffer: deque[Episode] = deque()
         self._tasks: set[asyncio.Task[_Outcome]] = set()
         self._stream_task: asyncio.Task[None] | None = None
@@ -204,10 +213,10 @@ class EnvRunner:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+        envs = [env for pool in self._pools.values() for env in pool]
         for pool in self._pools.values():
-            for env in pool:
-                env.close()
             pool.clear()
+        await asyncio.gather(*(self._close_env(env) for env in envs))
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def ping(self) -> int:
@@ -319,6 +328,7 @@ class EnvRunner:
             engine_version=int(self._engine.version),
             env_steps=accounts.env_steps,
             callback_metrics=accounts.metrics.state(),
+            last_env_error=None if self._env_errors.last is None else self._env_errors.last.describe(),
         )
 
     async def _stream(self) -> None:
@@ -434,7 +444,24 @@ class EnvRunner:
             env_config = split_env_config(self.spec, split)
         else:
             env_config = dict(self.spec.env_config)
-        return gym.make(self._env_spec if self._env_spec is not None else self.spec.env, **env_config)
+        return EnvBoundary(gym.make(self._env_spec if self._env_spec is not None else self.spec.env, **env_config))
+
+    def _new_executor(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(
+            max_workers=max(2, self.spec.episodes_in_flight_per_env_runner),
+            thread_name_prefix=f"env-runner-{self.runner_index}",
+        )
+
+    async def _close_env(self, env: gym.Env) -> None:
+        """``env.close()`` in a worker thread with the env time limit: a close that hangs or raises must not
+        block the event loop (every episode and poll of this runner runs on it) nor stop the runner."""
+        try:
+            await _in_thread(self._executor, self.env_timeout_s, env.close)
+        except EnvTimeout as err:
+            logger.warning("EnvRunner %d: env.close() abandoned: %s", self.runner_index, err)
+            self._executor = self._new_executor()  # the hung close keeps its thread (see _play)
+        except EnvError as err:
+            logger.warning("EnvRunner %d: env.close() raised %s", self.runner_index, err)
 
     def _training_passes(self, env: gym.Env) -> DataPasses | None:
         if not self._passes_read:
@@ -488,14 +515,18 @@ class EnvRunner:
             # too) nor reuse is safe. New episodes get a fresh executor, so they do not queue behind the
             # hung thread; the old one is not shut down (episodes in flight still submit to it) and
             # lets its idle threads go once the last of them drops it.
-            self._executor = ThreadPoolExecutor(
-                max_workers=max(2, self.spec.episodes_in_flight_per_env_runner),
-                thread_name_prefix=f"env-runner-{self.runner_index}",
-            )
+            self._executor = self._new_executor()
             return _Outcome(None, "env_timeout")
         except EnvError as err:
-            logger.warning("EnvRunner %d: environment error in episode %d: %s", self.runner_index, index, err)
-            env.close()  # a broken env is not reused
+            cause = err.__cause__ if err.__cause__ is not None else err
+            record = EnvErrorRecord(
+                env_id=str(self.spec.env), episode_index=index, prompt_id=getattr(env, "prompt_id", None),
+                signature=error_signature(cause), traceback=user_traceback(cause),
+            )
+            await self._close_env(env)  # a broken env is not reused
+            streak = self._env_errors.error(record)
+            if streak is not None:
+                raise streak from cause  # deterministic: the run stops (EnvRunnerGroup does not restart it)
             return _Outcome(None, "env_error")
         except ValueError as err:
             from flashrl.engines import RequestError
@@ -506,6 +537,7 @@ class EnvRunner:
             pool.append(env)
             return _Outcome(None, "request_error")
         pool.append(env)
+        self._env_errors.success()
         tokens, turns = episode.num_generated_tokens, len(episode.policy_versions)
         reason = skip_reason(episode, max_episode_tokens=self.spec.max_episode_tokens)
         if reason is not None:

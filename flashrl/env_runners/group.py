@@ -3,8 +3,11 @@
 The episode stream (`EpisodeStream`) sees one stream of finished episodes. Each runner always has
 one outstanding `poll` call; `next_reports()` returns whichever replies are ready (each reply
 carries a batch of episodes, so the stream costs one round trip per batch, not per episode). A
-runner that dies is replaced at once (the others keep sampling meanwhile); the episodes it was
-playing or holding are counted in `num_lost_episodes`, never dropped from the books silently.
+runner that fails is replaced at once (the others keep sampling meanwhile): whatever Ray raises for
+it (any `ray.exceptions.RayError` but a timeout: the actor died, its worker crashed, the OOM killer
+took it, its node died, an object it held was lost, or its own code raised). The episodes it was
+playing or holding are counted in `num_lost_episodes`, never dropped from the books silently; its
+replacement goes on from its last reported data cursor.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from flashrl.callbacks import ship_by_value
 from flashrl.env_runners.env_check import runner_env_spec, runner_spec
+from flashrl.env_runners.env_errors import EnvErrorStreak
 from flashrl.env_runners.env_runner import EnvRunner
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import RunnerReport
@@ -96,6 +100,8 @@ class EnvRunnerGroup:
         """Pending async weight updates: ref -> (runner index, the actor it went to)."""
         self.num_restarts = 0
         self.num_lost_episodes = 0
+        self.last_env_error: str | None = None
+        """The latest env error any runner reported (`RunnerReport.last_env_error`); None if none came."""
         self._repeats: tuple[str, int] | None = None
         """(the last runner error that was not a death, how many times in a row it came)."""
         self.facts: dict[str, Any] = {}
@@ -178,7 +184,7 @@ class EnvRunnerGroup:
         for index, ref in pings.items():
             try:
                 self._get(ref, "answer a ping", timeout_s=timeout_s)
-            except (RayActorError, RayTaskError) as err:
+            except RayError as err:
                 self._restart(index, err)
                 restarted += 1
         return restarted
@@ -258,8 +264,8 @@ class EnvRunnerGroup:
         for ref in done:
             index, actor = self._weight_calls.pop(ref)
             try:
-                ray.get(ref, timeout=0)
-            except (RayActorError, RayTaskError) as err:
+                self._get(ref, "load new weights", timeout_s=0)
+            except RayError as err:
                 if self._slots[index].actor is actor:  # not yet replaced through a failed poll
                     self._restart(index, err)
 
@@ -269,7 +275,7 @@ class EnvRunnerGroup:
         for index, ref in zip(indices, calls):
             try:
                 self._get(ref, what)
-            except (RayActorError, RayTaskError) as err:
+            except RayError as err:
                 self._restart(index, err)
                 if self._weights is not None:
                     self._get(self._slots[index].actor.set_weights.remote(*self._weights), what)
@@ -342,8 +348,8 @@ class EnvRunnerGroup:
         for ref in ready:
             index = polls[ref]
             try:
-                report = ray.get(ref, timeout=timeout_s)
-            except (RayActorError, RayTaskError) as err:
+                report = self._get(ref, "report", timeout_s=timeout_s)
+            except RayError as err:
                 self._restart(index, err)
                 continue
             self._book(index, report)
@@ -354,6 +360,8 @@ class EnvRunnerGroup:
 
     def _book(self, index: int, report: RunnerReport) -> None:
         self._repeats = None  # a runner works again: an earlier error was not the run's fate
+        if report.last_env_error is not None:
+            self.last_env_error = report.last_env_error
         slot = self._slots[index]
         slot.started = report.started
         slot.in_flight = report.in_flight
@@ -381,7 +389,7 @@ class EnvRunnerGroup:
         for index, ref in calls.items():
             try:
                 reports.append(self._get(ref, "finish their episodes"))
-            except (RayActorError, RayTaskError) as err:
+            except RayError as err:
                 self._restart(index, err, lost=len(shares[index]) * group_size)
                 if self._weights is not None:
                     self._get(self._slots[index].actor.set_weights.remote(*self._weights), "load weights")
@@ -433,11 +441,14 @@ class EnvRunnerGroup:
 
     def _stop_on_a_repeated_error(self, index: int, err: BaseException) -> None:
         """An error raised by the runner's code (not its death) that repeats is deterministic, e.g. an env
-        whose constructor or reset always raises: restarting (and starting its engine again) cannot help."""
-        if isinstance(err, RayActorError) and not err.actor_init_failed:
-            self._repeats = None  # a death (killed, out of memory, node lost): restarting is the cure
+        whose constructor or reset always raises: restarting (and starting its engine again) cannot help.
+        One the runner itself declares deterministic (`EnvErrorStreak`) stops the run at once."""
+        if is_death(err):
+            self._repeats = None  # killed, out of memory, worker crashed, node or object lost: restarting cures it
             return
         cause = err.cause if isinstance(err, RayTaskError) and err.cause is not None else err
+        if isinstance(cause, EnvErrorStreak):
+            raise EnvRunnerGroupError(f"EnvRunner {index} stopped the run: {cause}") from err
         signature = f"{type(cause).__name__}: {cause}".split("\n")[0]
         count = self._repeats[1] + 1 if self._repeats is not None and self._repeats[0] == signature else 1
         self._repeats = (signature, count)
@@ -458,11 +469,23 @@ class EnvRunnerGroup:
         stops = [slot.actor.stop.remote() for slot in self._slots.values()]
         try:
             ray.get(stops, timeout=timeout_s)
-        except (GetTimeoutError, RayActorError, RayTaskError) as err:
-            logger.warning("Some env runners did not stop cleanly: %s", err)
+        except RayError as err:  # a runner that died (of any cause) or hangs: it is killed below either way
+            logger.warning("Some env runners did not stop cleanly: %r", err)
         for slot in self._slots.values():
             ray.kill(slot.actor, no_restart=True)
         self._slots.clear()
+
+
+def is_death(err: BaseException) -> bool:
+    """Whether ``err`` says a runner's process or its data went away (restarting cures it), not that its code raised.
+
+    Every ``RayError`` but a task's own error (``RayTaskError``), an actor whose constructor raised
+    (``actor_init_failed``) and a timeout: ``ActorDiedError``, ``WorkerCrashedError``,
+    ``OutOfMemoryError``, ``NodeDiedError``, ``ObjectLostError`` and their kin.
+    """
+    if not isinstance(err, RayError) or isinstance(err, (RayTaskError, GetTimeoutError)):
+        return False
+    return not (isinstance(err, RayActorError) and err.actor_init_failed)
 
 
 def _driver_env_spec(env_id: str) -> Any:

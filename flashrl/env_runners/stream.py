@@ -234,10 +234,15 @@ class EpisodeStream:
         spec, b = self.spec, self.batch_size
         collected = len(assembler.batch)
         if not arrived:
+            env_error = getattr(self.group, "last_env_error", None)
+            blame = "" if env_error is None else (
+                " If episodes keep ending in env errors (env_runners/num_skipped_env_error_lifetime), fix the env "
+                f"instead; the last one was in {env_error}"
+            )
             return EnvRunnerGroupError(
                 f"No finished episode arrived for {spec.sample_timeout_s:g} s (sample_timeout_s); "
                 f"{collected}/{b} collected, {self.group.in_flight} in "
-                f"flight. Raise sample_timeout_s for slow environments, or lower max_new_tokens."
+                f"flight. Raise sample_timeout_s for slow environments, or lower max_new_tokens.{blame}"
             )
         what = (
             f"The batch has not grown for {spec.sample_timeout_s:g} s (sample_timeout_s): {arrived} episodes "

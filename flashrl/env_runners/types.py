@@ -77,3 +77,5 @@ class RunnerReport:
     """Environment steps (model turns) since the last report."""
     callback_metrics: dict[str, tuple[str, list[float]]] = field(default_factory=dict)
     """What the runner's callbacks logged since the last report (`flashrl.callbacks.MetricsLogger.state`)."""
+    last_env_error: str | None = None
+    """The runner's latest env error (env id, episode, prompt id, traceback), None if it had none."""

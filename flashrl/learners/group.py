@@ -441,14 +441,19 @@ class LearnerGroup:
                 )
             try:
                 ray.get(ready[0], timeout=0 if deadline is None else max(deadline - time.monotonic(), 0.0))
-            except ray.exceptions.RayActorError as error:
-                self._fail(f"learner actor rank {rank_of[ready[0]]} died during '{what}': {error}", error)
             except ray.exceptions.RayTaskError:
                 if len(self._actors) > 1:
                     # Its partners may now wait forever inside a collective: the group is unusable.
                     self._broken = f"learner rank {rank_of[ready[0]]} raised during '{what}'"
                     self._kill_actors()
                 raise  # the actor's own exception (also an instance of its original type)
+            except ray.exceptions.RayError as error:
+                # Any other way the actor or its result went away (died, worker crashed, OOM-killed, node
+                # died, object lost): a fault of the group, which the algorithm restarts.
+                self._fail(
+                    f"learner actor rank {rank_of[ready[0]]} died during '{what}' ({type(error).__name__}): {error}",
+                    error,
+                )
         return ray.get(list(refs))
 
     def _fail(self, message: str, cause: BaseException | None = None) -> None:

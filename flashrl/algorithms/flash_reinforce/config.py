@@ -394,6 +394,10 @@ class FlashReinforceConfig(BuilderMethods, _TuneConfig):
                 built[build] = build()
             except SpecError as err:
                 problems += err.problems
+        if self.build_loss in built:
+            from flashrl.algorithms.flash_reinforce.component_check import component_call_problems
+
+            problems += component_call_problems(built[self.build_loss])  # each component called once
         if isinstance(self.env, str) and self.env:
             problem = _env_problem(self.env)
             if problem:
