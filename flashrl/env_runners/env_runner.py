@@ -456,7 +456,7 @@ class EnvRunner:
         """``env.close()`` in a worker thread with the env time limit: a close that hangs or raises must not
         block the event loop (every episode and poll of this runner runs on it) nor stop the runner."""
         try:
-            await _in_thread(self._executor, self.env_timeout_s, env.close)
+            await _in_thread(self._executor, self.spec.env_timeout_s, env.close)
         except EnvTimeout as err:
             logger.warning("EnvRunner %d: env.close() abandoned: %s", self.runner_index, err)
             self._executor = self._new_executor()  # the hung close keeps its thread (see _play)

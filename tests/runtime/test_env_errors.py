@@ -141,7 +141,7 @@ def test_a_lone_surrogate_from_the_env_is_counted_not_fatal(tiny_config, env):
 
 
 def test_a_close_that_blocks_does_not_wedge_the_runner(tiny_config):
-    runner = _runner(tiny_config(env="flashrl-test/BlockingClose-v0"), env_timeout_s=0.3)
+    runner = _runner(tiny_config(env="flashrl-test/BlockingClose-v0").env_runners(env_timeout_s=0.3))
 
     async def scenario():
         await runner.setup()  # the engine start is not what is timed
