@@ -113,6 +113,9 @@ class VLLMEngineOptions:
     """MoE models: return the experts every token was routed to (``Completion.routed_experts``) for
     routing replay, with vLLM's ``enable_return_routed_experts`` (which needs prefix caching, turned on
     here, and Model Runner V2). GPU only: vLLM 0.32's CPU build cannot (see ``vllm_engine_args``)."""
+    log_level: str | None = "WARNING"
+    """vLLM's log level in the engine's processes, known-harmless warnings dropped at WARNING or above
+    (``flashrl.framework_logging``; a run sets it from ``framework_log_level``); None = vLLM's own."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Further ``vllm.AsyncEngineArgs`` fields, passed as given (they override the above)."""
 
@@ -271,6 +274,9 @@ class VLLMEngine(Engine):
         self._max_model_len = int(self._llm.model_config.max_model_len)
 
     def _start(self, path: str, seed: int) -> Any:
+        from flashrl.framework_logging import vllm_logging_args
+
+        logging_args = vllm_logging_args(self.options.log_level)  # first: importing vLLM logs already
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
@@ -285,7 +291,8 @@ class VLLMEngine(Engine):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = vllm_engine_args(self.options, path=path, seed=seed, on_cpu=on_cpu, hf_config=self._hf_config)
+        args = {**logging_args, **vllm_engine_args(self.options, path=path, seed=seed, on_cpu=on_cpu,
+                                                   hf_config=self._hf_config)}
         self.kv_cache_memory_bytes: int | None = args.get("kv_cache_memory_bytes")
         """KV-cache bytes asked of vLLM (None: vLLM sizes it from ``gpu_memory_utilization``)."""
         logger.info(

@@ -47,6 +47,7 @@ from ray.tune.tune import _Config as _TuneConfig  # Tune takes any `_Config` as 
 from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 from flashrl.env_runners.env_check import env_code_problems, env_config_problems
 from flashrl.env_runners.spec import EnvRunnerSpec
+from flashrl.framework_logging import LEVELS, valid_level
 from flashrl.learners.spec import LearnerSpec
 from flashrl.loggers import logger_problems
 from flashrl.user_code import describe
@@ -105,6 +106,8 @@ class FlashReinforceSettings:
     """Per tracker, its options, e.g. {'wandb': {'project': 'math', 'mode': 'offline'}} (see flashrl.loggers)."""
     console_every: int = setting(1, section="reporting")
     """Print a one-line progress summary every this many iterations (and each evaluation); 0 = silent."""
+    framework_log_level: str | None = setting("WARNING", section="reporting")
+    """vLLM's and Ray's log level in driver and actors; WARNING+ drops known-harmless warnings; None = theirs (docs/runtime.md)."""
     rollout_dump_every: int = setting(0, section="reporting")
     """Write episodes of the batch as JSONL under `<log_dir>/rollouts/` every this many iterations; 0 = never."""
     rollout_dump_count: int = setting(4, section="reporting")
@@ -139,6 +142,8 @@ class FlashReinforceSettings:
         check.integers(self, ("console_every", "checkpoint_frequency", "max_num_learner_restarts",
                               "rollout_dump_every"), 0)
         check.integers(self, ("rollout_dump_count",), 1)
+        check.expect(valid_level(self.framework_log_level), "framework_log_level", f"None or one of {LEVELS}",
+                     self.framework_log_level, "e.g. 'INFO' to see vLLM's and Ray's INFO lines")
         epochs = self.num_epochs
         check.expect(epochs is None or (is_int(epochs) and epochs >= 1), "num_epochs", "None or an integer >= 1",
                      epochs, "use None and set total_updates, or e.g. num_epochs=3")
