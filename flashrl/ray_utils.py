@@ -9,14 +9,27 @@ from typing import Any
 logger = logging.getLogger("flashrl")
 
 
-def init_or_join(*, include_dashboard: bool = False, **init_kwargs: Any) -> str:
+def init_or_join(
+    *, include_dashboard: bool = False, framework_log_level: str | None = None, **init_kwargs: Any
+) -> str:
     """Make sure this process is connected to a Ray cluster.
 
     Order: an already initialised connection is used as is; else the cluster named by the
     `RAY_ADDRESS` environment variable is joined; else a local cluster is started (dashboard off
     unless asked). Returns "existing", "joined" or "started".
+
+    ``framework_log_level`` (a run's setting; None leaves Ray's logging alone) sets the driver's Ray
+    logger (``ray.init(logging_level=...)``, unless ``RAY_LOGGER_LEVEL`` is set) and, at WARNING or
+    above, drops the known-harmless messages of `flashrl.framework_logging`.
     """
     import ray
+
+    from flashrl.framework_logging import configure_driver, ray_logging_level
+
+    configure_driver(framework_log_level)
+    level = ray_logging_level(framework_log_level)
+    if level is not None:
+        init_kwargs.setdefault("logging_level", level)
 
     if ray.is_initialized():
         return "existing"

@@ -21,11 +21,8 @@ import os
 import random
 import sys
 
-# vLLM logs every engine detail at INFO; a local cluster's actors inherit this process's environment.
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
-from flashrl.algorithms import FlashReinforceConfig  # noqa: E402
-from flashrl.recipes import CPU_PINS, NodePlan, Preset, run_preset  # noqa: E402
+from flashrl.algorithms import FlashReinforceConfig
+from flashrl.recipes import CPU_PINS, NodePlan, Preset, run_preset
 
 PRESET = Preset(
     name="smollm2_arithmetic_cpu",

@@ -36,14 +36,11 @@ Writes under --output: TensorBoard logs, progress.jsonl, curves.png, checkpoint_
 import os
 import sys
 
-# vLLM logs every engine detail at INFO; a local cluster's actors inherit this process's environment.
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from flashrl.algorithms import FlashReinforceConfig  # noqa: E402
-from flashrl.envs.tool_tasks import TOOL_GENERATORS, ToolTaskFamily, held_out_rows  # noqa: E402
-from flashrl.recipes import CPU_PINS, NodePlan, Preset, run_preset  # noqa: E402
+from flashrl.algorithms import FlashReinforceConfig
+from flashrl.envs.tool_tasks import TOOL_GENERATORS, ToolTaskFamily, held_out_rows
+from flashrl.recipes import CPU_PINS, NodePlan, Preset, run_preset
 
 #: The measured family (docs/benchmarks.md): two-digit products, one worked example, 2 replies. The variant with
 #: an answer instruction after each tool output measured 0.06 against 0.08:

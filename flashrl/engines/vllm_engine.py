@@ -124,6 +124,9 @@ class VLLMEngineOptions:
     """MoE models: return the experts every token was routed to (``Completion.routed_experts``) for
     routing replay, with vLLM's ``enable_return_routed_experts`` (which needs prefix caching, turned on
     here, and Model Runner V2). GPU only: vLLM 0.32's CPU build cannot (see ``vllm_engine_args``)."""
+    log_level: str | None = "WARNING"
+    """vLLM's log level in the engine's processes, known-harmless warnings dropped at WARNING or above
+    (``flashrl.framework_logging``; a run sets it from ``framework_log_level``); None = vLLM's own."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Further ``vllm.AsyncEngineArgs`` fields, passed as given (they override the above)."""
 
@@ -316,6 +319,9 @@ class VLLMEngine(ModelEngine):
         self._max_model_len = int(self._llm.model_config.max_model_len)
 
     def _start(self, path: str, seed: int) -> Any:
+        from flashrl.framework_logging import vllm_logging_args
+
+        logging_args = vllm_logging_args(self.options.log_level)  # first: importing vLLM logs already
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
@@ -332,9 +338,9 @@ class VLLMEngine(ModelEngine):
 
         # the device's total memory as vLLM's request_memory counts it (NVML, no CUDA context here)
         device_bytes = None if on_cpu else int(current_platform.get_device_total_memory(0))
-        args = vllm_engine_args(
+        args = {**logging_args, **vllm_engine_args(
             self.options, path=path, seed=seed, on_cpu=on_cpu, hf_config=self._hf_config, device_bytes=device_bytes
-        )
+        )}
         self.kv_cache_memory_bytes: int | None = args.get("kv_cache_memory_bytes")
         """KV-cache bytes asked of vLLM (None: vLLM sizes it from ``gpu_memory_utilization``)."""
         logger.info(

@@ -228,6 +228,7 @@ def train(
         print(f"stopping after {algo.total_updates} updates: {config.num_epochs} passes over the training set "
               f"(--stop-iters {stop_iters} assumed a larger set)", flush=True)
         stop_iters = algo.total_updates
+    algo.progress.stop = stop_iters  # the console's progress line counts to this run's stop
     history: list[dict[str, float]] = []
     latest: dict[str, float] = {}
     before = after = None

@@ -53,6 +53,7 @@ from flashrl.metrics import (
     policy_lags,
     progress_line,
 )
+from flashrl.metrics.console import RunProgress
 from flashrl.weight_sync.layout import TransferLayout, planned_engine_options
 from flashrl.weight_sync.route import route_for
 
@@ -102,11 +103,14 @@ class FlashReinforce(Trainable):
         """Callback metrics of the iteration under way (`callbacks/<key>` in its result)."""
         self._tokenizer: Any = None  # the rollout dumps' decoder, loaded at the first dump
         train_size = _check_envs(cfg)
-        init_or_join()
+        init_or_join(framework_log_level=cfg.framework_log_level)
         check_resources(self.algo_config)
         # With num_epochs, the horizon follows the training set's real size (kept for learner restarts).
         self.train_size = train_size
         self.total_updates = cfg.learner_spec(model=self.model_path, train_size=train_size).total_updates
+        self.progress = RunProgress(self.total_updates)
+        """The console's progress line on a terminal; its ``stop`` is the schedule's horizon unless the caller
+        knows the run's own stop (`flashrl.recipes.run.train` sets its ``stop_iters``)."""
         self.stream: EpisodeStream | None = None
         self.learner_group = self._new_learner_group()
         self._engine_options = _planned_engine_options(cfg, self.model_path)
@@ -198,6 +202,7 @@ class FlashReinforce(Trainable):
                 self._restart_learners(error)
 
     def _step(self) -> dict[str, Any]:
+        self.progress.start(self.iteration)
         at_start = self._evaluate_at_start()
         start = time.perf_counter()
         version_before = self.learner_group.version
@@ -401,6 +406,7 @@ class FlashReinforce(Trainable):
             output.log(iteration, metrics, histograms)
         if cfg.console_every and iteration % cfg.console_every == 0:
             print(progress_line(iteration, metrics, multi_turn=self.iteration_metrics.multi_turn), flush=True)
+            self.progress.show(iteration)
         if cfg.rollout_dump_every and iteration % cfg.rollout_dump_every == 0:
             self.dump_rollouts(iteration, episodes, lags, learner_metrics)
         if cfg.checkpoint_frequency and iteration % cfg.checkpoint_frequency == 0:
@@ -493,7 +499,7 @@ class FlashReinforce(Trainable):
         from flashrl.ray_utils import init_or_join
 
         config = FlashReinforceConfig.from_dict(read_config(path)).update_from_dict(config_overrides)
-        init_or_join()
+        init_or_join(framework_log_level=config.framework_log_level)
         algo = cls(config=config)
         algo.restore_from_path(path)
         return algo
@@ -505,7 +511,8 @@ class FlashReinforce(Trainable):
 
 def _planned_engine_options(config: FlashReinforceConfig, model_path: str | None = None) -> dict[str, Any]:
     """The engine options the runners start with: ``weight_sync`` resolved from the resource layout, and
-    next to a learner on its GPU the sleep mode and the learner's planned bytes (``flashrl.engines.colocation``)."""
+    next to a learner on its GPU the sleep mode and the learner's planned bytes (``flashrl.engines.colocation``);
+    a vLLM engine's ``log_level`` from ``framework_log_level`` (unless the engine options set it)."""
     learner_gpus, runner_gpus = config.num_gpus_per_learner, config.num_gpus_per_env_runner
     options = planned_engine_options(
         config.engine,
@@ -514,6 +521,8 @@ def _planned_engine_options(config: FlashReinforceConfig, model_path: str | None
         runner_gpus=runner_gpus,
         num_env_runners=config.num_env_runners,
     )
+    if config.engine == "vllm":
+        options.setdefault("log_level", config.framework_log_level)
     sleep = resolve_sleep_mode(
         config.engine_sleep_mode, engine=config.engine, learner_gpus=learner_gpus, runner_gpus=runner_gpus
     )

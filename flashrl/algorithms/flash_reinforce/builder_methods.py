@@ -319,6 +319,7 @@ class BuilderMethods:
         loggers: list[str] = NotProvided,
         logger_options: dict[str, dict[str, Any]] = NotProvided,
         console_every: int = NotProvided,
+        framework_log_level: str | None = NotProvided,
         rollout_dump_every: int = NotProvided,
         rollout_dump_count: int = NotProvided,
         **misplaced: Any,
@@ -340,6 +341,8 @@ class BuilderMethods:
                 (see flashrl.loggers).
             console_every: Print a one-line progress summary every this many iterations (and each evaluation);
                 0 = silent.
+            framework_log_level: vLLM's and Ray's log level in driver and actors; WARNING+ drops known-harmless
+                warnings; None = theirs (docs/runtime.md).
             rollout_dump_every: Write episodes of the batch as JSONL under `<log_dir>/rollouts/` every this
                 many iterations; 0 = never.
             rollout_dump_count: Episodes per rollout dump (the batch's first ones in arrival order; at most

@@ -49,6 +49,7 @@ from flashrl.algorithms.flash_reinforce.builder_methods import BuilderMethods, N
 from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
 from flashrl.env_runners.env_check import env_code_problems, env_config_problems
 from flashrl.env_runners.spec import EnvRunnerSpec
+from flashrl.framework_logging import LEVELS, valid_level
 from flashrl.learners.spec import LearnerSpec
 from flashrl.loggers import logger_problems
 from flashrl.user_code import describe
@@ -100,6 +101,8 @@ class FlashReinforceSettings:
     """Per tracker, its options, e.g. {'wandb': {'project': 'math', 'mode': 'offline'}} (see flashrl.loggers)."""
     console_every: int = setting(1, section="reporting", integer=True, ge=0)
     """Print a one-line progress summary every this many iterations (and each evaluation); 0 = silent."""
+    framework_log_level: str | None = setting("WARNING", section="reporting")
+    """vLLM's and Ray's log level in driver and actors; WARNING+ drops known-harmless warnings; None = theirs (docs/runtime.md)."""
     rollout_dump_every: int = setting(0, section="reporting", integer=True, ge=0)
     """Write episodes of the batch as JSONL under `<log_dir>/rollouts/` every this many iterations; 0 = never."""
     rollout_dump_count: int = setting(4, section="reporting", integer=True, ge=1)
@@ -127,6 +130,8 @@ class FlashReinforceSettings:
         if self.rollout_mode == "sync_group":
             check.expect(is_int(self.group_size) and self.group_size >= 1, "group_size", "an integer >= 1",
                          self.group_size, "e.g. 8")
+        check.expect(valid_level(self.framework_log_level), "framework_log_level", f"None or one of {LEVELS}",
+                     self.framework_log_level, "e.g. 'INFO' to see vLLM's and Ray's INFO lines")
         check.expect(isinstance(self.evaluation_at_start, bool), "evaluation_at_start", "a bool",
                      self.evaluation_at_start, "use True to evaluate the initial policy")
         for name in ("log_dir", "checkpoint_dir"):  # written with os / torch: a URI would become a local folder
