@@ -31,12 +31,13 @@ def test_colocated_runners_start_with_sleep_mode_and_the_learners_bytes() -> Non
     # peak 36,919,719,936 (34.38 GiB), the numbers tests/recipes/test_colocated_plan.py plans with
     assert _planned_engine_options(_config()) == {
         "weight_sync": "ipc", "sleep_mode": True, "colocated_gpu_fraction": 0.5,
-        "colocated_learner_bytes": 30874286080,
+        "colocated_learner_bytes": 30874286080, "log_level": "WARNING",
     }  # fmt: skip
     off = _planned_engine_options(_config(engine_sleep_mode=False))
-    assert off == {"weight_sync": "ipc", "colocated_gpu_fraction": 0.5, "colocated_learner_bytes": 36919719936}
-    assert _planned_engine_options(_config(1, 1)) == {"weight_sync": "nccl"}
-    assert _planned_engine_options(_config(0, 0)) == {"weight_sync": "shm"}
+    assert off == {"weight_sync": "ipc", "colocated_gpu_fraction": 0.5, "colocated_learner_bytes": 36919719936,
+                   "log_level": "WARNING"}  # framework_log_level reaches every vLLM engine
+    assert _planned_engine_options(_config(1, 1)) == {"weight_sync": "nccl", "log_level": "WARNING"}
+    assert _planned_engine_options(_config(0, 0)) == {"weight_sync": "shm", "log_level": "WARNING"}
 
 
 def test_sleep_mode_on_cpu_engines_is_refused_by_the_config() -> None:
