@@ -108,7 +108,7 @@ def build_env_once(
 
     try:
         env = gym.make(env_id, **dict(env_config))
-    except Exception as err:  # noqa: BLE001 - any constructor error is the user's setting to fix
+    except Exception as err:  # any constructor error is the user's setting to fix
         raise EnvCheckError(
             f"{what}: expected settings with which {env_id} can be built, got {dict(env_config)!r}; building it "
             f"raised {type(err).__name__}: {err}. Fix: correct {what} (the env's docstring lists its arguments)."
@@ -121,7 +121,7 @@ def build_env_once(
         call = f"step({CHECK_ACTION!r})"
         env.step(CHECK_ACTION)
         return count
-    except Exception as err:  # noqa: BLE001 - as above, for the first reset and step
+    except Exception as err:  # as above, for the first reset and step
         raise EnvCheckError(
             f"{what}: expected an env that resets and steps, got {env_id} with {dict(env_config)!r}, whose "
             f"{call} raised {type(err).__name__}: {err}\n{user_traceback(err)}\nFix: correct {what}, the env's "

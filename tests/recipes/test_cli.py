@@ -56,7 +56,7 @@ def test_outputs_default_to_a_results_root_outside_the_working_dir(tmp_path, mon
     from flashrl.recipes.preset import NodePlan, Preset
     from flashrl.recipes.run import build_config
 
-    now = datetime.datetime(2026, 12, 1, 21, 5, 9, tzinfo=datetime.timezone.utc)
+    now = datetime.datetime(2026, 12, 1, 21, 5, 9, tzinfo=datetime.UTC)
     monkeypatch.setenv("FLASHRL_RESULTS", str(tmp_path / "results"))
     assert default_output("job", now) == str(tmp_path / "results" / "job" / "2026-12-01_21-05-09")
     monkeypatch.delenv("FLASHRL_RESULTS")

@@ -94,7 +94,7 @@ def head_node():
     start = [RAY, "start", "--head", *(f"--{name}={port}" for name, port in ports.items()),
              "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1", "--num-cpus=2",
              f"--temp-dir={temp_dir}"]
-    started = subprocess.run(start, env=env, timeout=180, capture_output=True, text=True)
+    started = subprocess.run(start, check=False, env=env, timeout=180, capture_output=True, text=True)
     if started.returncode != 0:
         _stop_own_cluster(temp_dir)
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
@@ -118,7 +118,7 @@ def test_job_submit_of_the_main_job_leaves_its_outputs_under_the_results_root(he
            "python", "tuned_examples/smollm2_arithmetic_cpu.py", "--stop-iters", "2", "--checkpoint-frequency", "1",
            "--train-batch-size", "8", "--episodes-in-flight", "8", "--evaluation-num-episodes", "4"]
     for _ in range(10):  # the head's job agent registers some seconds after `ray start` returns
-        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+        result = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=1800)
         logs = result.stdout + result.stderr
         if "No available agent to submit job" not in logs:  # a refused submission started nothing
             break
@@ -127,7 +127,7 @@ def test_job_submit_of_the_main_job_leaves_its_outputs_under_the_results_root(he
     assert "succeeded" in logs.lower()
     # The job server refuses a client with another token: authentication is really on.
     wrong = {**env, "RAY_AUTH_TOKEN": "0" * 64}
-    refused = subprocess.run([RAY, "job", "list"], env=wrong, capture_output=True, text=True, timeout=120)
+    refused = subprocess.run([RAY, "job", "list"], check=False, env=wrong, capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "token is invalid" in (refused.stdout + refused.stderr)
     printed = re.search(r"^outputs: (\S+)", logs, re.MULTILINE)
     assert printed, logs[-4000:]

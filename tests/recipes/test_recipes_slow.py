@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from flashrl.algorithms import FlashReinforceConfig
 from flashrl.cli import main
-
 from flashrl.recipes import NodePlan, Preset, run_preset
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

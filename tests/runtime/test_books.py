@@ -8,7 +8,7 @@ import pytest
 import ray
 
 from flashrl.algorithms import FlashReinforce
-from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError, EnvRunnerSpec
+from flashrl.env_runners import EnvRunnerGroup, EnvRunnerGroupError
 
 pytestmark = pytest.mark.ray
 

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from flashrl.env_runners import EnvRunner, EnvRunnerSpec, RunnerReport, skip_reason, stream_seed
+from flashrl.env_runners import EnvRunner, RunnerReport, skip_reason, stream_seed
 from flashrl.episode import Episode
 
 

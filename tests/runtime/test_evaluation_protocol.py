@@ -92,7 +92,7 @@ def test_splits_k_samples_and_the_evaluation_sampling_in_process(tiny_config):
     import asyncio
 
     from flashrl.cli import evaluate_with_runner
-    from flashrl.env_runners import EnvRunner, EnvRunnerSpec
+    from flashrl.env_runners import EnvRunner
 
     config = tiny_config(
         env=SOURCES_ENV, evaluation_splits=SPLITS, evaluation_num_episodes=10, evaluation_num_samples_per_prompt=2,

@@ -14,7 +14,7 @@ import pytest
 
 USER_MODULE = "flashrl_test_user_script_actors"
 sys.modules[USER_MODULE] = sys.modules[__name__]
-__name__ = USER_MODULE  # noqa: A001 - the code below gets this module name, importable nowhere else
+__name__ = USER_MODULE  # the code below gets this module name, importable nowhere else
 
 pytestmark = pytest.mark.ray
 
