@@ -94,12 +94,12 @@ def make_batch(scale: dict[str, Any], model_path: str, seed: int = 0) -> Any:
 
 
 def time_updates(scale: dict[str, Any], model_path: str, dtype: str, batch: Any) -> dict[str, Any]:
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
     from flashrl.learners import Learner, LearnerSpec
 
     spec = LearnerSpec(model=model_path, lr=3e-6, grad_clip=1.0, device="cpu", dtype=dtype,
                        max_tokens_per_micro_batch=scale["micro_batch_tokens"], temperature=TEMPERATURE,
-                       loss=FlashReinforceLoss(delta=1e9))
+                       loss=FlashReinforceLossSpec(delta=1e9))
     learner = Learner(spec)
     learner.update(batch)  # warm-up: allocates AdamW's moments, first-call kernels
     seconds = []

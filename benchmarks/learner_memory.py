@@ -113,7 +113,7 @@ def run_point(
     device: str,
 ) -> dict:
     """One learner, one warm-up update, one measured update; peak bytes above the pre-update size."""
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
     from flashrl.learners import Learner, LearnerSpec
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -128,7 +128,7 @@ def run_point(
         gradient_checkpointing=checkpointing,
         max_tokens_per_micro_batch=None if single else budget,
         pack_sequences=not single,
-        loss=FlashReinforceLoss(delta=float("inf")),
+        loss=FlashReinforceLossSpec(delta=float("inf")),
     )
     learner = Learner(spec)
     vocab = learner.model.config.vocab_size

@@ -357,7 +357,7 @@ def phase_matmul(ctx: Context) -> dict[str, Any]:
 
 
 def _learner_spec(ctx: Context, batch_budget: int) -> Any:
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
     from flashrl.learners.spec import LearnerSpec
 
     return LearnerSpec(
@@ -371,7 +371,7 @@ def _learner_spec(ctx: Context, batch_budget: int) -> Any:
         gradient_checkpointing=True,
         max_tokens_per_micro_batch=batch_budget,
         logprob_chunk_size=ctx.opts.logprob_chunk_size,
-        loss=FlashReinforceLoss(delta=0.003),
+        loss=FlashReinforceLossSpec(delta=0.003),
     )
 
 

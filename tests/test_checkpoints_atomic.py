@@ -242,11 +242,11 @@ def _check_folder(root: str) -> tuple[int, int]:
 
 
 def _crash_rounds(root: str, model: str, rounds: int) -> dict[str, int]:
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
     from flashrl.learners import Learner, LearnerSpec
 
     torch.set_num_threads(1)  # no thread pool exists, so forking this process is safe
-    learner = Learner(LearnerSpec(model=model, device="cpu", optimizer="sgd", loss=FlashReinforceLoss(delta=0.05)))
+    learner = Learner(LearnerSpec(model=model, device="cpu", optimizer="sgd", loss=FlashReinforceLossSpec(delta=0.05)))
     os.makedirs(root)
     rng = random.Random(0)
     summary = {"kills": 0, "mid_save": 0, "saves": 0, "resaves": 0, "checked": 0}

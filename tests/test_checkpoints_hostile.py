@@ -142,10 +142,10 @@ def test_checkpoint_a_never_restores_bs_weights_through_the_learner_group(tmp_pa
     """What ``FlashReinforce.restore_from_path`` does with the learner: read_checkpoint, then
     ``LearnerGroup.load_state`` with the manifest's layout. Checkpoint A (one learner) gets B's DCP shards
     (every weight 7.0) copied beside its verified state file."""
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
     from flashrl.learners import Learner, LearnerGroup, LearnerSpec
 
-    spec = LearnerSpec(model=tiny_llama_path, device="cpu", optimizer="sgd", loss=FlashReinforceLoss(delta=0.05))
+    spec = LearnerSpec(model=tiny_llama_path, device="cpu", optimizer="sgd", loss=FlashReinforceLossSpec(delta=0.05))
     group = LearnerGroup(spec, local=True)
     a = Path(write_checkpoint(tmp_path / "a", config={}, learner_group=group, algorithm_state={"iteration": 1},
                               export_policy=False))

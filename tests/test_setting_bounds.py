@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from flashrl.algorithms.flash_reinforce.config import FlashReinforceSettings
-from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+from flashrl.algorithms.flash_reinforce.config import FlashReinforceAlgorithmSpec
+from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.learners.spec import LearnerSpec
 from flashrl.validation import BOUNDS, Checks, SpecError, setting
@@ -94,7 +94,7 @@ def test_a_bound_that_cannot_be_checked_is_refused_where_it_is_declared(kwargs, 
 CHECKED_AS_CODE = {"group_size": "checked only with rollout_mode='sync_group'"}
 
 
-@pytest.mark.parametrize("cls", [EnvRunnerSpec, LearnerSpec, FlashReinforceLoss, FlashReinforceSettings])
+@pytest.mark.parametrize("cls", [EnvRunnerSpec, LearnerSpec, FlashReinforceLossSpec, FlashReinforceAlgorithmSpec])
 def test_every_number_setting_of_the_specs_declares_its_bounds(cls):
     numeric = {"int", "float", "int | None", "float | None"}
     missing = [f.name for f in dataclasses.fields(cls)
@@ -114,9 +114,9 @@ def test_the_specs_report_their_declared_bounds_with_the_same_words():
         "top_p: expected a number in (0, 1], got 0.0. Fix: use 1.0 (no truncation)",
     ]
     with pytest.raises(SpecError) as err:
-        FlashReinforceLoss(delta=math.nan, negative_token_fraction=2)
+        FlashReinforceLossSpec(delta=math.nan, negative_token_fraction=2)
     assert err.value.problems == [
         "delta: expected a number >= 0 (math.inf = no trust region), got nan. Fix: e.g. 3e-3, or math.inf",
         "negative_token_fraction: expected a number in [0, 1], got 2. Fix: e.g. 0.9, or 1.0 for no filter",
     ]
-    assert FlashReinforceLoss(delta=math.inf).delta == math.inf
+    assert FlashReinforceLossSpec(delta=math.inf).delta == math.inf

@@ -27,7 +27,7 @@ from flashrl.algorithms.flash_reinforce.components import (
     Normalizers,
 )
 from flashrl.algorithms.flash_reinforce.config import ConfigError
-from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
 from flashrl.algorithms.flash_reinforce.loss import flash_reinforce_loss
 from flashrl.env_runners.env_check import runner_env_spec, runner_spec
 from flashrl.envs.base import LanguageEnv
@@ -237,7 +237,7 @@ def test_update_from_dict_keeps_the_objects_it_is_not_given():
 
 
 def test_a_learner_spec_with_user_code_round_trips_through_its_plain_form():
-    spec = LearnerSpec(model="m", loss=FlashReinforceLoss(baseline=f"{USER_MODULE}:ShiftedBaseline"))
+    spec = LearnerSpec(model="m", loss=FlashReinforceLossSpec(baseline=f"{USER_MODULE}:ShiftedBaseline"))
     again = LearnerSpec.from_dict(spec.to_dict())
     assert again.loss.component("baseline")(torch.tensor([1.0, 0.0])).tolist() == [0.625, -0.375]
 
@@ -262,9 +262,9 @@ def test_math_reward_fn_by_object_and_by_path():
 def test_user_code_ships_by_value_to_a_process_that_cannot_import_it(tmp_path):
     """The loss's components (objects, a path, a name registered here) and the env's code (a user entry
     point, Math's reward_fn by path and by object), unpickled and used in one fresh process."""
-    loss = FlashReinforceLoss(baseline=ShiftedBaseline(), trust_region="none", token_mask=FirstTokenOnly(),
+    loss = FlashReinforceLossSpec(baseline=ShiftedBaseline(), trust_region="none", token_mask=FirstTokenOnly(),
                               aggregation=f"{USER_MODULE}:_TokenSum")
-    named = FlashReinforceLoss(baseline="test_user_code_plus_one")
+    named = FlashReinforceLossSpec(baseline="test_user_code_plus_one")
     FlashReinforceConfig().environment(ECHO_ID).validate()
     env_spec = runner_env_spec(ECHO_ID)
     assert env_spec.entry_point is EchoEnv  # the user's "module:Class" imported in the driver

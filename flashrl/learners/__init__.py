@@ -1,12 +1,12 @@
 """The learner side of training: batches, the generic update, and data-parallel (FSDP2) learner groups.
 
 The learner is generic (RLlib style): the algorithm supplies its loss as a ``Loss`` object
-(``flashrl.learners.loss``), e.g. FlashREINFORCE's ``FlashReinforceLoss``::
+(``flashrl.learners.loss``), e.g. FlashREINFORCE's ``FlashReinforceLossSpec``::
 
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
     from flashrl.learners import LearnerGroup, LearnerSpec, TrainBatch
 
-    spec = LearnerSpec(model=path, lr=1e-6, max_tokens_per_micro_batch=8192, loss=FlashReinforceLoss(delta=0.01))
+    spec = LearnerSpec(model=path, lr=1e-6, max_tokens_per_micro_batch=8192, loss=FlashReinforceLossSpec(delta=0.01))
     group = LearnerGroup(spec, num_learners=2)  # Ray actors, the policy sharded over them
     metrics = group.update(TrainBatch.from_episodes(episodes, pad_token_id=tokenizer.pad_token_id))
     weights = group.weight_buckets_refs()  # object refs, one per bucket, for every engine's update_weights

@@ -89,7 +89,7 @@ class Learner:
         if spec.loss is None:
             raise ValueError(
                 "LearnerSpec.loss is None; expected the algorithm's Loss object (e.g. "
-                "flashrl.algorithms.flash_reinforce.learner_loss.FlashReinforceLoss(delta=...)). "
+                "flashrl.algorithms.flash_reinforce.learner_loss.FlashReinforceLossSpec(delta=...)). "
                 "config.learner_spec(model=...) builds it from the algorithm's config."
             )
         if not Path(spec.model, "config.json").is_file():

@@ -1,7 +1,7 @@
 """What a learner trains and how: the model, the optimizer, micro-batching, sharding, and the loss hook.
 
 Nothing here is specific to an algorithm: the algorithm's settings live in its ``Loss`` object
-(``LearnerSpec.loss``, e.g. ``flashrl.algorithms.flash_reinforce.learner_loss.FlashReinforceLoss``),
+(``LearnerSpec.loss``, e.g. ``flashrl.algorithms.flash_reinforce.learner_loss.FlashReinforceLossSpec``),
 and the learner group's size and resources are fields here, so one spec describes the learner side.
 """
 
@@ -133,7 +133,7 @@ class LearnerSpec:
     device: str = setting("auto", derived="'auto'; the learner group places each rank")
     """Where the policy lives: "auto" (the visible GPU if any, else CPU), "cpu", "cuda" or "cuda:N"."""
     loss: Loss | None = setting(None, derived="the algorithm's loss object")
-    """The algorithm's loss hook (a flashrl.learners.Loss, e.g. FlashReinforceLoss)."""
+    """The algorithm's loss hook (a flashrl.learners.Loss, e.g. FlashReinforceLossSpec)."""
     routing_replay: bool = setting(False, derived="the env runners' routing_replay")
     """R3: the forward routes every token to the experts the engine recorded (gates recomputed from the current
     router); MoE models only (``flashrl.models.routing_replay``)."""
@@ -228,7 +228,7 @@ def _check_values(spec: LearnerSpec, check: Checks) -> None:
     check.expect(isinstance(spec.device, str) and (spec.device in ("auto", "cpu") or spec.device.startswith("cuda")),
                  "device", '"auto", "cpu", "cuda" or "cuda:N"', spec.device, 'use "auto"')
     check.expect(spec.loss is None or isinstance(spec.loss, Loss), "loss",
-                 "a flashrl.learners.Loss object (e.g. FlashReinforceLoss) or None", spec.loss,
+                 "a flashrl.learners.Loss object (e.g. FlashReinforceLossSpec) or None", spec.loss,
                  "pass the algorithm's loss object")
     _check_schedule(spec, check)
 

@@ -9,13 +9,13 @@ import math
 import pytest
 
 from flashrl.algorithms import FlashReinforceConfig
-from flashrl.algorithms.flash_reinforce.config import _PARTS, ConfigError, FlashReinforceSettings
-from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+from flashrl.algorithms.flash_reinforce.config import _PARTS, ConfigError, FlashReinforceAlgorithmSpec
+from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.learners.spec import LearnerSpec
 from flashrl.validation import DERIVED, SpecError
 
-SPECS = (EnvRunnerSpec, LearnerSpec, FlashReinforceLoss, FlashReinforceSettings)
+SPECS = (EnvRunnerSpec, LearnerSpec, FlashReinforceLossSpec, FlashReinforceAlgorithmSpec)
 
 
 def test_every_setting_is_declared_in_exactly_one_class():
@@ -40,7 +40,7 @@ def test_derived_fields_are_filled_from_the_settings_they_name():
     spec = config.learner_spec(model="folder")
     assert (spec.temperature, spec.seed, spec.model, spec.device) == (0.7, 5, "folder", "auto")
     assert spec.routing_replay is config.env_runner_spec(env="flashrl/Math-v0").routing_replay is True
-    assert spec.loss == FlashReinforceLoss(delta=0.003, baseline="batch_mean")
+    assert spec.loss == FlashReinforceLossSpec(delta=0.003, baseline="batch_mean")
 
 
 def test_the_parts_hold_exactly_the_settings():
@@ -87,9 +87,9 @@ def test_a_search_space_may_stand_in_for_a_value_until_validate():
          "max_new_tokens: expected less than max_episode_tokens (64), got 64"),
         (LearnerSpec, {"lr": math.nan}, "lr: expected a finite number > 0, got nan"),
         (LearnerSpec, {"optimizer_offload": "yes"}, "optimizer_offload: expected True or False"),
-        (FlashReinforceLoss, {"aggregation": "constant_length"},
+        (FlashReinforceLossSpec, {"aggregation": "constant_length"},
          "constant_length_normalizer: expected an integer >= 1 with aggregation='constant_length'"),
-        (FlashReinforceSettings, {"rollout_mode": "sync"}, "rollout_mode: expected one of ('async', 'sync_group')"),
+        (FlashReinforceAlgorithmSpec, {"rollout_mode": "sync"}, "rollout_mode: expected one of ('async', 'sync_group')"),
     ],
 )
 def test_each_part_checks_its_own_settings(cls, kwargs, message):

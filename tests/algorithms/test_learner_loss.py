@@ -1,4 +1,4 @@
-"""FlashReinforceLoss, the learner's loss hook: its settings are checked, and it comes from the config."""
+"""FlashReinforceLossSpec, the learner's loss hook: its settings are checked, and it comes from the config."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from flashrl.algorithms import FlashReinforceConfig
-from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
 from flashrl.learners import Loss
 
 
@@ -27,8 +27,8 @@ from flashrl.learners import Loss
     ],
 )
 def test_rejects_impossible_settings_naming_field_expected_and_actual(overrides, field):
-    with pytest.raises(ValueError, match=rf"Invalid FlashReinforceLoss:(\n  - .*)*\n  - {field}: expected .+, got "):
-        FlashReinforceLoss(**overrides)
+    with pytest.raises(ValueError, match=rf"Invalid FlashReinforceLossSpec:(\n  - .*)*\n  - {field}: expected .+, got "):
+        FlashReinforceLossSpec(**overrides)
 
 
 def test_the_config_builds_the_loss_with_the_resolved_baseline():
@@ -37,5 +37,5 @@ def test_the_config_builds_the_loss_with_the_resolved_baseline():
                         rollout_mode="sync_group", group_size=4))
     loss = config.build_loss()
     assert isinstance(loss, Loss) and loss.needs_entropy
-    assert loss == FlashReinforceLoss(delta=math.inf, negative_token_fraction=0.2, trust_region="tv",
+    assert loss == FlashReinforceLossSpec(delta=math.inf, negative_token_fraction=0.2, trust_region="tv",
                                       baseline="group_mean")

@@ -85,14 +85,14 @@ def test_every_learner_setting_comes_from_the_config():
     # every field of the loss hook is a config field of the same name.
     import dataclasses
 
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
 
     config = _valid().training(rollout_mode="sync_group", group_size=4, adam_eps=1e-7).learners(
         max_tokens_per_micro_batch=4096, pack_sequences=True)
     spec = config.learner_spec(model="m")
     names = set(FlashReinforceConfig.setting_names())
     assert {f.name for f in dataclasses.fields(LearnerSpec)} - names == {"device", "loss"}
-    assert {f.name for f in dataclasses.fields(FlashReinforceLoss)} <= names
+    assert {f.name for f in dataclasses.fields(FlashReinforceLossSpec)} <= names
     assert (spec.model, spec.loss.baseline, spec.adam_eps, spec.device) == ("m", "group_mean", 1e-7, "auto")
     assert (spec.max_tokens_per_micro_batch, spec.pack_sequences, spec.optimizer_offload) == (4096, True, False)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
 from flashrl.episode import Episode
 from flashrl.learners import LearnerSpec, TrainBatch
 
@@ -92,15 +92,15 @@ def next_batch(next_episodes: list[Episode]) -> TrainBatch:
     return TrainBatch.from_episodes(next_episodes, pad_token_id=PAD)
 
 
-LOSS_FIELDS = {f.name for f in dataclasses.fields(FlashReinforceLoss)}
+LOSS_FIELDS = {f.name for f in dataclasses.fields(FlashReinforceLossSpec)}
 
 
 def spec_for(model: str, **overrides) -> LearnerSpec:
-    """A CPU LearnerSpec with FlashREINFORCE's loss; loss settings (delta, ...) go to FlashReinforceLoss."""
+    """A CPU LearnerSpec with FlashREINFORCE's loss; loss settings (delta, ...) go to FlashReinforceLossSpec."""
     loss = {"delta": 0.05, **{k: v for k, v in overrides.items() if k in LOSS_FIELDS}}
     fields = {"model": model, "lr": 1e-2, "grad_clip": None, "device": "cpu"}
     fields.update({k: v for k, v in overrides.items() if k not in LOSS_FIELDS})
-    return LearnerSpec(**fields, loss=FlashReinforceLoss(**loss))
+    return LearnerSpec(**fields, loss=FlashReinforceLossSpec(**loss))
 
 
 @pytest.fixture(scope="session")

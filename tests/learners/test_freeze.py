@@ -90,14 +90,14 @@ def test_a_dense_model_has_no_router_to_freeze():
 
 
 def test_the_learner_keeps_a_frozen_router_out_of_the_optimizer_and_unchanged(tmp_path, episode_maker):
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
     from flashrl.learners import Learner, LearnerSpec, TrainBatch
 
     path = tmp_path / "moe"
     _qwen3_moe(num_layers=2).save_pretrained(path)
     episodes = episode_maker(str(path), num=4, seed=3, rewards=[1.0, 0.0, 1.0, 0.0])
     spec = LearnerSpec(model=str(path), lr=1e-2, weight_decay=0.1, grad_clip=None, freeze_moe_router=True,
-                       loss=FlashReinforceLoss(delta=float("inf")))
+                       loss=FlashReinforceLossSpec(delta=float("inf")))
     learner = Learner(spec)
     before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
     routers = [n for n in before if n.endswith("mlp.gate.weight")]
@@ -112,10 +112,10 @@ def test_the_learner_keeps_a_frozen_router_out_of_the_optimizer_and_unchanged(tm
 
 
 def test_the_learner_refuses_to_freeze_the_router_of_a_dense_model(tiny_llama_path):
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
     from flashrl.learners import Learner, LearnerSpec
 
-    spec = LearnerSpec(model=tiny_llama_path, freeze_moe_router=True, loss=FlashReinforceLoss(delta=0.01))
+    spec = LearnerSpec(model=tiny_llama_path, freeze_moe_router=True, loss=FlashReinforceLossSpec(delta=0.01))
     with pytest.raises(ValueError, match="router"):
         Learner(spec)
 
@@ -127,7 +127,7 @@ def test_sharded_learners_keep_a_frozen_router_unchanged(ray_cluster, tmp_path, 
     layer but takes no gradient and no decay, while the experts beside it train."""
     from transformers import AutoModelForCausalLM
 
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
     from flashrl.learners import LearnerGroup, LearnerSpec, TrainBatch
 
     path = tmp_path / "moe"
@@ -135,7 +135,7 @@ def test_sharded_learners_keep_a_frozen_router_unchanged(ray_cluster, tmp_path, 
     before = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
     episodes = episode_maker(str(path), num=4, seed=3, rewards=[1.0, 0.0, 1.0, 0.0])
     spec = LearnerSpec(model=str(path), lr=1e-2, weight_decay=0.1, grad_clip=None, freeze_moe_router=True,
-                       device="cpu", loss=FlashReinforceLoss(delta=float("inf")))  # fmt: skip
+                       device="cpu", loss=FlashReinforceLossSpec(delta=float("inf")))  # fmt: skip
     group = LearnerGroup(spec, num_learners=2, num_cpus_per_learner=0.5, timeout_s=240.0)
     try:
         metrics = group.update(TrainBatch.from_episodes(episodes, pad_token_id=0))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
 from flashrl.engines import SamplingConfig, engine_options_for_run, make_engine
 from flashrl.episode import Episode
 from flashrl.learners import Learner, LearnerSpec, TrainBatch
@@ -75,7 +75,7 @@ def _move_routers(model: torch.nn.Module) -> None:
 def _spec(path: str, **overrides) -> LearnerSpec:
     fields = {"model": path, "lr": 1e-2, "grad_clip": None, "device": "cpu", "routing_replay": True,
               "max_tokens_per_micro_batch": BUDGET, **overrides}
-    return LearnerSpec(**fields, loss=FlashReinforceLoss(delta=1.0))
+    return LearnerSpec(**fields, loss=FlashReinforceLossSpec(delta=1.0))
 
 
 @pytest.mark.parametrize("options", [{"pack_sequences": False},

@@ -50,16 +50,16 @@ def test_rejects_impossible_settings_naming_field_expected_and_actual(overrides,
 
 
 def test_dict_round_trip_and_unknown_keys():
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
 
-    loss = FlashReinforceLoss(negative_token_fraction=0.2, delta=float("inf"), importance_sampling="none",
+    loss = FlashReinforceLossSpec(negative_token_fraction=0.2, delta=float("inf"), importance_sampling="none",
                               aggregation="constant_length", constant_length_normalizer=6144)
     spec = LearnerSpec(model="m", lr=3e-6, betas=[0.8, 0.9], grad_clip=None, lr_schedule="cosine_with_min_lr",
                        total_updates=100, lr_warmup_ratio=0.03, min_lr_ratio=0.1, max_tokens_per_micro_batch=4096,
                        pack_sequences=True, loss=loss)
     assert spec.betas == (0.8, 0.9)
     data = spec.to_dict()
-    assert data["loss"]["type"] == "flashrl.algorithms.flash_reinforce.learner_loss:FlashReinforceLoss"
+    assert data["loss"]["type"] == "flashrl.algorithms.flash_reinforce.learner_loss:FlashReinforceLossSpec"
     assert LearnerSpec.from_dict(data) == spec
     with pytest.raises(ValueError, match=r"LearnerSpec\.loss: expected a dict with a 'type'"):
         LearnerSpec.from_dict({**data, "loss": {"delta": 0.1}})

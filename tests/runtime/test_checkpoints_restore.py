@@ -23,11 +23,11 @@ FILL = 7.0
 
 
 def _dcp_state_of_another_run(folder: Path, model: str) -> None:
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
     from flashrl.learners import Learner, LearnerSpec, fsdp
     from flashrl.learners.policies import FRESH_OPTIMIZER_FILE
 
-    other = Learner(LearnerSpec(model=model, device="cpu", optimizer="sgd", loss=FlashReinforceLoss(delta=1.0)))
+    other = Learner(LearnerSpec(model=model, device="cpu", optimizer="sgd", loss=FlashReinforceLossSpec(delta=1.0)))
     with torch.no_grad():
         for p in other.model.parameters():
             p.fill_(FILL)

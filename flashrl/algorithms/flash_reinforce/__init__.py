@@ -1,7 +1,7 @@
 """FlashREINFORCE: the loss, its components, the learner's loss hook, the config builder and the algorithm.
 
 The config and the algorithm are imported lazily (they pull in Ray); the loss does not need them.
-``learner.FlashReinforceLoss`` is what the generic ``flashrl.learners.Learner`` calls per micro-batch.
+``learner.FlashReinforceLossSpec`` is what the generic ``flashrl.learners.Learner`` calls per micro-batch.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from flashrl.algorithms.flash_reinforce.algorithm import FlashReinforce
     from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
-    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
 
-__all__ = ["FlashReinforce", "FlashReinforceConfig", "FlashReinforceLoss"]
+__all__ = ["FlashReinforce", "FlashReinforceConfig", "FlashReinforceLossSpec"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,10 +21,10 @@ def __getattr__(name: str) -> Any:
         from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
 
         return FlashReinforceConfig
-    if name == "FlashReinforceLoss":
-        from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+    if name == "FlashReinforceLossSpec":
+        from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
 
-        return FlashReinforceLoss
+        return FlashReinforceLossSpec
     if name == "FlashReinforce":
         from flashrl.algorithms.flash_reinforce.algorithm import FlashReinforce
 

@@ -163,7 +163,7 @@ class FlashReinforce(Trainable):
         from flashrl.learners import LearnerGroup
 
         cfg = self.algo_config
-        # Every LearnerSpec field the config also has, by name; the loss is the config's FlashReinforceLoss;
+        # Every LearnerSpec field the config also has, by name; the loss is the config's FlashReinforceLossSpec;
         # with num_epochs, the horizon follows the training set's real size.
         return LearnerGroup(
             cfg.learner_spec(model=self.model_path, train_size=self.train_size),

@@ -1,8 +1,8 @@
 """The builder methods of `FlashReinforceConfig`, one per section, as RLlib's ``AlgorithmConfig.training()``.
 
 Each method takes its section's settings as keyword-only arguments, typed and documented as the field
-that declares the setting (in ``EnvRunnerSpec``, ``LearnerSpec``, ``FlashReinforceLoss`` or
-``FlashReinforceSettings``), so ``help(FlashReinforceConfig.training)`` and an IDE list them. A field's
+that declares the setting (in ``EnvRunnerSpec``, ``LearnerSpec``, ``FlashReinforceLossSpec`` or
+``FlashReinforceAlgorithmSpec``), so ``help(FlashReinforceConfig.training)`` and an IDE list them. A field's
 ``section`` metadata (``flashrl.validation.setting``) names the method that takes it, and a test holds
 each method's parameters to exactly its section's fields: a new field needs its parameter here, with
 its docstring's first sentence under Args.

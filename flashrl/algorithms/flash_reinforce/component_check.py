@@ -83,7 +83,7 @@ def _checks(loss: Any, x: dict[str, torch.Tensor]) -> dict[str, tuple[Callable[[
 
 
 def component_call_problems(loss: Any) -> list[str]:
-    """Every loss component (`FlashReinforceLoss.component`) called once on the synthetic batch: its problems."""
+    """Every loss component (`FlashReinforceLossSpec.component`) called once on the synthetic batch: its problems."""
     x = _batch()
     problems = []
     for name, (call, wrong, expected) in _checks(loss, x).items():

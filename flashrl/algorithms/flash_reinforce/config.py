@@ -5,8 +5,8 @@ docstring) and checked in exactly one of them:
 
 - `EnvRunnerSpec` (`flashrl.env_runners.spec`): the env, the engines, sampling, evaluation episodes;
 - `LearnerSpec` (`flashrl.learners.spec`): the model, the optimizer, micro-batching, the learner actors;
-- `FlashReinforceLoss` (`learner_loss.py`): delta, the baseline and the other loss components;
-- `FlashReinforceSettings` (below): what is the driver's own (rollout mode, evaluation schedule,
+- `FlashReinforceLossSpec` (`learner_loss.py`): delta, the baseline and the other loss components;
+- `FlashReinforceAlgorithmSpec` (below): what is the driver's own (rollout mode, evaluation schedule,
   reporting, checkpoints).
 
 The config holds each part's values under the settings' own names, which are the flat names users,
@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 from ray.tune.tune import _Config as _TuneConfig  # Tune takes any `_Config` as a `param_space`, as RLlib's
 
 from flashrl.algorithms.flash_reinforce.builder_methods import BuilderMethods, NotProvided
-from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLoss
+from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
 from flashrl.env_runners.env_check import env_code_problems, env_config_problems
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.framework_logging import LEVELS, valid_level
@@ -66,7 +66,7 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class FlashReinforceSettings:
+class FlashReinforceAlgorithmSpec:
     """The settings that are the FlashREINFORCE driver's own (not the env runners', learners' or loss's)."""
 
     rollout_mode: str = setting("async", section="training", choices=ROLLOUT_MODES,
@@ -125,7 +125,7 @@ class FlashReinforceSettings:
     """Logical CPUs the algorithm's own process reserves under Ray Tune (the driver)."""
 
     def __post_init__(self) -> None:
-        check = Checks("FlashReinforceSettings")
+        check = Checks("FlashReinforceAlgorithmSpec")
         check.fields(self)
         if self.rollout_mode == "sync_group":
             check.expect(is_int(self.group_size) and self.group_size >= 1, "group_size", "an integer >= 1",
@@ -151,8 +151,8 @@ class FlashReinforceSettings:
 _PARTS: dict[str, tuple[type, str | None]] = {
     "env_runners": (EnvRunnerSpec, "env_runners"),
     "learners": (LearnerSpec, "training"),
-    "loss": (FlashReinforceLoss, "training"),
-    "algorithm": (FlashReinforceSettings, None),
+    "loss": (FlashReinforceLossSpec, "training"),
+    "algorithm": (FlashReinforceAlgorithmSpec, None),
 }
 """Part name -> (the class that declares and checks its settings, the default builder section)."""
 
@@ -295,9 +295,9 @@ class FlashReinforceConfig(BuilderMethods, _TuneConfig):
         """The env runners' spec of this config (``overrides`` win); raises SpecError on a bad value."""
         return EnvRunnerSpec(**{**self._values["env_runners"], **overrides})
 
-    def build_loss(self) -> FlashReinforceLoss:
+    def build_loss(self) -> FlashReinforceLossSpec:
         """The loss object every learner calls, the baseline resolved by the rollout mode."""
-        return FlashReinforceLoss(**{**self._values["loss"], "baseline": self.effective_baseline})
+        return FlashReinforceLossSpec(**{**self._values["loss"], "baseline": self.effective_baseline})
 
     def learner_spec(self, *, train_size: int | None = None, **overrides: Any) -> LearnerSpec:
         """The learners' spec: its settings, the derived ones (the sampling temperature, the seed, the loss,
@@ -347,9 +347,9 @@ class FlashReinforceConfig(BuilderMethods, _TuneConfig):
         size = min(int(train_size), self.max_samples) if self.max_samples is not None else int(train_size)
         return -(-size // self.prompts_per_batch) * int(self.num_epochs)
 
-    def algorithm_settings(self) -> FlashReinforceSettings:
+    def algorithm_settings(self) -> FlashReinforceAlgorithmSpec:
         """The driver's own settings, checked."""
-        return FlashReinforceSettings(**self._values["algorithm"])
+        return FlashReinforceAlgorithmSpec(**self._values["algorithm"])
 
     @property
     def effective_baseline(self) -> Any:
@@ -434,7 +434,7 @@ class FlashReinforceConfig(BuilderMethods, _TuneConfig):
         if self.rollout_mode == "sync_group":
             g = self.group_size
             if not is_int(g) or g < 1:
-                return  # FlashReinforceSettings says so
+                return  # FlashReinforceAlgorithmSpec says so
             if b % g:
                 yield (f"train_batch_size: expected a multiple of group_size={g} in 'sync_group' mode, got {b}. "
                        f"Fix: use train_batch_size={max(g, b - b % g)}")

@@ -59,7 +59,7 @@ COMPONENTS: dict[str, tuple[Registry, str | None]] = {
 (``components.py``), with the default a None stands for (token_mask None: the failure filter of
 negative_token_fraction, or every token)."""
 
-__all__ = ["FlashReinforceContext", "FlashReinforceLoss"]
+__all__ = ["FlashReinforceContext", "FlashReinforceLossSpec"]
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,13 @@ class FlashReinforceContext(BatchContext):
 
 
 @dataclass
-class FlashReinforceLoss(Loss):
-    """The FlashREINFORCE loss settings (each declared and checked only here) and the learner hook."""
+class FlashReinforceLossSpec(Loss):
+    """The FlashREINFORCE loss settings (each declared and checked only here) and the learner hook.
+
+    A ``Spec`` like the config's other parts (``EnvRunnerSpec``, ``LearnerSpec``,
+    ``FlashReinforceAlgorithmSpec``): one part's typed settings, checked when built. It is also the
+    ``flashrl.learners.Loss`` the learner calls, so the settings travel with the code that reads them.
+    """
 
     delta: float = setting(0.01, ge=0, finite=False, note="math.inf = no trust region",
                            fix="e.g. 3e-3, or math.inf")
@@ -106,7 +111,7 @@ class FlashReinforceLoss(Loss):
     needs_entropy = True  # the entropy filter and the entropy_mean metric
 
     def __post_init__(self) -> None:
-        check = Checks("FlashReinforceLoss")
+        check = Checks("FlashReinforceLossSpec")
         check.fields(self)
         q = self.negative_token_fraction
         if self.aggregation == "constant_length" and self.constant_length_normalizer is None:
@@ -146,12 +151,12 @@ class FlashReinforceLoss(Loss):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _built={})
 
-    def __copy__(self) -> FlashReinforceLoss:
+    def __copy__(self) -> FlashReinforceLossSpec:
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__, _built={})
         return new
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> FlashReinforceLoss:
+    def __deepcopy__(self, memo: dict[int, Any]) -> FlashReinforceLossSpec:
         new = object.__new__(type(self))
         memo[id(self)] = new
         new.__dict__.update(copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "_built"}, memo), _built={})
