@@ -315,6 +315,12 @@ class FlashReinforce(Trainable):
             self._print_evaluation(metrics)
         return metrics
 
+    def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        """Write metrics taken outside `train()` (a recipe's evaluations) at iteration ``step`` to the run's
+        loggers: progress files, TensorBoard, trackers."""
+        for output in self._loggers:
+            output.log(step, metrics)
+
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         self.save_to_path(checkpoint_dir)
 
@@ -462,6 +468,8 @@ class FlashReinforce(Trainable):
         group = self.env_runner_group
         self._weight_sync.after_restore(self.learner_group, group)  # every runner loads them; waits
         self._iteration = int(state["iteration"])
+        for output in self._loggers:  # the logs continue the checkpoint's timeline (flashrl.loggers.rewind)
+            output.rewind(self._iteration)
         self._learner_restarts.set_state(state)
         self._learner_restarts.checkpoint = os.path.abspath(os.fspath(path))
         self.callbacks.on_checkpoint_loaded(algorithm=self, path=os.fspath(path))
