@@ -75,16 +75,31 @@ def build_config(
     if args.output is None:
         args.output = default_output(preset.name)
     config = make_config(args)
+    if getattr(args, "checkpoint_frequency", None) is None:  # --checkpoint-frequency N: by updates only
+        with_periodic_checkpoints(config, preset)
     try:
         apply_overrides(config, args)
     except ValueError as err:  # ConfigError from update_from_dict
         parser.exit(EXIT_INVALID_CONFIG, f"{parser.prog}: error: {err}\n")
     output = Path(args.output).expanduser()
-    if config.checkpoint_frequency and not config.checkpoint_dir:
+    if (config.checkpoint_frequency or config.checkpoint_interval_minutes) and not config.checkpoint_dir:
         config.checkpointing(checkpoint_dir=str(output / "checkpoints"))
     if config.tensorboard and not config.log_dir:
         config.reporting(log_dir=str(output / "tensorboard"))
     return config, args
+
+
+def with_periodic_checkpoints(config: Any, preset: Preset) -> None:
+    """A config that saves no periodic checkpoint gets the preset's (every 10 updates or 10 minutes, the
+    newest 2 kept), so a killed run resumes (`--resume`) instead of starting over. A config's own
+    `checkpointing(...)` or `--checkpoint-frequency N` (0: none) decide otherwise."""
+    if config.checkpoint_frequency or config.checkpoint_interval_minutes:
+        return
+    config.checkpointing(
+        checkpoint_frequency=preset.checkpoint_frequency,
+        checkpoint_interval_minutes=preset.checkpoint_interval_minutes,
+        num_checkpoints_to_keep=preset.num_checkpoints_to_keep,
+    )
 
 
 def validate_or_exit(config: Any) -> int:
@@ -214,7 +229,7 @@ def train(
     config = config.copy()
     if config.tensorboard and not config.log_dir:
         config.reporting(log_dir=str(out / "tensorboard"))
-    if config.checkpoint_frequency and not config.checkpoint_dir:
+    if (config.checkpoint_frequency or config.checkpoint_interval_minutes) and not config.checkpoint_dir:
         config.checkpointing(checkpoint_dir=str(out / "checkpoints"))
     evaluating = config.evaluation_interval is not None
 

@@ -100,6 +100,7 @@ class FlashReinforce(Trainable):
         self.metrics_logger = MetricsLogger()
         """Callback metrics of the iteration under way (`callbacks/<key>` in its result)."""
         self._tokenizer: Any = None  # the rollout dumps' decoder, loaded at the first dump
+        self._last_periodic_save = time.monotonic()  # checkpoint_interval_minutes counts from here
         train_size = _check_envs(cfg)
         init_or_join()
         check_resources(self.algo_config)
@@ -389,7 +390,9 @@ class FlashReinforce(Trainable):
             print(progress_line(iteration, metrics, multi_turn=self.iteration_metrics.multi_turn), flush=True)
         if cfg.rollout_dump_every and iteration % cfg.rollout_dump_every == 0:
             self.dump_rollouts(iteration, episodes, lags, learner_metrics)
-        if cfg.checkpoint_frequency and iteration % cfg.checkpoint_frequency == 0:
+        minutes = cfg.checkpoint_interval_minutes
+        due = bool(minutes) and time.monotonic() - self._last_periodic_save >= 60 * minutes
+        if due or (cfg.checkpoint_frequency and iteration % cfg.checkpoint_frequency == 0):
             self._periodic_checkpoint(iteration)
 
     def dump_rollouts(
@@ -424,6 +427,7 @@ class FlashReinforce(Trainable):
         path = self._save(os.path.join(folder, f"checkpoint_{iteration:06d}"), iterations_done=iteration,
                           export_policy=cfg.checkpoint_export_policy)
         record_checkpoint(folder, path, keep_last_n=cfg.num_checkpoints_to_keep)  # `latest`, pruning
+        self._last_periodic_save = time.monotonic()
 
     # ------------------------------------------------------------------------------------------
     # checkpoints
