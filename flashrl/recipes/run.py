@@ -33,7 +33,7 @@ from flashrl.recipes.args import (
     node_plan_from_args,
     recipe_parser,
 )
-from flashrl.recipes.plan import EXIT_INVALID_CONFIG, dry_run_report
+from flashrl.recipes.plan import EXIT_INVALID_CONFIG, dry_run_report, start_memory_warning
 from flashrl.recipes.preset import Preset
 from flashrl.recipes.storage import RemoteOutput, StorageError, is_uri
 
@@ -232,6 +232,9 @@ def train(
     if (config.checkpoint_frequency or config.checkpoint_interval_minutes) and not config.checkpoint_dir:
         config.checkpointing(checkpoint_dir=str(out / "checkpoints"))
     evaluating = config.evaluation_interval is not None
+    warning = start_memory_warning(config)
+    if warning:  # the dry run's warning, against this machine's memory
+        print(f"WARNING: {warning}", file=sys.stderr, flush=True)
 
     def after_iteration() -> None:
         """With a URI output: upload each new checkpoint (and the logs up to it) as soon as it is written."""
