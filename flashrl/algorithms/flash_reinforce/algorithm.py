@@ -138,7 +138,7 @@ class FlashReinforce(Trainable):
         )
         # progress.csv, progress.jsonl, TensorBoard and the trackers named by `loggers` (flashrl.loggers).
         self._loggers: list[ResultLogger] = build_loggers(
-            cfg.results_dir or os.path.join(self.logdir, "results"),
+            cfg.results_dir or os.path.join(self.output_dir, "results"),
             names=cfg.loggers,
             options=cfg.logger_options,
             tensorboard_dir=self.tensorboard_dir if cfg.tensorboard else None,
@@ -150,7 +150,20 @@ class FlashReinforce(Trainable):
     @property
     def tensorboard_dir(self) -> str:
         """The run's TensorBoard folder (`log_dir`, else `<logdir>/tensorboard`); rollout dumps go beside."""
-        return self.algo_config.log_dir or os.path.join(self.logdir, "tensorboard")
+        return self.algo_config.log_dir or os.path.join(self.output_dir, "tensorboard")
+
+    @property
+    def output_dir(self) -> str:
+        """The folder of this run's own outputs (`results/`, `tensorboard/`, `checkpoints/` by default): under
+        Ray Tune with a local `storage_path`, the trial's folder there, beside Tune's `result.json` (its
+        `logdir` is a working folder in Ray's session); else `logdir`."""
+        storage = getattr(self, "_storage", None)
+        if storage is not None:
+            import pyarrow.fs
+
+            if isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+                return storage.trial_fs_path
+        return self.logdir
 
     def _new_learner_group(self) -> Any:
         from flashrl.learners import LearnerGroup
@@ -422,7 +435,7 @@ class FlashReinforce(Trainable):
 
     def _periodic_checkpoint(self, iteration: int) -> None:
         cfg = self.algo_config
-        folder = cfg.checkpoint_dir or os.path.join(self.logdir, "checkpoints")
+        folder = cfg.checkpoint_dir or os.path.join(self.output_dir, "checkpoints")
         # Inside step(): Tune counts this iteration only when step() returns, so it is passed on.
         path = self._save(os.path.join(folder, f"checkpoint_{iteration:06d}"), iterations_done=iteration,
                           export_policy=cfg.checkpoint_export_policy)
