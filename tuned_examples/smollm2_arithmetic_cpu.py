@@ -13,8 +13,9 @@ Sequence Trust Region and Sample-Mean Optimization and takes one AdamW step per 
 from 16 different prompts. Held-out greedy accuracy is measured before and after (64 sums the training
 stream never shows: the 900 possible sums are split once into 836 for training and 64 held out).
 
-Writes under --output: TensorBoard logs, progress.jsonl, curves.png, checkpoint_final/ (a Hugging Face
-folder transformers and vLLM load), result.json with the before/after accuracy.
+Writes under --output: TensorBoard logs, progress.jsonl, curves.png, checkpoints/ (every 10 updates or
+10 minutes, the newest 2: what --resume continues from), checkpoint_final/ (a Hugging Face folder
+transformers and vLLM load), result.json with the before/after accuracy.
 """
 
 import os

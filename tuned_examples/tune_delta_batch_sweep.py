@@ -49,6 +49,8 @@ SWEEP = Preset(
     sources={"grid": "ours: delta around the default 0.01 (x3 steps), B at half and full preset size"},
     notes=("Trials run one after another when each needs the whole node (8 GPUs).",),
     data_args=MATH_PRESET.data_args,
+    checkpoint_frequency=0,  # trials checkpoint through Tune's CheckpointConfig (_new_tuner)
+    checkpoint_interval_minutes=None,
 )
 TINY = Preset(
     name="tune_delta_batch_sweep_tiny",
@@ -58,6 +60,8 @@ TINY = Preset(
     stop_iters=2,
     node_plan=NodePlan(num_nodes=1, gpus_per_node=0, cpus_per_node=os.cpu_count() or 2, host_memory_gib=24),
     pins=CPU_PINS,
+    checkpoint_frequency=0,  # trials checkpoint through Tune's CheckpointConfig (_new_tuner)
+    checkpoint_interval_minutes=None,
     notes=(
         (
             "--tiny builds a random-weight 2-layer Llama with SmolLM2's tokenizer at start (seconds): the "
@@ -196,7 +200,9 @@ def _new_tuner(param_space: dict, output: str, args: argparse.Namespace):
             max_concurrent_trials=args.max_concurrent_trials or (1 if args.tiny else None)
         ),
         run_config=tune.RunConfig(
-            name="sweep", storage_path=output, stop={"training_iteration": args.stop_iters}, verbose=1
+            name="sweep", storage_path=output, stop={"training_iteration": args.stop_iters}, verbose=1,
+            # every trial resumes (--resume) from its newest of 2 checkpoints, taken every 10 updates
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=10, num_to_keep=2),
         ),
     )
 

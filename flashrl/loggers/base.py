@@ -27,6 +27,13 @@ class ResultLogger(ABC):
     ) -> None:
         """Write the metrics of iteration ``step`` (0: before the first update)."""
 
+    def rewind(self, step: int) -> None:
+        """Forget what was logged past iteration ``step``: the run resumed from its checkpoint at ``step``.
+
+        The progress files cut their later rows (`flashrl.loggers.rewind`), TensorBoard purges its later
+        steps; a tracker keeps its history (the resumed steps are logged again over it).
+        """
+
     def close(self) -> None:
         """Flush and release the backend (idempotent)."""
 

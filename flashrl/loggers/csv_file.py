@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flashrl.loggers.base import ResultLogger, numeric_scalars
+from flashrl.loggers.rewind import rewind_csv
 
 __all__ = ["CSVLogger"]
 
@@ -21,7 +22,8 @@ class CSVLogger(ResultLogger):
     The columns are every key seen so far. A key that first appears later (an evaluation's metrics)
     widens the header: the file is rewritten once with the new column, empty in the earlier rows, so
     no value is dropped (Ray Tune's CSV logger keeps the first row's columns only). Non-finite values
-    are written empty. An existing file (a resumed run writing to the same folder) is appended to.
+    are written empty. An existing file (a resumed run writing to the same folder) is appended to, after
+    `rewind` dropped its rows past the checkpoint.
     """
 
     def __init__(self, log_dir: str | os.PathLike[str]) -> None:
@@ -41,6 +43,9 @@ class CSVLogger(ResultLogger):
             self._widen(self._columns + new)
         with open(self.path, "a", newline="", encoding="utf-8") as f:
             csv.DictWriter(f, self._columns).writerow({k: _cell(v) for k, v in row.items()})
+
+    def rewind(self, step: int) -> None:
+        rewind_csv(self.path, step)
 
     def _widen(self, columns: list[str]) -> None:
         rows: list[dict[str, str]] = []

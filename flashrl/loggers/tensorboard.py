@@ -14,7 +14,11 @@ __all__ = ["TensorBoardLogger"]
 
 
 class TensorBoardLogger(ResultLogger):
-    """Writes flat metric dicts as scalars (key = tag) and named value lists as histograms."""
+    """Writes flat metric dicts as scalars (key = tag) and named value lists as histograms.
+
+    A resumed run (`rewind`) reopens the writer with ``purge_step``: TensorBoard then hides the steps
+    the killed run logged past the checkpoint, so each step shows once.
+    """
 
     def __init__(self, log_dir: str | os.PathLike[str]) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -22,6 +26,12 @@ class TensorBoardLogger(ResultLogger):
         self.log_dir = os.fspath(log_dir)
         os.makedirs(self.log_dir, exist_ok=True)
         self._writer = SummaryWriter(self.log_dir)
+
+    def rewind(self, step: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer.close()
+        self._writer = SummaryWriter(self.log_dir, purge_step=step + 1)  # steps >= step + 1 are purged
 
     def log(
         self, step: int, scalars: Mapping[str, Any], histograms: Mapping[str, Sequence[float]] | None = None

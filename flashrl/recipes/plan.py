@@ -35,6 +35,7 @@ from flashrl.engines.memory import DEFAULT_MAX_NUM_SEQS
 from flashrl.recipes.architectures import Architecture, architecture_for
 from flashrl.recipes.memory import (
     GIB,
+    EnvRunnerMemory,
     LearnerMemory,
     checkpoint_memory,
     env_runner_memory,
@@ -44,7 +45,8 @@ from flashrl.recipes.memory import (
 from flashrl.recipes.preset import NodePlan, Preset
 from flashrl.weight_sync.layout import RouteError, planned_engine_options
 
-__all__ = ["Check", "DryRunReport", "dry_run_report"]
+__all__ = ["Check", "DryRunReport", "dry_run_report", "machine_memory_bytes", "node_memory_warning",
+           "planned_learner_memory", "planned_runner_memory", "start_memory_warning"]
 
 EXIT_OK, EXIT_INCOHERENT, EXIT_INVALID_CONFIG, EXIT_NOT_READY = 0, 1, 2, 3
 
@@ -380,7 +382,108 @@ def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
                 "episodes_in_flight_per_env_runner "
                 "or max_episode_tokens, or give each runner more GPUs"
             )
+    warning = node_memory_warning(config, arch, report.node_plan.host_memory_gib * GIB)
+    if warning:
+        report.warnings.append(warning)
     return lines
+
+
+def start_memory_warning(config: Any) -> str | None:
+    """`node_memory_warning` for a run about to start on this machine (a local Ray cluster, no
+    ``RAY_ADDRESS``): its memory as this process sees it, its cgroup's limit included. None when the run
+    joins a cluster, when the model's architecture is unknown, or when it fits."""
+    if os.environ.get("RAY_ADDRESS"):
+        return None
+    arch = architecture_for(config.model, _local_model_folder(config.model))
+    return None if arch is None else node_memory_warning(config, arch, machine_memory_bytes())
+
+
+def machine_memory_bytes() -> int:
+    """This machine's memory, or its cgroup's limit when lower (what Ray's memory monitor compares with)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def _runner_engine(config: Any) -> tuple[str, int, int, dict[str, Any]]:
+    """An env runner's engine: weight dtype, sequences it holds, context, and its start options."""
+    on_gpu = config.num_gpus_per_env_runner > 0
+    engine_dtype = str(config.engine_options.get("dtype") or ("bfloat16" if on_gpu else "float32"))
+    if engine_dtype not in ("float32", "bfloat16", "float16"):
+        engine_dtype = "bfloat16"
+    # the engine options an env runner starts its engine with (flashrl/env_runners/env_runner.py)
+    opts = engine_options_for_run(
+        config.engine,
+        config.engine_options,
+        max_model_len=config.max_episode_tokens,
+        num_seqs=config.episodes_in_flight_per_env_runner,
+    )
+    seqs = int(opts.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS) if config.engine == "vllm" else None
+    seqs = seqs or config.episodes_in_flight_per_env_runner
+    context = int(opts.get("max_model_len") or config.max_episode_tokens)
+    return engine_dtype, seqs, context, opts
+
+
+def planned_runner_memory(config: Any, arch: Architecture) -> EnvRunnerMemory:
+    """One env runner's engine memory as the config starts it; ValueError for an impossible KV budget."""
+    engine_dtype, seqs, context, opts = _runner_engine(config)
+    return env_runner_memory(
+        arch,
+        engine_dtype=engine_dtype,
+        episodes_in_flight=seqs,
+        max_episode_tokens=context,
+        cpu_vllm=config.engine == "vllm" and config.num_gpus_per_env_runner == 0,
+        kv_cache_memory_bytes=opts.get("kv_cache_memory_bytes"),
+    )
+
+
+def planned_learner_memory(config: Any, arch: Architecture, route: str = "shm") -> LearnerMemory:
+    """One learner's memory as the config trains it (`flashrl.recipes.memory.learner_memory_for`)."""
+    return learner_memory_for(config, arch, weight_sync=route)
+
+
+def node_memory_warning(config: Any, arch: Architecture, node_bytes: float) -> str | None:
+    """The warning when a one-node run's estimate exceeds the node's memory: its learners' host memory
+    (all of it for learners on CPU) plus its env runners' (their engines, for runners on CPU); None if it fits.
+
+    Near the limit Ray's memory monitor kills a worker (an env runner first) and the run loses what it
+    did since its last checkpoint; the warning names the settings that shrink the largest part.
+    """
+    lm = planned_learner_memory(config, arch)
+    learner = (lm.host + (lm.total if config.num_gpus_per_learner == 0 else 0)) * max(1, config.num_learners)
+    try:
+        runner = planned_runner_memory(config, arch).total if config.num_gpus_per_env_runner == 0 else 0
+    except ValueError:  # an impossible KV budget is reported as an error of its own
+        runner = 0
+    runners = runner * config.num_env_runners
+    if learner + runners <= node_bytes:
+        return None
+    activations = (
+        f"a smaller max_tokens_per_micro_batch (now {config.max_tokens_per_micro_batch}: learner activations "
+        f"{format_bytes(lm.activations)}) or gradient_checkpointing=True"
+    )
+    engines = (
+        f"fewer episodes_in_flight_per_env_runner (now {config.episodes_in_flight_per_env_runner}) or a smaller "
+        f"max_episode_tokens (now {config.max_episode_tokens}), or fewer num_env_runners (now {config.num_env_runners})"
+    )
+    fixes = [
+        (lm.activations if config.num_gpus_per_learner == 0 else 0, activations),
+        (runners, engines),
+        (learner, "optimizer_offload=True with num_learners >= 2, or learners on GPUs"),
+    ]
+    fix = "; or ".join(text for size, text in sorted(fixes, key=lambda f: -f[0]) if size)
+    return (
+        f"host memory: the learner{'s' if config.num_learners > 1 else ''} ({format_bytes(learner)}) plus "
+        f"{config.num_env_runners} env runner(s) ({format_bytes(runners)}) need {format_bytes(learner + runners)}, "
+        f"above the node's {format_bytes(node_bytes)}: Ray's memory monitor kills a worker near the limit. "
+        f"Fix: {fix}"
+    )
 
 
 def _engine_budget(report: DryRunReport, lm: LearnerMemory) -> tuple[list[str], float]:

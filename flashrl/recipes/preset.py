@@ -93,6 +93,12 @@ class Preset:
     """Whether the environment runs model-written code (the sandbox must work)."""
     needs_alfworld: bool = False
     """Whether the environment needs the alfworld/textworld packages."""
+    checkpoint_frequency: int = 10
+    """Periodic checkpoints of a run whose config saves none: every this many updates (0 = none)."""
+    checkpoint_interval_minutes: float | None = 10.0
+    """... or after this many minutes, whichever comes first (None = by updates only)."""
+    num_checkpoints_to_keep: int | None = 2
+    """... keeping the newest this many (`--resume` needs only the newest; None = all)."""
     data_args: Mapping[str, str] = field(default_factory=dict)
     """Label -> name of the script argument holding a file or folder the run reads (the dry-run checks
     that it exists), e.g. {"training data": "data"}."""

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from flashrl.loggers.rewind import rewind_jsonl
 from flashrl.recipes.args import (
     apply_overrides,
     default_output,
@@ -32,7 +33,7 @@ from flashrl.recipes.args import (
     node_plan_from_args,
     recipe_parser,
 )
-from flashrl.recipes.plan import EXIT_INVALID_CONFIG, dry_run_report
+from flashrl.recipes.plan import EXIT_INVALID_CONFIG, dry_run_report, start_memory_warning
 from flashrl.recipes.preset import Preset
 from flashrl.recipes.storage import RemoteOutput, StorageError, is_uri
 
@@ -74,16 +75,31 @@ def build_config(
     if args.output is None:
         args.output = default_output(preset.name)
     config = make_config(args)
+    if getattr(args, "checkpoint_frequency", None) is None:  # --checkpoint-frequency N: by updates only
+        with_periodic_checkpoints(config, preset)
     try:
         apply_overrides(config, args)
     except ValueError as err:  # ConfigError from update_from_dict
         parser.exit(EXIT_INVALID_CONFIG, f"{parser.prog}: error: {err}\n")
     output = Path(args.output).expanduser()
-    if config.checkpoint_frequency and not config.checkpoint_dir:
+    if (config.checkpoint_frequency or config.checkpoint_interval_minutes) and not config.checkpoint_dir:
         config.checkpointing(checkpoint_dir=str(output / "checkpoints"))
     if config.tensorboard and not config.log_dir:
         config.reporting(log_dir=str(output / "tensorboard"))
     return config, args
+
+
+def with_periodic_checkpoints(config: Any, preset: Preset) -> None:
+    """A config that saves no periodic checkpoint gets the preset's (every 10 updates or 10 minutes, the
+    newest 2 kept), so a killed run resumes (`--resume`) instead of starting over. A config's own
+    `checkpointing(...)` or `--checkpoint-frequency N` (0: none) decide otherwise."""
+    if config.checkpoint_frequency or config.checkpoint_interval_minutes:
+        return
+    config.checkpointing(
+        checkpoint_frequency=preset.checkpoint_frequency,
+        checkpoint_interval_minutes=preset.checkpoint_interval_minutes,
+        num_checkpoints_to_keep=preset.num_checkpoints_to_keep,
+    )
 
 
 def validate_or_exit(config: Any) -> int:
@@ -190,12 +206,15 @@ def train(
     Writes into `output`: TensorBoard logs (`tensorboard/`), one JSON line of metrics per iteration
     (`progress.jsonl`), the final checkpoint (`checkpoint_final/`), the reward / evaluation curve
     (`curves.png`) and `result.json`. With evaluation configured, the policy is evaluated before the
-    first update and after the last one (same held-out episodes).
+    first update and after the last one (same held-out episodes); both evaluations are rows of
+    `progress.jsonl` (iteration 0 and the last) and go to TensorBoard and the run's loggers.
 
     With `resume` (a checkpoint folder) the run continues from it: the learner state (weights,
     optimizer, schedule, RNG), the data cursors, the iteration and the policy version are the
-    checkpoint's; `stop_iters` counts from the run's start, the logs are appended to (a row
-    ``{"resumed_from_iteration": N}`` marks the seam), and no evaluation is repeated before training.
+    checkpoint's; `stop_iters` counts from the run's start. The logs continue the checkpoint's
+    timeline: rows past its iteration move to `progress.discarded.jsonl`, TensorBoard purges those
+    steps (`flashrl.loggers.rewind`), a row ``{"resumed_from_iteration": N}`` marks the seam. No
+    evaluation is repeated before training; `result.json` keeps the first start's one.
 
     ``output`` may be a `pyarrow.fs` URI (or ``upload_to`` one): the run then writes into a local staging
     folder and uploads to it, each periodic checkpoint as it is written and everything at the end, also
@@ -210,9 +229,12 @@ def train(
     config = config.copy()
     if config.tensorboard and not config.log_dir:
         config.reporting(log_dir=str(out / "tensorboard"))
-    if config.checkpoint_frequency and not config.checkpoint_dir:
+    if (config.checkpoint_frequency or config.checkpoint_interval_minutes) and not config.checkpoint_dir:
         config.checkpointing(checkpoint_dir=str(out / "checkpoints"))
     evaluating = config.evaluation_interval is not None
+    warning = start_memory_warning(config)
+    if warning:  # the dry run's warning, against this machine's memory
+        print(f"WARNING: {warning}", file=sys.stderr, flush=True)
 
     def after_iteration() -> None:
         """With a URI output: upload each new checkpoint (and the logs up to it) as soon as it is written."""
@@ -232,17 +254,23 @@ def train(
     history: list[dict[str, float]] = []
     latest: dict[str, float] = {}
     before = after = None
+    progress = out / "progress.jsonl"
     try:
         if resume:
-            algo.restore_from_path(resume)
-            history += _read_progress(out / "progress.jsonl", up_to=algo.iteration)
+            algo.restore_from_path(resume)  # the algorithm's loggers rewind to the checkpoint too
+            rewind_jsonl(progress, algo.iteration)
+            history += _read_progress(progress, up_to=algo.iteration)
+            before = _first_evaluation(history)
+            _append_row(progress, {"resumed_from_iteration": float(algo.iteration)})
             print(f"resumed from {resume}: iteration {algo.iteration}, policy version "
                   f"{algo.learner_group.version}", flush=True)
-        elif evaluating:
+        else:
+            progress.write_text("", encoding="utf-8")  # a fresh run's timeline
+        if evaluating and not resume:
             before = algo.evaluate()
             latest.update(before)
             print(f"evaluation before training: {_eval_line(before)}", flush=True)
-            history.append({"training_iteration": 0.0, **before})
+            _record_evaluation(algo, progress, history, 0, before)
         iterations = _train_loop(
             algo, preset.success_metric, stop_iters, stop_reward, out, history, latest, after_iteration
         )
@@ -253,7 +281,7 @@ def train(
                 after = {k: v for k, v in last.items() if k.startswith("evaluation/")}
             else:
                 after = algo.evaluate()
-                history.append({"training_iteration": float(iterations), **after})
+                _record_evaluation(algo, progress, history, iterations, after)
             latest.update(after)
             print(f"evaluation after {iterations} updates: {_eval_line(after)}", flush=True)
         checkpoint = algo.save_to_path(str(out / "checkpoint_final"))
@@ -293,11 +321,10 @@ def _train_loop(
     after_iteration: Callable[[], None] = lambda: None,
 ) -> int:
     """`algo.train()` until `stop_iters`, `metric >= stop_reward` or a callback's ``result["should_stop"]``;
-    one JSON line per iteration, then `after_iteration()` (the uploads of a URI output)."""
+    one JSON line per iteration appended to `out/progress.jsonl`, then `after_iteration()` (the uploads of
+    a URI output)."""
     iterations = start = int(algo.iteration)
-    with open(out / "progress.jsonl", "a" if start else "w", encoding="utf-8") as log:
-        if start:
-            log.write(json.dumps({"resumed_from_iteration": float(start)}) + "\n")
+    with open(out / "progress.jsonl", "a", encoding="utf-8") as log:
         for iterations in range(start + 1, stop_iters + 1):
             result = algo.train()
             row = {
@@ -318,6 +345,30 @@ def _train_loop(
                 print(f"a callback set should_stop after iteration {iterations}: stopping.")
                 break
     return iterations
+
+
+def _append_row(path: Path, row: dict[str, float]) -> None:
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(json.dumps(row) + "\n")
+
+
+def _record_evaluation(
+    algo: Any, progress: Path, history: list[dict[str, float]], iteration: int, metrics: dict[str, float]
+) -> None:
+    """A recipe's evaluation (before the first update, after the last) as a row of the curves, of
+    progress.jsonl and of the algorithm's loggers (TensorBoard, progress files, trackers)."""
+    row = {"training_iteration": float(iteration), **metrics}
+    history.append(row)
+    _append_row(progress, row)
+    algo.log_metrics(iteration, metrics)
+
+
+def _first_evaluation(history: list[dict[str, float]]) -> dict[str, float] | None:
+    """The evaluation before the first update, as the run's first start recorded it (None: none)."""
+    for row in history:
+        if row.get("training_iteration") == 0 and "evaluation/episode_return_mean" in row:
+            return {k: v for k, v in row.items() if k.startswith("evaluation/")}
+    return None
 
 
 def _read_progress(path: Path, *, up_to: int) -> list[dict[str, float]]:

@@ -102,6 +102,7 @@ class FlashReinforce(Trainable):
         self.metrics_logger = MetricsLogger()
         """Callback metrics of the iteration under way (`callbacks/<key>` in its result)."""
         self._tokenizer: Any = None  # the rollout dumps' decoder, loaded at the first dump
+        self._last_periodic_save = time.monotonic()  # checkpoint_interval_minutes counts from here
         train_size = _check_envs(cfg)
         init_or_join(framework_log_level=cfg.framework_log_level)
         check_resources(self.algo_config)
@@ -145,7 +146,7 @@ class FlashReinforce(Trainable):
         )
         # progress.csv, progress.jsonl, TensorBoard and the trackers named by `loggers` (flashrl.loggers).
         self._loggers: list[ResultLogger] = build_loggers(
-            cfg.results_dir or os.path.join(self.logdir, "results"),
+            cfg.results_dir or os.path.join(self.output_dir, "results"),
             names=cfg.loggers,
             options=cfg.logger_options,
             tensorboard_dir=self.tensorboard_dir if cfg.tensorboard else None,
@@ -157,7 +158,20 @@ class FlashReinforce(Trainable):
     @property
     def tensorboard_dir(self) -> str:
         """The run's TensorBoard folder (`log_dir`, else `<logdir>/tensorboard`); rollout dumps go beside."""
-        return self.algo_config.log_dir or os.path.join(self.logdir, "tensorboard")
+        return self.algo_config.log_dir or os.path.join(self.output_dir, "tensorboard")
+
+    @property
+    def output_dir(self) -> str:
+        """The folder of this run's own outputs (`results/`, `tensorboard/`, `checkpoints/` by default): under
+        Ray Tune with a local `storage_path`, the trial's folder there, beside Tune's `result.json` (its
+        `logdir` is a working folder in Ray's session); else `logdir`."""
+        storage = getattr(self, "_storage", None)
+        if storage is not None:
+            import pyarrow.fs
+
+            if isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+                return storage.trial_fs_path
+        return self.logdir
 
     def _new_learner_group(self) -> Any:
         from flashrl.learners import LearnerGroup
@@ -340,6 +354,12 @@ class FlashReinforce(Trainable):
             self._print_evaluation(metrics)
         return metrics
 
+    def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        """Write metrics taken outside `train()` (a recipe's evaluations) at iteration ``step`` to the run's
+        loggers: progress files, TensorBoard, trackers."""
+        for output in self._loggers:
+            output.log(step, metrics)
+
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         self.save_to_path(checkpoint_dir)
 
@@ -409,7 +429,9 @@ class FlashReinforce(Trainable):
             self.progress.show(iteration)
         if cfg.rollout_dump_every and iteration % cfg.rollout_dump_every == 0:
             self.dump_rollouts(iteration, episodes, lags, learner_metrics)
-        if cfg.checkpoint_frequency and iteration % cfg.checkpoint_frequency == 0:
+        minutes = cfg.checkpoint_interval_minutes
+        due = bool(minutes) and time.monotonic() - self._last_periodic_save >= 60 * minutes
+        if due or (cfg.checkpoint_frequency and iteration % cfg.checkpoint_frequency == 0):
             self._periodic_checkpoint(iteration)
 
     def dump_rollouts(
@@ -439,11 +461,12 @@ class FlashReinforce(Trainable):
 
     def _periodic_checkpoint(self, iteration: int) -> None:
         cfg = self.algo_config
-        folder = cfg.checkpoint_dir or os.path.join(self.logdir, "checkpoints")
+        folder = cfg.checkpoint_dir or os.path.join(self.output_dir, "checkpoints")
         # Inside step(): Tune counts this iteration only when step() returns, so it is passed on.
         path = self._save(os.path.join(folder, f"checkpoint_{iteration:06d}"), iterations_done=iteration,
                           export_policy=cfg.checkpoint_export_policy)
         record_checkpoint(folder, path, keep_last_n=cfg.num_checkpoints_to_keep)  # `latest`, pruning
+        self._last_periodic_save = time.monotonic()
 
     # ------------------------------------------------------------------------------------------
     # checkpoints
@@ -489,6 +512,8 @@ class FlashReinforce(Trainable):
         group = self.env_runner_group
         self._weight_sync.after_restore(self.learner_group, group)  # every runner loads them; waits
         self._iteration = int(state["iteration"])
+        for output in self._loggers:  # the logs continue the checkpoint's timeline (flashrl.loggers.rewind)
+            output.rewind(self._iteration)
         self._learner_restarts.set_state(state)
         self._learner_restarts.checkpoint = os.path.abspath(os.fspath(path))
         self.callbacks.on_checkpoint_loaded(algorithm=self, path=os.fspath(path))

@@ -378,6 +378,7 @@ class BuilderMethods:
         self,
         *,
         checkpoint_frequency: int = NotProvided,
+        checkpoint_interval_minutes: float | None = NotProvided,
         checkpoint_dir: str | None = NotProvided,
         num_checkpoints_to_keep: int | None = NotProvided,
         checkpoint_export_policy: bool = NotProvided,
@@ -388,6 +389,9 @@ class BuilderMethods:
         Args:
             checkpoint_frequency: Save a checkpoint under checkpoint_dir every this many iterations; 0 = only
                 when asked.
+            checkpoint_interval_minutes: Also save a periodic checkpoint after an iteration that ends this many
+                minutes after the run's start or its last periodic save (whichever of this and
+                checkpoint_frequency comes first); None = by iterations only.
             checkpoint_dir: Where periodic checkpoints go (`<dir>/checkpoint_<iteration>`); None =
                 `<algo.logdir>/checkpoints`.
             num_checkpoints_to_keep: Keep only the newest this many periodic checkpoints (by save time;

@@ -109,6 +109,10 @@ class FlashReinforceAlgorithmSpec:
     """Episodes per rollout dump (the batch's first ones in arrival order; at most the batch)."""
     checkpoint_frequency: int = setting(0, section="checkpointing", integer=True, ge=0)
     """Save a checkpoint under checkpoint_dir every this many iterations; 0 = only when asked."""
+    checkpoint_interval_minutes: float | None = setting(None, section="checkpointing", gt=0, optional=True,
+                                                        fix="use None to save by iterations only")
+    """Also save a periodic checkpoint after an iteration that ends this many minutes after the run's start or its
+    last periodic save (whichever of this and checkpoint_frequency comes first); None = by iterations only."""
     checkpoint_dir: str | None = setting(None, section="checkpointing")
     """Where periodic checkpoints go (`<dir>/checkpoint_<iteration>`); None = `<algo.logdir>/checkpoints`."""
     num_checkpoints_to_keep: int | None = setting(None, section="checkpointing", integer=True, ge=1,
