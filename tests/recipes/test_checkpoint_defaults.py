@@ -14,7 +14,7 @@ from flashrl.recipes.run import build_config
 EXAMPLES = Path(__file__).resolve().parents[2] / "tuned_examples"
 SCRIPTS = sorted(p.stem for p in EXAMPLES.glob("*.py") if p.stem != "tune_delta_batch_sweep")
 OWN_CONFIGS = ("smollm2_arithmetic_cpu", "smollm2_python_tool_cpu")
-"""The examples whose config saves no periodic checkpoint itself (the reference settings save every
+"""The examples whose config saves no periodic checkpoint itself (the release's experiments save every
 `ckpt.save_steps`, translated to checkpoint_frequency)."""
 
 
@@ -26,14 +26,18 @@ def _module(script: str):
 
 
 def _built(script: str, argv: list[str]):
-    """The config a tuned example's command line builds (a reference setting's through run_setting's steps)."""
-    setting = re.search(r'run_setting\("(\w+)"\)', (EXAMPLES / f"{script}.py").read_text(encoding="utf-8"))
-    if setting and "def make_config" not in (EXAMPLES / f"{script}.py").read_text(encoding="utf-8"):
-        from flashrl.recipes.setting_run import add_setting_arguments, config_factory, setting_preset
+    """The config a tuned example's command line builds (a release experiment's through run_experiment's steps)."""
+    experiment = re.search(r'run_experiment\("(\w+)"\)', (EXAMPLES / f"{script}.py").read_text(encoding="utf-8"))
+    if experiment:
+        from flashrl.reproduction.experiment_run import (
+            add_experiment_arguments,
+            config_factory,
+            experiment_preset,
+        )
 
-        name = setting.group(1)
-        return build_config(setting_preset(name), config_factory(name), argv,
-                            add_arguments=lambda parser: add_setting_arguments(parser, name))[0]
+        name = experiment.group(1)
+        return build_config(experiment_preset(name), config_factory(name), argv,
+                            add_arguments=lambda parser: add_experiment_arguments(parser, name))[0]
     module = _module(script)
     return build_config(module.PRESET, module.make_config, argv)[0]
 
