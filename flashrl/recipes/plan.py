@@ -43,6 +43,7 @@ from flashrl.recipes.memory import (
     learner_memory_for,
 )
 from flashrl.recipes.preset import NodePlan, Preset
+from flashrl.recipes.unverified import not_yet_run_on_gpu
 from flashrl.weight_sync.layout import RouteError, planned_engine_options
 
 __all__ = ["Check", "DryRunReport", "dry_run_report", "machine_memory_bytes", "node_memory_warning",
@@ -164,6 +165,10 @@ def dry_run_report(
     local_model = _local_model_folder(config.model)
     arch = architecture_for(config.model, local_model)
     report.sections.append(("memory estimate", _memory(report, arch)))
+    unverified = not_yet_run_on_gpu(config, arch)
+    if unverified:
+        report.sections.append(("not yet run on a GPU (tested on CPU only; this run would be the first)",
+                                [f"  {part}" for part in unverified]))
     report.sections.append(("pinned versions", _pins(report)))
     if preset.sources:
         report.sections.append(

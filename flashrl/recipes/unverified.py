@@ -1,0 +1,57 @@
+"""What a planned run would do that flashrl has not yet run on a GPU: the dry-run says so.
+
+flashrl's tests and measured runs are on CPU (vLLM's CPU build, gloo, the shared-memory weight route).
+A GPU plan goes through code that is written against vLLM's and torch's GPU paths and tested on CPU
+with test doubles, but has not run there. The dry-run's "not yet run on a GPU" section names each such
+part this config uses, so a first GPU run knows what it is the first to exercise (docs/training.md,
+"Dry run"). Update the list when a part has run on a GPU and its record is committed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flashrl.engines.colocation import resolve_sleep_mode
+from flashrl.recipes.architectures import Architecture
+from flashrl.weight_sync.layout import RouteError, planned_engine_options
+
+__all__ = ["not_yet_run_on_gpu"]
+
+
+def not_yet_run_on_gpu(config: Any, arch: Architecture | None) -> list[str]:
+    """The parts of this config's run that have not run on a GPU yet; [] for a CPU run."""
+    runner_gpus, learner_gpus = config.num_gpus_per_env_runner, config.num_gpus_per_learner
+    if runner_gpus <= 0 and learner_gpus <= 0:
+        return []
+    parts = []
+    if config.engine == "vllm" and runner_gpus > 0:
+        parts.append("vLLM's GPU build in an EnvRunner actor: engine start, sampling, recorded log-probs")
+        args = dict(config.engine_options.get("engine_args", {}))
+        if int(args.get("tensor_parallel_size") or 1) * int(args.get("pipeline_parallel_size") or 1) > 1:
+            parts.append("a multi-GPU engine (tensor/pipeline parallel) on vLLM's multiprocessing executor "
+                         "inside the EnvRunner actor")
+        try:
+            sleep = resolve_sleep_mode(config.engine_sleep_mode, engine=config.engine, learner_gpus=learner_gpus,
+                                       runner_gpus=runner_gpus)
+        except ValueError:
+            sleep = False  # the plan reports the error itself
+        if sleep:
+            parts.append("vLLM's sleep mode around the learner's update (colocated learner and engine)")
+    try:
+        route = planned_engine_options(config.engine, config.engine_options, learner_gpus=learner_gpus,
+                                       runner_gpus=runner_gpus, num_env_runners=config.num_env_runners
+                                       ).get("weight_sync", "shm")  # fmt: skip
+    except RouteError:
+        route = "shm"
+    if route in ("nccl", "ipc"):
+        parts.append(f"the weight push over vLLM's {route} transfer engine")
+    if arch is not None and arch.num_experts > 0 and config.engine == "vllm" and runner_gpus > 0:
+        parts.append("in-place weight updates of a mixture of experts in vLLM's GPU build (checked against a "
+                     "fresh engine on the CPU build only)")
+    if config.routing_replay:
+        parts.append("routing replay: vLLM's routed experts returned on a GPU")
+    if learner_gpus > 0:
+        parts.append("the learner on CUDA" + (" with FSDP2 over NCCL" if config.num_learners >= 2 else ""))
+        if config.optimizer_offload:
+            parts.append("optimizer offload (FSDP2's CPUOffloadPolicy) with the gloo side of the process group")
+    return parts
