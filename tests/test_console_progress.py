@@ -92,7 +92,8 @@ def _reporting_algorithm(stream) -> SimpleNamespace:
     progress.start(0)
     clock.now = 110.0
     return SimpleNamespace(
-        algo_config=SimpleNamespace(console_every=1, rollout_dump_every=0, checkpoint_frequency=0),
+        algo_config=SimpleNamespace(console_every=1, rollout_dump_every=0, checkpoint_frequency=0,
+                                    checkpoint_interval_minutes=None),
         iteration=1,
         _loggers=[],
         iteration_metrics=SimpleNamespace(multi_turn=False),
