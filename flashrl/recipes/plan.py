@@ -336,28 +336,9 @@ def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
     learner_lines, lm = _learner_memory_lines(report, arch)
     lines += learner_lines
     on_gpu = config.num_gpus_per_env_runner > 0
-    engine_dtype = str(config.engine_options.get("dtype") or ("bfloat16" if on_gpu else "float32"))
-    if engine_dtype not in ("float32", "bfloat16", "float16"):
-        engine_dtype = "bfloat16"
-    # the engine options an env runner starts its engine with (flashrl/env_runners/env_runner.py)
-    opts = engine_options_for_run(
-        config.engine,
-        config.engine_options,
-        max_model_len=config.max_episode_tokens,
-        num_seqs=config.episodes_in_flight_per_env_runner,
-    )
-    seqs = int(opts.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS) if config.engine == "vllm" else None
-    seqs = seqs or config.episodes_in_flight_per_env_runner
-    context = int(opts.get("max_model_len") or config.max_episode_tokens)
+    engine_dtype, seqs, context, _ = _runner_engine(config)
     try:
-        rm = env_runner_memory(
-            arch,
-            engine_dtype=engine_dtype,
-            episodes_in_flight=seqs,
-            max_episode_tokens=context,
-            cpu_vllm=config.engine == "vllm" and not on_gpu,
-            kv_cache_memory_bytes=opts.get("kv_cache_memory_bytes"),
-        )
+        rm = planned_runner_memory(config, arch)
     except ValueError as err:  # the engine would refuse to start with this KV-cache budget
         report.errors.append(f"env runner KV cache: {err}")
         return [*lines, f"  per env runner: KV cache budget impossible ({err})"]
