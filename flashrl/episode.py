@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ class Episode:
     reward: float
     """Scalar episode return."""
     policy_versions: list[int] = field(default_factory=list)
-    """Policy version of each generated segment (one entry per model turn, in order)."""
+    """Policy version of each model turn (one entry per model turn, in order)."""
     terminated: bool = True
     truncated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
@@ -49,6 +50,17 @@ class Episode:
     MoE policy whose engine records routing, ``routing_replay``); -1 where none was recorded (the last
     token, env tokens after the last model turn, dense layers). None: not recorded."""
 
+    segment_starts: list[int] | None = None
+    """Where each of the episode's contexts starts in ``token_ids``; None: one context (``[0]``).
+
+    An agent that edits or summarises its conversation between model calls sends a prompt that does not
+    extend the previous call's tokens: that call starts a new *segment*, a sequence the model saw from
+    its own start. ``token_ids`` is then the segments one after another, and the learner recomputes
+    each one on its own context (position 0 again, attention inside the segment); the loss still runs
+    over all of the episode's sampled tokens, so the episode weighs 1/B (``docs/design.md`` §1). Each
+    start is a prompt token (``loss_mask`` False); the first is 0 and they increase strictly.
+    """
+
     def __post_init__(self) -> None:
         if self.success is None and "success" in self.info:
             self.success = self.info["success"]
@@ -65,6 +77,16 @@ class Episode:
                 f"Episode {self.prompt_id!r}: token_ids, loss_mask and behavior_logprobs must have the "
                 f"same length; got {n}, {len(self.loss_mask)} and {len(self.behavior_logprobs)}."
             )
+        starts = self.segment_starts
+        if starts is not None:
+            starts = [int(x) for x in starts]
+            if (not starts or starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts))
+                    or (starts[-1] >= n and starts != [0]) or any(x < n and self.loss_mask[x] for x in starts)):
+                raise ValueError(
+                    f"Episode {self.prompt_id!r}: segment_starts must start at 0, increase strictly, lie below "
+                    f"len(token_ids)={n} and fall on prompt tokens (loss_mask False); got {self.segment_starts!r}."
+                )
+            self.segment_starts = starts
         routed = self.routed_experts
         if routed is not None and (
             not isinstance(routed, np.ndarray) or routed.ndim != 3 or routed.shape[0] != n
@@ -85,6 +107,13 @@ class Episode:
         if not math.isfinite(self.reward):
             return False
         return all(math.isfinite(lp) for lp, m in zip(self.behavior_logprobs, self.loss_mask) if m)
+
+    @property
+    def segments(self) -> list[slice]:
+        """The episode's segments as slices of ``token_ids`` (one slice for a one-context episode)."""
+        starts = self.segment_starts or [0]
+        ends = [*starts[1:], len(self.token_ids)]
+        return [slice(a, b) for a, b in zip(starts, ends)]
 
     @property
     def min_policy_version(self) -> int | None:
