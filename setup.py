@@ -8,7 +8,8 @@ from setuptools import find_packages, setup
 # get_total_norm): 2.11 (a GPU machine's build, not yet run there) to 2.14. The CPU path pins 2.13.0,
 # the release vLLM's CPU build requires, in the `cpu` extra and in `scripts/install.sh`, which installs
 # the CPU wheel first (on a CPU machine a bare `torch` pulls a multi-GB CUDA build). A GPU node keeps
-# its own torch: `pip install --no-deps -e .` beside it, or `.[gpu]` with vLLM's GPU build.
+# its own torch 2.11 to 2.14: `pip install -e .` leaves it in place, and without an index
+# `pip install --no-deps --no-build-isolation -e .` (tests/test_install_beside_torch.py).
 TORCH = "torch>=2.11,<2.15"
 TORCH_CPU = "torch==2.13.0"
 
