@@ -25,8 +25,9 @@ stop tokens, the run's chat template. So a request is refused (HTTP 400) when it
   ``continue_final_message``/``add_generation_prompt``, ``chat_template``/``chat_template_kwargs``,
   ``documents``, ``skip_special_tokens`` and every other field of vLLM's request class: code
   ``unsupported_parameter``;
-* a field neither OpenAI's nor vLLM's request knows, except the informational ``user``,
-  ``metadata`` and ``store``: ``unsupported_parameter``.
+* a field neither OpenAI's nor vLLM's request knows: ``unsupported_parameter``. Accepted whatever
+  their value, since they change nothing of the reply: ``user``, ``metadata``, ``store`` and vLLM's
+  ``request_id`` and ``session_id``.
 
 A ``model`` other than the served one is refused with HTTP 404 ``model_not_found`` (the agent asks
 ``GET .../models`` for the name). A malformed body gives ``invalid_request`` (or ``invalid_json``);
@@ -70,6 +71,7 @@ __all__ = [
     "models_list",
     "reply_dict",
     "reply_message",
+    "request_class",
 ]
 
 ALLOWED = frozenset({
@@ -157,15 +159,12 @@ class ChatCall:
 def check_request(body: Any, *, sampling: SamplingConfig, model_name: str) -> ChatCall:
     """Read a chat-completions request body and check it against the run's ``sampling``; raise
     :class:`RequestRefused`."""
-    from pydantic import ValidationError
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-
     if not isinstance(body, dict):
         raise RequestRefused(400, "invalid_request", f"expected a JSON object as the body; got {type(body).__name__}.")
     _check_tools_shape(body.get("tools"))
     try:
-        request = ChatCompletionRequest.model_validate(body)
-    except (ValidationError, ValueError) as err:
+        request = request_class().model_validate(body)
+    except ValueError as err:  # pydantic's ValidationError and vLLM's checks are ValueErrors
         param = _error_param(err)
         code = "invalid_tools" if (param or "").startswith("tools") else "invalid_request"
         raise RequestRefused(400, code, f"invalid request: {err}", param=param) from None
@@ -203,6 +202,13 @@ def check_request(body: Any, *, sampling: SamplingConfig, model_name: str) -> Ch
         messages=messages, tools=tools, parse_tools=bool(tools) and tool_choice == "auto",
         max_tokens=min([sampling.max_tokens, *limits]), raw_messages=raw,
     )
+
+
+def request_class() -> type[Any]:
+    """vLLM's ``ChatCompletionRequest`` (importing vLLM takes seconds: ``AgentServer.start`` does it first)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest
 
 
 def _check_sampling(body: Mapping[str, Any], request: Any, run: SamplingConfig) -> None:

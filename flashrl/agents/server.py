@@ -35,7 +35,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from flashrl.agents.protocol import RequestRefused, models_list
+from flashrl.agents.protocol import RequestRefused, models_list, request_class
 from flashrl.agents.session import AgentLimits, AgentSession, closed_refusal
 from flashrl.conversation import chat_stop_token_ids
 from flashrl.engines.types import Engine, SamplingConfig
@@ -105,6 +105,7 @@ class AgentServer:
         """Bind and serve in the running event loop; return :attr:`url`. Idempotent."""
         if self._task is not None and not self._task.done():
             return self.url
+        request_class()  # imports vLLM's protocol now, not in the first agent's call
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
