@@ -24,20 +24,26 @@ def torch_engine(tiny_llama_path: str):
 
 
 class ScriptedEngine(ModelEngine):
-    """Answers call i with ``replies[i]`` (token ids, or a text to tokenise; log-prob -0.25 each) and
-    records every request."""
+    """Answers call i with ``replies[i]`` (token ids, or a text to tokenise; log-prob -0.25 each; an
+    exception is raised) once ``gate`` is set (None: at once), and records every request."""
 
-    def __init__(self, tokenizer: Any, replies: Sequence[str | list[int]], max_model_len: int = 4096) -> None:
+    def __init__(self, tokenizer: Any, replies: Sequence[str | list[int] | Exception], max_model_len: int = 4096,
+                 gate: asyncio.Event | None = None) -> None:
         self._tokenizer = tokenizer
         self._replies = list(replies)
         self._max_model_len = max_model_len
         self._version = 3
+        self._gate = gate
         self.requests: list[tuple[list[int], SamplingConfig]] = []
 
     async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig) -> Completion:
         self.check_prompt(prompt_token_ids)
         self.requests.append((list(prompt_token_ids), sampling))
         reply = self._replies[len(self.requests) - 1]
+        if self._gate is not None:
+            await self._gate.wait()
+        if isinstance(reply, Exception):
+            raise reply
         ids = reply if isinstance(reply, list) else self._tokenizer(reply, add_special_tokens=False)["input_ids"]
         stopped = bool(ids) and ids[-1] in sampling.stop_token_ids
         return Completion(token_ids=ids, logprobs=[-0.25] * len(ids), finish_reason="stop" if stopped else "length",
@@ -52,7 +58,7 @@ class ScriptedEngine(ModelEngine):
 
 @pytest.fixture
 def scripted_engine(tokenizer: Any) -> Callable[..., ScriptedEngine]:
-    """``scripted_engine(replies, max_model_len=4096)``: a `ScriptedEngine` with SmolLM2's tokenizer."""
+    """``scripted_engine(replies, max_model_len=4096, gate=None)``: a `ScriptedEngine` with SmolLM2's tokenizer."""
     return lambda replies, **options: ScriptedEngine(tokenizer, replies, **options)
 
 

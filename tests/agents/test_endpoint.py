@@ -210,3 +210,37 @@ def test_the_servers_settings_are_checked(torch_engine) -> None:
         AgentLimits(max_calls=0)
     with pytest.raises(RuntimeError, match="before start"):
         _ = AgentServer(torch_engine, sampling={}, max_episode_tokens=64, model_name="m").url
+
+
+def test_a_call_in_flight_when_the_session_closes_is_not_recorded(scripted_engine, serve, agent_client) -> None:
+    async def scenario(server):
+        session = server.open_session(prompt_id="p", seed=0, limits=AgentLimits())
+        call = asyncio.create_task(agent_client(session).chat.completions.create(model=server.model_name,
+                                                                                 messages=USER))
+        while not engine.requests:  # the engine has the request
+            await asyncio.sleep(0.01)
+        session.close()
+        gate.set()
+        with pytest.raises(openai.NotFoundError) as caught:
+            await call
+        return session, caught.value.code
+
+    gate = asyncio.Event()
+    engine = scripted_engine(["Five.<|im_end|>"], gate=gate)
+    session, code = serve(engine, scenario)
+    assert code == "session_closed" and session.calls == 0 and session.errors == Counter({"session_closed": 1})
+    assert session.to_episode(reward=1.0) is None
+
+
+def test_an_engine_failure_is_a_server_error_and_counted(scripted_engine, serve, agent_client) -> None:
+    engine = scripted_engine([RuntimeError("engine died")])
+
+    async def scenario(server):
+        session = server.open_session(prompt_id="p", seed=0, limits=AgentLimits())
+        with pytest.raises(openai.InternalServerError) as caught:
+            await agent_client(session).chat.completions.create(model=server.model_name, messages=USER)
+        return session, caught.value
+
+    session, error = serve(engine, scenario)
+    assert error.status_code == 500 and error.code == "engine_error" and "engine died" in error.body["message"]
+    assert session.calls == 0 and session.errors == Counter({"engine_error": 1})
