@@ -13,6 +13,8 @@ imports itself back through others.
   its packages either (``flashrl.learners`` importing ``flashrl.weight_sync`` and ``weight_sync``
   importing ``learners`` back is a cycle of layers even when no two modules close one): each
   subpackage, and each top-level module, is one node.
+- The agent endpoint (``flashrl.agents``) sits below the env runners, which serve it: it imports
+  them not (the runners import it), nor the environments (an agent env uses it).
 - Weight sync sits below the learners, the engines and the env runners: they import it, it imports
   none of them; its wire types and constants (``flashrl/weight_sync/wire.py``) import nothing of
   flashrl and are defined nowhere else.
@@ -178,6 +180,20 @@ def test_no_import_cycles_among_packages():
     assert not cycles, (
         "Import cycles among flashrl's packages (move the shared types down, or pass the object in):\n"
         + "\n".join(lines)
+    )
+
+
+def test_the_agent_endpoint_sits_below_the_env_runners():
+    assert (ROOT / "agents" / "server.py").is_file()
+    below = ("flashrl.env_runners", "flashrl.envs", "flashrl.algorithms")
+    violations = [f"{path.relative_to(ROOT.parent)}:{line} imports {name}"
+                  for path in sorted((ROOT / "agents").rglob("*.py"))
+                  for line, name in _imported(ast.parse(path.read_text(encoding="utf-8")), _module_name(path),
+                                              path.name == "__init__.py")
+                  if any(name == up or name.startswith(up + ".") for up in below)]  # fmt: skip
+    assert not violations, (
+        "flashrl.agents must not import the env runners (they serve it), the envs or the algorithms:\n"
+        + "\n".join(violations)
     )
 
 
