@@ -175,7 +175,7 @@ def test_an_episode_of_two_segments_weighs_one_over_b_like_one_of_one_segment(ma
     torch.testing.assert_close(logprobs.grad, expected)
     assert logprobs.grad.sum(-1).tolist() == pytest.approx([-0.25, 0.25])
     # The second segment starts afresh: its first token is not scored, its second sees only the first.
-    assert float(logprobs[0, 5]) == 0.0
+    assert float(logprobs[0, 5].detach()) == 0.0
     with torch.no_grad():
         alone = _alone(learner.model, [12, 13, 14])  # [3]
     torch.testing.assert_close(logprobs[0, 5:].detach(), alone, rtol=1e-9, atol=1e-12)
