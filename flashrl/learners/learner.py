@@ -264,7 +264,8 @@ class Learner:
 
         Rows of several segments (``rows.segment_positions``): every segment is scored on its own context
         (``flashrl.learners.segments``), a packed sequence of its own or a padded row of its own whose
-        results are folded back into the ``[b, t]`` rows.
+        results are folded back into the ``[b, t]`` rows. That reads the segments' lengths back once per
+        micro-batch (the shape of the segment rows, or the packed sequences' longest), only for such rows.
         """
         from flashrl.models import compute_packed_token_logprobs, compute_token_logprobs
 
