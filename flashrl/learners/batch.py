@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from flashrl.episode import Episode
+from flashrl.learners.segments import segment_positions, segment_positions_problem
 
 __all__ = ["TrainBatch"]
 
@@ -59,6 +60,10 @@ class TrainBatch:
     """[B, T, num_hidden_layers, top_k] int16 or None: the experts the engine routed each token to, which
     the learner replays (``LearnerSpec.routing_replay``); -1 where none was recorded (padding included,
     and the rows of an episode that recorded none). None when no episode of the batch recorded any."""
+    segment_positions: torch.Tensor | None = None
+    """[B, T] long or None: each token's position inside its segment (``Episode.segment_starts``), 0 at
+    every segment start and on padding; the learner recomputes each segment on its own context
+    (``flashrl.learners.segments``). None when every episode of the batch has one segment."""
 
     def __post_init__(self) -> None:
         if self.token_ids.dim() != 2:
@@ -114,6 +119,13 @@ class TrainBatch:
         positions = torch.arange(t, device=self.attention_mask.device)  # [T]
         if not torch.equal(self.attention_mask, positions.unsqueeze(0) < lengths.unsqueeze(1)):
             raise ValueError("attention_mask must be right-padded: True on a prefix of each row, then False.")
+        if self.segment_positions is not None:
+            problem = segment_positions_problem(self.segment_positions, self.attention_mask, self.loss_mask)
+            if problem is not None:
+                raise ValueError(
+                    f"TrainBatch.segment_positions {problem}. Build batches with TrainBatch.from_episodes, which "
+                    "takes the segments from Episode.segment_starts."
+                )
 
     # ------------------------------------------------------------------------------------------
     @classmethod
@@ -177,6 +189,7 @@ class TrainBatch:
         success = None if any(s is None for s in labels) else torch.tensor(labels, dtype=torch.bool)  # [B]
         groups = None
         routed = _routed_experts(episodes, t)
+        positions = segment_positions([ep.segment_starts for ep in episodes], [len(ep.token_ids) for ep in episodes], t)
         if group_ids is not None:
             groups = torch.as_tensor(group_ids, dtype=torch.long).reshape(-1)  # [B]
             if groups.shape[0] != b:
@@ -192,6 +205,7 @@ class TrainBatch:
             prompt_ids=[ep.prompt_id for ep in episodes],
             success=success,
             routed_experts=routed,
+            segment_positions=positions,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -251,6 +265,7 @@ class TrainBatch:
             prompt_ids=list(self.prompt_ids[index]),
             success=None if self.success is None else self.success[index],
             routed_experts=None if self.routed_experts is None else self.routed_experts[index, cols],
+            segment_positions=None if self.segment_positions is None else self.segment_positions[index, cols],
         )
 
     def to(self, device: torch.device | str) -> TrainBatch:

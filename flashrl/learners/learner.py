@@ -58,6 +58,7 @@ from flashrl.learners.loss import BatchContext, LossMetrics, MicroBatch
 from flashrl.learners.packing import BatchLayout, gather_rows, pack_rows, plan_micro_batches, unpack_rows
 from flashrl.learners.policies import LocalPolicy, ShardedPolicy
 from flashrl.learners.schedule import make_lr_scheduler
+from flashrl.learners.segments import from_segments, split_segments, to_segments
 from flashrl.learners.spec import LearnerSpec
 from flashrl.learners.weight_sender import WeightSender
 from flashrl.weight_sync.wire import DEFAULT_BUCKET_BYTES, WeightBuckets
@@ -241,25 +242,43 @@ class Learner:
         """The forward of ``rows`` routes to their recorded experts (``routing_replay``), else as it does.
 
         The routing is flattened as the forward flattens its tokens: packed, the real tokens row after
-        row; padded, every position of the ``[b, t]`` rows (padding carries -1: the live choice).
+        row; padded, every position of the ``[b, t]`` rows, or of the ``[S, Ts]`` rows of their segments
+        (padding carries -1: the live choice).
         """
         if not self.spec.routing_replay or rows.routed_experts is None:
             return contextlib.nullcontext()
-        from flashrl.models.routing_replay import replay_routing
+        from flashrl.models.routing_replay import NO_ROUTING, replay_routing
 
         routed = rows.routed_experts  # [b, t, layers, k]
-        flat = routed[rows.attention_mask] if self.pack_sequences else routed.flatten(0, 1)  # [N, layers, k]
+        if self.pack_sequences:
+            flat = routed[rows.attention_mask]  # [N, layers, k] segments keep their tokens' order when packed
+        elif rows.segment_positions is not None:  # one padded row per segment, as _logprobs lays them out
+            split = split_segments(rows.segment_positions, rows.attention_mask)
+            flat = to_segments(routed, split, fill=NO_ROUTING).flatten(0, 1)  # [S * Ts, layers, k]
+        else:
+            flat = routed.flatten(0, 1)  # [b * t, layers, k]
         return replay_routing(self.model, flat)
 
     def _logprobs(self, rows: TrainBatch, lengths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Current log-probs and entropies [b, t] of ``rows`` (packed into one row, or padded)."""
+        """Current log-probs and entropies [b, t] of ``rows`` (packed into one row, or padded).
+
+        Rows of several segments (``rows.segment_positions``): every segment is scored on its own context
+        (``flashrl.learners.segments``), a packed sequence of its own or a padded row of its own whose
+        results are folded back into the ``[b, t]`` rows. That reads the segments' lengths back once per
+        micro-batch (the shape of the segment rows, or the packed sequences' longest), only for such rows.
+        """
         from flashrl.models import compute_packed_token_logprobs, compute_token_logprobs
 
         options = {"temperature": self.spec.temperature, "chunk_size": self.spec.logprob_chunk_size,
                    "with_entropy": self.loss.needs_entropy}
+        if not self.pack_sequences and rows.segment_positions is not None:
+            split = split_segments(rows.segment_positions, rows.attention_mask)
+            logprobs, entropy = compute_token_logprobs(self.model, to_segments(rows.token_ids, split), split.mask,
+                                                       **options)  # [S, Ts], [S, Ts] or None
+            return from_segments(logprobs, split), None if entropy is None else from_segments(entropy, split)
         if not self.pack_sequences:
             return compute_token_logprobs(self.model, rows.token_ids, rows.attention_mask, **options)
-        packed = pack_rows(rows.token_ids, rows.attention_mask, lengths=lengths)
+        packed = pack_rows(rows.token_ids, rows.attention_mask, lengths=lengths, positions=rows.segment_positions)
         logprobs, entropy = compute_packed_token_logprobs(  # pack_rows made the positions: no check
             self.model, packed.input_ids, packed.position_ids, check_positions=False, **options
         )  # [1, N], [1, N]

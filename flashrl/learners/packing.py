@@ -240,7 +240,8 @@ class PackedSequences:
     position_ids: torch.Tensor
     """[1, N] long: each token's position inside its own sequence (restarts at 0)."""
     cu_seqlens: torch.Tensor
-    """[S + 1] int32: sequence ``s`` occupies packed columns ``cu_seqlens[s]:cu_seqlens[s + 1]``."""
+    """[S + 1] int32: sequence ``s`` occupies packed columns ``cu_seqlens[s]:cu_seqlens[s + 1]`` (a row's
+    segments are sequences of their own: then one entry per segment)."""
     max_seqlen: int
     """Length of the longest sequence (what varlen attention kernels want next to ``cu_seqlens``)."""
     row_mask: torch.Tensor
@@ -248,7 +249,8 @@ class PackedSequences:
 
     @property
     def num_sequences(self) -> int:
-        return int(self.row_mask.shape[0])
+        """Packed sequences (rows' segments count one each)."""
+        return int(self.cu_seqlens.shape[0]) - 1
 
     @property
     def num_tokens(self) -> int:
@@ -256,7 +258,11 @@ class PackedSequences:
 
 
 def pack_rows(
-    token_ids: torch.Tensor, attention_mask: torch.Tensor, *, lengths: Sequence[int] | None = None
+    token_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    lengths: Sequence[int] | None = None,
+    positions: torch.Tensor | None = None,
 ) -> PackedSequences:
     """Concatenate the real tokens of ``token_ids`` [S, T] (``attention_mask`` True) into one row.
 
@@ -264,6 +270,10 @@ def pack_rows(
     row gets ``0, 1, ..., n - 1``. Every row needs at least one real token. ``lengths``: each row's real
     token count when the caller already knows it on the host (a ``MicroBatchMembers`` does), which spares
     reading it back from the device; it must match ``attention_mask``.
+
+    ``positions``: [S, T] the rows' own position ids (``TrainBatch.segment_positions``), restarting at 0
+    where a segment of a row starts. Every segment is then a packed sequence of its own (``cu_seqlens``
+    and ``max_seqlen`` count segments, which costs one read-back), so attention stays inside it.
     """
     if token_ids.dim() != 2 or attention_mask.shape != token_ids.shape:
         raise ValueError(
@@ -280,14 +290,23 @@ def pack_rows(
             f"Every row to pack needs at least one real token; rows {empty} have none (expected one length "
             f"per row, {mask.shape[0]}; got {len(lengths)})."
         )
-    positions = mask.long().cumsum(-1) - 1  # [S, T] index among the row's real tokens
-    cu_seqlens = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=token_ids.device)  # [S + 1]
-    cu_seqlens[1:] = row_lengths.cumsum(0)
+    if positions is None:
+        packed_positions = (mask.long().cumsum(-1) - 1)[mask]  # [N] index among the row's real tokens
+        cu_seqlens = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=token_ids.device)  # [S + 1]
+        cu_seqlens[1:] = row_lengths.cumsum(0)
+        longest = int(max(lengths))
+    else:
+        if positions.shape != mask.shape:
+            raise ValueError(f"positions must be [S, T] like token_ids {tuple(mask.shape)}; got {tuple(positions.shape)}.")
+        packed_positions = positions.to(token_ids.device)[mask]  # [N] restarting at every segment
+        end = torch.tensor([packed_positions.shape[0]], device=token_ids.device)  # [1]
+        cu_seqlens = torch.cat([(packed_positions == 0).nonzero().flatten(), end]).to(torch.int32)  # [segments + 1]
+        longest = int(cu_seqlens.diff().max())
     return PackedSequences(
         input_ids=token_ids[mask].unsqueeze(0),  # [1, N]
-        position_ids=positions[mask].unsqueeze(0),  # [1, N]
+        position_ids=packed_positions.unsqueeze(0),  # [1, N]
         cu_seqlens=cu_seqlens,
-        max_seqlen=int(max(lengths)),
+        max_seqlen=longest,
         row_mask=mask,
     )
 
