@@ -193,6 +193,7 @@ class CallRecorder:
         details = dict(info)
         details.update(
             calls=len(self.calls), segments=len(starts), num_model_turns=len(self.calls),
+            tool_calls=sum(len(call.reply.tool_calls) for call in self.calls),
             finish_reasons=[call.finish_reason for call in self.calls],
         )
         return Episode(

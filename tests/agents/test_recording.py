@@ -100,6 +100,7 @@ def test_three_calls_an_extension_and_a_summary_make_two_segments(torch_engine, 
     assert {k: episode.info[k] for k in ("task", "calls", "segments", "tito_mismatches", "errors")} == {
         "task": "sum", "calls": 3, "segments": 2, "tito_mismatches": 0, "errors": {}}
     assert episode.info["finish_reasons"] == ["length"] * 3
+    assert episode.info["tool_calls"] == 0
 
 
 def test_an_altered_assistant_message_counts_a_mismatch_and_is_rendered_from_its_text(
@@ -170,6 +171,7 @@ def test_tools_and_a_tool_call_reply_are_recorded_token_exactly(tokenizer, scrip
     assert episode.loss_mask == [False] * len(p1) + [True] * len(c1) + [False] * (len(p2) - len(p1) - len(c1)) + [
         True] * len(c2) + [False]
     assert episode.policy_versions == [3, 3] and episode.segment_starts is None
+    assert episode.info["tool_calls"] == 1  # the replies' parsed calls (the tool-use metric's source)
 
 
 def test_a_reply_sent_back_keeps_the_sampled_ids(tokenizer, scripted_engine, serve, agent_client) -> None:
