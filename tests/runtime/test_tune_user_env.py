@@ -66,8 +66,8 @@ SCRIPT = textwrap.dedent('''
     ).fit()
     print("RESULT " + json.dumps({
         "errors": [str(result.error) for result in grid if result.error],
-        "trials": [{"path": result.path, "delta": result.config["delta"],
-                    "iteration": result.metrics.get("training_iteration")} for result in grid],
+        "trials": [{"path": result.path, "delta": (result.config or {}).get("delta"),
+                    "iteration": (result.metrics or {}).get("training_iteration")} for result in grid],
     }))
 ''')
 
