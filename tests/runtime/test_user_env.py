@@ -154,3 +154,25 @@ def test_a_path_to_a_class_that_is_not_an_env_is_refused(user_module):
         f"Invalid FlashReinforceConfig:\n  - env: expected {FORMS}, got '<object {user_module}:NotAnEnv>' (the path "
         f"'{user_module}:NotAnEnv'), which is not a gymnasium.Env subclass. Fix: pass a subclass of gymnasium.Env "
         "(e.g. of flashrl.envs.base.LanguageEnv), or its 'module:Class' path")
+
+
+class RefusingEnv(ConstantEnv):
+    """Like ConstantEnv, but its step raises: the run must fail at setup, before any actor starts."""
+
+    def _step_action(self, action):
+        raise ValueError("no reply is accepted")
+
+
+def test_an_env_class_is_checked_like_an_id_before_ray_starts(monkeypatch):
+    from flashrl.algorithms.flash_reinforce import algorithm as algorithm_module
+    from flashrl.env_runners.env_check import EnvCheckError
+
+    with pytest.raises(ConfigError, match=rf"env_config: expected keyword arguments of {__name__}\.ConstantEnv's "
+                                          r"constructor \(reward\), got 'rewrd'\. Fix: did you mean 'reward'\?"):
+        _config(ConstantEnv).environment(env_config={"rewrd": 1.0}).validate()
+    started = []
+    monkeypatch.setattr("flashrl.ray_utils.init_or_join", lambda *a, **k: started.append(1))
+    with pytest.raises(EnvCheckError, match=rf"expected an env that resets and steps, got {__name__}\.RefusingEnv "
+                                            r"with \{\}, whose step\('0'\) raised ValueError: no reply is accepted"):
+        algorithm_module.FlashReinforce(config=_config(RefusingEnv).env_runners(engine="torch"))
+    assert started == []
