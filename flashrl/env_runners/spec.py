@@ -17,6 +17,7 @@ from typing import Any
 from flashrl.callbacks import resolve_callbacks_class
 from flashrl.engines.colocation import resolve_sleep_mode
 from flashrl.env_runners.rollout import DEFAULT_ENV_TIMEOUT_S
+from flashrl.env_runners.user_env import env_problem, registered_id
 from flashrl.validation import Checks, is_int, is_number, setting
 
 __all__ = ["ENGINES", "SEED_LIMIT", "EnvRunnerSpec"]
@@ -36,8 +37,10 @@ class EnvRunnerSpec:
     """Everything an ``EnvRunner`` and the ``EnvRunnerGroup`` read (picklable; one per run)."""
 
     # --- environment -----------------------------------------------------------------------------
-    env: str | None = setting(None, section="environment")
-    """Gymnasium id of the language environment, e.g. 'flashrl/Math-v0' (required)."""
+    env: str | type | None = setting(None, section="environment")
+    """The language environment: a registered Gymnasium id such as 'flashrl/Math-v0', a gymnasium.Env subclass
+    or its 'module:Class' path (required). The spec holds the id it is made under in this process (a class
+    is registered as 'module.Class', `flashrl.env_runners.user_env`)."""
     env_config: dict[str, Any] = setting(default_factory=dict, section="environment")
     """Keyword arguments passed to `gymnasium.make(env, **env_config)` in every env runner."""
     max_samples: int | None = setting(None, section="environment", integer=True, ge=1, optional=True,
@@ -131,6 +134,7 @@ class EnvRunnerSpec:
         check.fields(self)
         _check_values(self, check)
         check.done()
+        object.__setattr__(self, "env", registered_id(self.env))  # a class, or a path's class, registered here
         # Own copies: the spec is frozen, and its dicts must not change through the caller's.
         for name in _DICTS:
             object.__setattr__(self, name, dict(getattr(self, name)))
@@ -165,8 +169,9 @@ class EnvRunnerSpec:
 
 
 def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
-    if not (isinstance(spec.env, str) and spec.env):
-        check.expect(False, "env", "a registered Gymnasium id (str)", spec.env, "call .environment('flashrl/Math-v0')")
+    problem = env_problem(spec.env)
+    if problem:
+        check.add(problem)
     check.gpus(spec, "num_gpus_per_env_runner")
     if spec.engine_sleep_mode is True and is_number(spec.num_gpus_per_env_runner):
         try:  # sleep mode needs a vLLM engine on a GPU; which layout it suits is the driver's to say

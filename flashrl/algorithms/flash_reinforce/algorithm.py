@@ -157,7 +157,7 @@ class FlashReinforce(Trainable):
 
     @property
     def tensorboard_dir(self) -> str:
-        """The run's TensorBoard folder (`log_dir`, else `<logdir>/tensorboard`); rollout dumps go beside."""
+        """The run's TensorBoard folder (`log_dir`, else `<output_dir>/tensorboard`); rollout dumps go beside."""
         return self.algo_config.log_dir or os.path.join(self.output_dir, "tensorboard")
 
     @property
@@ -475,10 +475,11 @@ class FlashReinforce(Trainable):
         """Write a checkpoint folder atomically (learner state, data cursors, config; `flashrl.checkpoints`).
 
         ``export_policy`` adds the policy as a Hugging Face folder (``policy/``, what vLLM and
-        transformers load); a checkpoint without it still resumes training.
+        transformers load); a checkpoint without it still resumes training. ``path`` None:
+        ``<output_dir>/checkpoint_<iteration>``.
         """
         if path is None:
-            path = os.path.join(self.logdir, f"checkpoint_{self.iteration:06d}")
+            path = os.path.join(self.output_dir, f"checkpoint_{self.iteration:06d}")
         return self._save(path, iterations_done=self.iteration, export_policy=export_policy)
 
     def _save(self, path: str | os.PathLike[str], *, iterations_done: int, export_policy: bool = True) -> str:

@@ -40,7 +40,7 @@ class BuilderMethods:
 
     def environment(
         self,
-        env: str | None = NotProvided,
+        env: str | type | None = NotProvided,
         *,
         env_config: dict[str, Any] = NotProvided,
         max_samples: int | None = NotProvided,
@@ -49,7 +49,8 @@ class BuilderMethods:
         """Which Gymnasium language environment to train on and its constructor arguments.
 
         Args:
-            env: Gymnasium id of the language environment, e.g. 'flashrl/Math-v0' (required).
+            env: The language environment: a registered Gymnasium id such as 'flashrl/Math-v0', a
+                gymnasium.Env subclass or its 'module:Class' path (required).
             env_config: Keyword arguments passed to `gymnasium.make(env, **env_config)` in every env runner.
             max_samples: Training tasks used: the first max_samples of a finite training set (Molt's
                 data.max_samples); None = all.
@@ -332,9 +333,10 @@ class BuilderMethods:
                 `env_runners/*` metrics.
             tensorboard: Write TensorBoard scalars each iteration and histograms of drift, lengths and policy
                 lag.
-            log_dir: TensorBoard folder; None = the algorithm's log folder (the Tune trial folder under Tune).
+            log_dir: TensorBoard folder; None = `<algo.output_dir>/tensorboard` (the trial's folder under Ray
+                Tune).
             results_dir: Folder of `progress.csv` and `progress.jsonl` (one row per iteration, always
-                written); None = `<algo.logdir>/results`. The optional loggers' local files go there too.
+                written); None = `<algo.output_dir>/results`. The optional loggers' local files go there too.
             loggers: Experiment trackers besides CSV, JSON lines and TensorBoard: 'wandb', 'mlflow' (the
                 loggers extra).
             logger_options: Per tracker, its options, e.g. {'wandb': {'project': 'math', 'mode': 'offline'}}
@@ -393,7 +395,7 @@ class BuilderMethods:
                 minutes after the run's start or its last periodic save (whichever of this and
                 checkpoint_frequency comes first); None = by iterations only.
             checkpoint_dir: Where periodic checkpoints go (`<dir>/checkpoint_<iteration>`); None =
-                `<algo.logdir>/checkpoints`.
+                `<algo.output_dir>/checkpoints`.
             num_checkpoints_to_keep: Keep only the newest this many periodic checkpoints (by save time;
                 `latest` names the newest); None = all.
             checkpoint_export_policy: Periodic checkpoints include the policy as a Hugging Face folder

@@ -47,12 +47,21 @@ from ray.tune.tune import _Config as _TuneConfig  # Tune takes any `_Config` as 
 
 from flashrl.algorithms.flash_reinforce.builder_methods import BuilderMethods, NotProvided
 from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
-from flashrl.env_runners.env_check import env_code_problems, env_config_problems
+from flashrl.callbacks import ship_by_value
+from flashrl.env_runners.env_check import env_code_problems, env_config_problems, runner_env_spec
 from flashrl.env_runners.spec import EnvRunnerSpec
+from flashrl.env_runners.user_env import (
+    FORMS,
+    EnvRef,
+    UserEnvError,
+    class_spec,
+    env_class,
+    is_flashrl_entry_point,
+)
 from flashrl.framework_logging import LEVELS, valid_level
 from flashrl.learners.spec import LearnerSpec
 from flashrl.loggers import logger_problems
-from flashrl.user_code import describe
+from flashrl.user_code import UserCodeError, describe, is_description, is_path
 from flashrl.validation import DERIVED, SECTION, Checks, SpecError, is_int, is_number, setting
 from flashrl.weight_sync.layout import route_problem
 
@@ -91,10 +100,10 @@ class FlashReinforceAlgorithmSpec:
     tensorboard: bool = setting(True, section="reporting")
     """Write TensorBoard scalars each iteration and histograms of drift, lengths and policy lag."""
     log_dir: str | None = setting(None, section="reporting")
-    """TensorBoard folder; None = the algorithm's log folder (the Tune trial folder under Tune)."""
+    """TensorBoard folder; None = `<algo.output_dir>/tensorboard` (the trial's folder under Ray Tune)."""
     results_dir: str | None = setting(None, section="reporting")
     """Folder of `progress.csv` and `progress.jsonl` (one row per iteration, always written); None =
-    `<algo.logdir>/results`. The optional loggers' local files go there too."""
+    `<algo.output_dir>/results`. The optional loggers' local files go there too."""
     loggers: list[str] = setting(default_factory=list, section="reporting")
     """Experiment trackers besides CSV, JSON lines and TensorBoard: 'wandb', 'mlflow' (the loggers extra)."""
     logger_options: dict[str, dict[str, Any]] = setting(default_factory=dict, section="reporting")
@@ -114,7 +123,7 @@ class FlashReinforceAlgorithmSpec:
     """Also save a periodic checkpoint after an iteration that ends this many minutes after the run's start or its
     last periodic save (whichever of this and checkpoint_frequency comes first); None = by iterations only."""
     checkpoint_dir: str | None = setting(None, section="checkpointing")
-    """Where periodic checkpoints go (`<dir>/checkpoint_<iteration>`); None = `<algo.logdir>/checkpoints`."""
+    """Where periodic checkpoints go (`<dir>/checkpoint_<iteration>`); None = `<algo.output_dir>/checkpoints`."""
     num_checkpoints_to_keep: int | None = setting(None, section="checkpointing", integer=True, ge=1,
                                                   optional=True, fix="use None to keep all")
     """Keep only the newest this many periodic checkpoints (by save time; `latest` names the newest); None = all."""
@@ -221,6 +230,8 @@ def _plain(value: Any, *, text: bool) -> Any:
         return [_plain(v, text=text) for v in value]
     if callable(value):
         return describe(value) if text else value
+    if text and isinstance(value, str):
+        return str(value)  # an EnvRef's text
     return copy.deepcopy(value)
 
 
@@ -407,12 +418,11 @@ class FlashReinforceConfig(BuilderMethods, _TuneConfig):
             from flashrl.algorithms.flash_reinforce.component_check import component_call_problems
 
             problems += component_call_problems(built[self.build_loss])  # each component called once
-        if isinstance(self.env, str) and self.env:
-            problem = _env_problem(self.env)
-            if problem:
-                problems.append(problem)
-            elif self.env_runner_spec in built:
-                problems += _env_config_problems(built[self.env_runner_spec])
+        problem = _env_problem(self.env)
+        if problem:
+            problems.append(problem)
+        elif self.env_runner_spec in built:
+            problems += _env_config_problems(built[self.env_runner_spec])
         problems += self._batch_problems()
         route = route_problem(self.engine, self.engine_options, learner_gpus=self.num_gpus_per_learner,
                               runner_gpus=self.num_gpus_per_env_runner, num_env_runners=self.num_env_runners)  # fmt: skip
@@ -536,11 +546,15 @@ class FlashReinforceConfig(BuilderMethods, _TuneConfig):
         """A dict of every setting by its flat name (tuples become lists), as RLlib's ``to_dict``.
 
         User code given as an object (a loss component, a reward function in ``env_config``, the
-        callbacks class) stays the object, so Ray Tune's ``param_space=config`` carries it to the trials
-        (Tune pickles it with cloudpickle); ``from_dict`` of this dict round-trips. For text (a
-        checkpoint's ``config.json``, ``--print-config``, trackers) use `serialize`.
+        callbacks class, an env class) stays the object, so Ray Tune's ``param_space=config`` carries it to
+        the trials (Tune pickles it with cloudpickle; an env class's module by value); ``from_dict`` of this
+        dict round-trips. An env id registered by user code, or an env class's path, becomes an `EnvRef`
+        (a ``str`` equal to it that carries the Gymnasium EnvSpec, so a trial makes the env without the
+        user's script). For text (a checkpoint's ``config.json``, ``--print-config``, trackers) use `serialize`.
         """
-        return {name: _plain(value, text=False) for values in self._values.values() for name, value in values.items()}
+        out = {name: _plain(value, text=False) for values in self._values.values() for name, value in values.items()}
+        out["env"] = _env_for_trials(out["env"])
+        return out
 
     def serialize(self) -> dict[str, Any]:
         """`to_dict` as JSON-able data (RLlib's ``serialize``): user code objects written
@@ -599,14 +613,49 @@ def _env_config_problems(spec: EnvRunnerSpec) -> list[str]:
     return problems + env_code_problems(spec)
 
 
-def _env_problem(env_id: str) -> str | None:
+def _env_problem(env: Any) -> str | None:
+    """An env id that is not registered, or the text a saved config keeps for an env class; None when the
+    setting is fine or its form is wrong (a bad class or path, None: `EnvRunnerSpec`'s checks say so)."""
     import gymnasium
 
     import flashrl.envs  # noqa: F401 - registers the flashrl/* ids
-    if env_id in gymnasium.registry:
+    if not isinstance(env, str) or not env or isinstance(env, EnvRef) or env in gymnasium.registry:
         return None
+    if is_description(env):
+        return (f"env: expected {FORMS}, got {env!r}, the text a saved config keeps for an env class. Fix: pass "
+                "the class again (e.g. FlashReinforce.from_checkpoint(path, env=MyEnv)), or configure the env by "
+                "its 'module:Class' path")
+    if is_path(env):
+        return None  # a class's path
     known = sorted(k for k in gymnasium.registry if k.startswith("flashrl/"))
-    close = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1)
+    close = difflib.get_close_matches(env, list(gymnasium.registry), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return (f"env: expected a registered Gymnasium id such as {known or ['flashrl/Math-v0']}, got "
-            f"{env_id!r}{hint}. Fix: register it with gymnasium.register(...) before building, or fix the name")
+            f"{env!r}{hint}. Fix: register it with gymnasium.register(...) before building, fix the name, or "
+            "pass the env class itself (.environment(MyEnv))")
+
+
+def _env_for_trials(env: Any) -> Any:
+    """``to_dict()``'s form of the env setting: one that a process without the user's script can make.
+
+    An id registered here whose entry point is not flashrl's, or a class's path: an `EnvRef` carrying the
+    EnvSpec the runners get (a user-code entry point imported, `runner_env_spec`). A class: itself, its
+    module pickled by value from now on (`ship_by_value`). Anything else (flashrl's own ids, a value
+    `validate()` refuses): as it is.
+    """
+    import gymnasium
+
+    if isinstance(env, type):
+        ship_by_value(env)
+        return env
+    if isinstance(env, EnvRef) or not isinstance(env, str) or not env or is_description(env):
+        return env
+    try:
+        if env in gymnasium.registry:
+            spec = runner_env_spec(env)
+            return env if is_flashrl_entry_point(spec.entry_point) else EnvRef(env, spec)
+        if is_path(env):
+            return EnvRef(env, class_spec(env_class(env)))
+    except (UserCodeError, UserEnvError):
+        pass  # validate() says what is wrong
+    return env
