@@ -1,0 +1,333 @@
+"""An EnvRunner plays ``flashrl/Agent-v0``: function and command agents through its endpoint, and how an
+agent's failures are counted (in-process EnvRunner on the tiny model and the torch engine).
+
+The endpoint is `flashrl.agents.AgentServer` when that package is present, else `StandInServer` below,
+a stand-in that keeps to its contract (routes, sessions, the call limit) and answers every call "ok".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import secrets
+import sys
+import textwrap
+import time
+import types
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import flashrl.envs  # noqa: F401  (registers flashrl/Agent-v0)
+from flashrl.env_runners import EnvRunner
+from flashrl.env_runners.env_errors import ENV_ERROR_LIMIT, EnvErrorStreak
+from flashrl.episode import Episode
+
+TASKS = [{"id": "t0", "question": "2+3"}, {"id": "t1", "question": "4+4"}]
+REAL_ENDPOINT = importlib.util.find_spec("flashrl.agents") is not None
+
+
+# ------------------------------------------------------------------------------------------
+# the stand-in endpoint (used only while flashrl.agents is absent)
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StandInLimits:
+    max_calls: int = 16
+    max_completion_tokens: int | None = None
+
+
+class StandInSession:
+    def __init__(self, server: StandInServer, key: str, prompt_id: str, limits: StandInLimits) -> None:
+        self.key, self.prompt_id, self.limits = key, prompt_id, limits
+        self.base_url, self.api_key = f"{server.url}/sessions/{key}/v1", server.api_key
+        self.calls, self.errors, self.tito_mismatches, self.closed = 0, Counter(), 0, False
+        self._transcript: list[dict[str, Any]] = []
+
+    def close(self) -> None:
+        self.closed = True
+
+    @property
+    def transcript(self) -> list[dict[str, Any]]:
+        return list(self._transcript)
+
+    @property
+    def num_segments(self) -> int:
+        return 1
+
+    def to_episode(self, *, reward: float, terminated: bool = True, truncated: bool = False,
+                   info: dict[str, Any] | None = None) -> Episode | None:
+        if self.calls == 0:
+            return None
+        n = self.calls
+        return Episode(self.prompt_id, [1, 2] + [3] * n, [False, False] + [True] * n, [0.0, 0.0] + [-0.5] * n,
+                       reward, policy_versions=[0] * n, terminated=terminated, truncated=truncated, info=dict(info or {}))
+
+
+class StandInServer:
+    def __init__(self, engine: Any, *, sampling: Any, max_episode_tokens: int, model_name: str,
+                 host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+                 max_observation_tokens: int | None = None) -> None:
+        self.model_name, self.host, self.port = model_name, host, port
+        self.api_key = api_key or secrets.token_urlsafe(16)
+        self.sessions: dict[str, StandInSession] = {}
+        self._runner: Any = None
+        self.url = ""
+
+    async def start(self) -> str:
+        from aiohttp import web
+
+        if self._runner is None:
+            app = web.Application()
+            app.router.add_post("/sessions/{key}/v1/chat/completions", self._chat)
+            self._runner = web.AppRunner(app)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.host, self.port)
+            await site.start()
+            self.url = f"http://{self.host}:{site._server.sockets[0].getsockname()[1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def open_session(self, *, prompt_id: str, seed: int, limits: StandInLimits) -> StandInSession:
+        session = StandInSession(self, secrets.token_hex(8), prompt_id, limits)
+        self.sessions[session.key] = session
+        return session
+
+    async def _chat(self, request: Any) -> Any:
+        from aiohttp import web
+
+        def error(status: int, code: str) -> Any:
+            return web.json_response({"error": {"message": code, "type": "error", "code": code}}, status=status)
+
+        if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return error(401, "unauthorized")
+        session = self.sessions.get(request.match_info["key"])
+        if session is None or session.closed:
+            return error(404, "no_session")
+        body = await request.json()
+        if session.calls >= session.limits.max_calls:
+            session.errors["call_limit"] += 1
+            return error(429, "call_limit")
+        session.calls += 1
+        reply = {"role": "assistant", "content": "ok"}
+        session._transcript = [*body["messages"], reply]
+        return web.json_response({
+            "id": f"c{session.calls}", "object": "chat.completion", "created": 0, "model": self.model_name,
+            "choices": [{"index": 0, "message": reply, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+        })
+
+
+@pytest.fixture(autouse=True)
+def endpoint(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which endpoint the runner plays against: the real one when present."""
+    if not REAL_ENDPOINT:
+        module = types.ModuleType("flashrl.agents")
+        module.AgentServer, module.AgentLimits = StandInServer, StandInLimits
+        monkeypatch.setitem(sys.modules, "flashrl.agents", module)
+    return "real" if REAL_ENDPOINT else "stand-in"
+
+
+# ------------------------------------------------------------------------------------------
+# agents
+# ------------------------------------------------------------------------------------------
+async def ask(client: Any, text: str, model: str = "policy") -> str:
+    reply = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": text}], max_tokens=4
+    )
+    return reply.choices[0].message.content
+
+
+async def two_calls(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    first = await ask(client, task["question"])
+    await ask(client, f"{task['question']} again")
+    return {"reward": 1.0, "success": isinstance(first, str)}
+
+
+async def graded_by_reward_fn(client: Any, task: dict[str, Any]) -> None:
+    await ask(client, task["question"])
+
+
+def transcript_length(task: dict[str, Any], transcript: list[dict[str, Any]]) -> float:
+    assert transcript[0] == {"role": "user", "content": task["question"]}
+    assert transcript[-1]["role"] == "assistant"
+    return float(len(transcript))
+
+
+async def raises_after_a_call(client: Any, task: dict[str, Any]) -> float:
+    await ask(client, task["question"])
+    raise ValueError("the agent's own bug")
+
+
+async def raises_at_once(client: Any, task: dict[str, Any]) -> float:
+    raise KeyError("no_such_field")
+
+
+async def never_calls(client: Any, task: dict[str, Any]) -> float:
+    return 1.0
+
+
+async def sleeps(client: Any, task: dict[str, Any]) -> float:
+    await ask(client, task["question"])
+    await asyncio.sleep(60)
+    return 1.0
+
+
+async def calls_past_the_limit(client: Any, task: dict[str, Any]) -> float:
+    for _ in range(3):
+        await ask(client, task["question"])
+    return 1.0
+
+
+COMMAND_AGENT = textwrap.dedent("""
+    import json, os, sys
+    from openai import OpenAI
+
+    task = json.load(sys.stdin)
+    client = OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY come from the runner
+    reply = client.chat.completions.create(
+        model=os.environ["FLASHRL_MODEL"], messages=[{"role": "user", "content": task["question"]}], max_tokens=4
+    )
+    print("log:", reply.choices[0].message.content, file=sys.stderr)
+    print(json.dumps({"reward": 0.5, "success": False}))
+""")
+
+
+def _runner(tiny_config: Any, **env_config: Any) -> EnvRunner:
+    config = tiny_config(env="flashrl/Agent-v0", env_config={"tasks": TASKS, **env_config})
+    return EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1, model_path=config.model)
+
+
+def _sample(runner: EnvRunner, indices: list[int], **kwargs: Any) -> Any:
+    async def scenario() -> Any:
+        try:
+            return await runner.sample(indices, **kwargs)
+        finally:
+            await runner.stop()
+
+    return asyncio.run(scenario())
+
+
+# ------------------------------------------------------------------------------------------
+# tests
+# ------------------------------------------------------------------------------------------
+def test_a_function_agent_is_played_through_the_endpoint(tiny_config: Any, endpoint: str) -> None:
+    report = _sample(_runner(tiny_config, agent=two_calls), [0, 1, 2], evaluation=True)
+    assert report.skipped == Counter()
+    assert [ep.prompt_id for ep in report.episodes] == ["t0", "t1", "t0"]  # evaluation walks the tasks in order
+    for ep in report.episodes:
+        assert (ep.reward, ep.success, ep.terminated, ep.truncated) == (1.0, True, True, False)
+        assert len(ep.policy_versions) == 2 and ep.num_generated_tokens >= 2  # one model turn a call
+    assert report.last_env_error is None
+
+
+def test_a_command_agent_is_played_through_the_endpoint(tiny_config: Any) -> None:
+    report = _sample(_runner(tiny_config, command=[sys.executable, "-c", COMMAND_AGENT]), [0, 1])
+    assert report.skipped == Counter()
+    assert [(ep.reward, ep.success, len(ep.policy_versions)) for ep in report.episodes] == [(0.5, False, 1)] * 2
+    assert {ep.prompt_id for ep in report.episodes} <= {"t0", "t1"}
+
+
+def test_reward_fn_grades_the_endpoints_transcript_when_the_agent_returns_none(tiny_config: Any) -> None:
+    report = _sample(_runner(tiny_config, agent=graded_by_reward_fn, reward_fn=transcript_length), [0])
+    assert report.skipped == Counter()
+    assert [ep.reward for ep in report.episodes] == [2.0]  # the call's one message and the reply
+
+
+def test_an_agent_that_raises_is_an_env_error_with_its_traceback(tiny_config: Any) -> None:
+    runner = _runner(tiny_config, agent=raises_after_a_call)
+    report = _sample(runner, [0, 1])
+    assert report.episodes == [] and report.skipped == Counter({"env_error": 2})
+    text = report.last_env_error
+    assert "env 'flashrl/Agent-v0', episode 1, prompt id 't" in text
+    assert "in raises_after_a_call" in text and 'raise ValueError("the agent\'s own bug")' in text
+    assert text.endswith("ValueError: the agent's own bug")
+
+
+def test_a_command_that_fails_is_an_env_error_with_its_stderr(tiny_config: Any) -> None:
+    script = "import sys\nprint('partial', flush=True)\nsys.exit('RuntimeError: the command broke')"
+    report = _sample(_runner(tiny_config, command=[sys.executable, "-c", script]), [0])
+    assert report.skipped == Counter({"env_error": 1})
+    assert "exited with status 1: RuntimeError: the command broke" in report.last_env_error
+
+
+def test_the_same_agent_error_in_a_row_stops_the_runner(tiny_config: Any) -> None:
+    runner = _runner(tiny_config, agent=raises_at_once)
+    with pytest.raises(EnvErrorStreak) as caught:
+        _sample(runner, list(range(ENV_ERROR_LIMIT)))
+    text = str(caught.value)
+    assert f"ended {ENV_ERROR_LIMIT} episodes in a row" in text and "KeyError: 'no_such_field'" in text
+    assert 'raise KeyError("no_such_field")' in text
+
+
+def test_an_agent_that_never_calls_the_model_is_counted_empty(tiny_config: Any) -> None:
+    report = _sample(_runner(tiny_config, agent=never_calls), [0, 1, 2])
+    assert report.episodes == [] and report.skipped == Counter({"empty": 3})
+    assert report.last_env_error is None
+
+
+def test_an_agent_past_its_wall_time_is_cancelled_and_dropped(tiny_config: Any) -> None:
+    runner = _runner(tiny_config, agent=sleeps, wall_time_s=1.0)
+
+    async def scenario() -> tuple[Any, float]:
+        await runner.setup()  # the engine start is not what is timed
+        began = time.monotonic()
+        try:
+            report = await runner.sample([0, 1])
+            return report, time.monotonic() - began
+        finally:
+            await runner.stop()
+
+    report, waited = asyncio.run(scenario())
+    assert report.episodes == [] and report.skipped == Counter({"env_timeout": 2})
+    assert waited < 30  # cancelled at 1 s each (the agent sleeps 60 s)
+    assert report.last_env_error is None  # not an env error: no streak
+
+
+def test_a_command_past_its_wall_time_is_killed(tiny_config: Any) -> None:
+    script = "import time\ntime.sleep(60)"
+    began = time.monotonic()
+    report = _sample(_runner(tiny_config, command=[sys.executable, "-c", script], wall_time_s=1.0), [0])
+    assert report.skipped == Counter({"env_timeout": 1})
+    assert time.monotonic() - began < 50
+
+
+def test_an_agent_stopped_by_the_call_limit_ends_truncated_with_the_reward_so_far(tiny_config: Any) -> None:
+    report = _sample(_runner(tiny_config, agent=calls_past_the_limit, max_calls=2, reward_fn=transcript_length), [0])
+    assert report.skipped == Counter()
+    (ep,) = report.episodes
+    assert (ep.terminated, ep.truncated, ep.reward) == (False, True, 2.0)
+    assert ep.info["agent_limit"] == "call_limit" and len(ep.policy_versions) == 2
+    assert ep.info["agent_error"].startswith("RateLimitError")
+    without = _sample(_runner(tiny_config, agent=calls_past_the_limit, max_calls=1), [0])
+    assert [(ep.truncated, ep.reward) for ep in without.episodes] == [(True, 0.0)]
+
+
+def test_stop_stops_the_endpoint(tiny_config: Any) -> None:
+    import httpx
+
+    runner = _runner(tiny_config, agent=two_calls)
+
+    async def scenario() -> list[str]:
+        await runner.sample([0])
+        urls = [server.url for server in runner._agent_servers.values()]
+        await runner.stop()
+        return urls
+
+    (url,) = asyncio.run(scenario())
+    with pytest.raises(httpx.ConnectError):
+        httpx.post(f"{url}/sessions/x/v1/chat/completions", json={}, timeout=5)
+
+
+def test_a_bad_reward_from_the_agent_is_counted(tiny_config: Any) -> None:
+    async def says_text(client: Any, task: dict[str, Any]) -> Any:
+        await ask(client, task["question"])
+        return {"reward": "1.0"}
+
+    report = _sample(_runner(tiny_config, agent=says_text), [0])
+    assert report.episodes == [] and report.skipped == Counter({"bad_reward": 1})
