@@ -308,20 +308,24 @@ def test_an_agent_stopped_by_the_call_limit_ends_truncated_with_the_reward_so_fa
     assert [(ep.truncated, ep.reward) for ep in without.episodes] == [(True, 0.0)]
 
 
-def test_stop_stops_the_endpoint(tiny_config: Any) -> None:
+def test_one_endpoint_per_sampling_setting_each_stopped_by_stop(tiny_config: Any) -> None:
     import httpx
 
     runner = _runner(tiny_config, agent=two_calls)
 
     async def scenario() -> list[str]:
         await runner.sample([0])
+        await runner.sample([1])
+        await runner.sample([0], evaluation=True)  # evaluation_temperature 0.0, training 1.0
         urls = [server.url for server in runner._agent_servers.values()]
         await runner.stop()
         return urls
 
-    (url,) = asyncio.run(scenario())
-    with pytest.raises(httpx.ConnectError):
-        httpx.post(f"{url}/sessions/x/v1/chat/completions", json={}, timeout=5)
+    urls = asyncio.run(scenario())
+    assert len(set(urls)) == 2
+    for url in urls:
+        with pytest.raises(httpx.ConnectError):
+            httpx.post(f"{url}/sessions/x/v1/chat/completions", json={}, timeout=5)
 
 
 def test_a_bad_reward_from_the_agent_is_counted(tiny_config: Any) -> None:
