@@ -28,6 +28,9 @@ from flashrl.user_code import import_path, is_path
 __all__ = ["AgentEnv", "AgentError", "AgentResult", "agent_result"]
 
 STDERR_TAIL_CHARS = 4000
+TASK_ENV_MAX_BYTES = 100_000
+"""Largest task JSON also given in ``FLASHRL_TASK`` (Linux refuses to start a process with an environment
+variable past 128 KiB); a larger task comes on stdin only."""
 """How much of a failed command's stderr its error quotes (the end: where a traceback names the cause)."""
 
 
@@ -84,7 +87,8 @@ class AgentEnv(LanguageEnv):
     Each episode plays one of ``tasks`` (JSON-able dicts) with the user's agent: an ``async def
     agent(client, task)`` (``client`` an ``openai.AsyncOpenAI`` bound to this episode) or a
     ``command`` run as a subprocess (``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` set to this episode's
-    endpoint; the task as JSON on its stdin and in ``FLASHRL_TASK``; ``FLASHRL_MODEL`` the model name).
+    endpoint; the task as JSON on its stdin and, up to `TASK_ENV_MAX_BYTES`, in ``FLASHRL_TASK``;
+    ``FLASHRL_MODEL`` the model name).
     Every call the agent makes is recorded token-exactly by the EnvRunner's endpoint
     (`flashrl.agents`); the episode is trained on those calls.
 
@@ -324,12 +328,14 @@ def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None
 async def _run_command(command: Sequence[str], task: Mapping[str, Any], env: Mapping[str, str]) -> Any:
     """Run the agent command; its last stdout line, parsed as JSON. Cancelling this kills its process group."""
     task_json = json.dumps(task, ensure_ascii=False)
+    data = task_json.encode("utf-8")
+    task_env = {"FLASHRL_TASK": task_json} if len(data) <= TASK_ENV_MAX_BYTES else {}
     process = await asyncio.create_subprocess_exec(
         *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **env, "FLASHRL_TASK": task_json}, start_new_session=True,
+        env={**os.environ, **env, **task_env}, start_new_session=True,
     )
     try:
-        stdout, stderr = await process.communicate(task_json.encode("utf-8"))
+        stdout, stderr = await process.communicate(data)
     finally:
         if process.returncode is None:  # cancelled (wall time, the runner stopping): the agent and its children go
             try:

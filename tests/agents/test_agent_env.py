@@ -185,6 +185,16 @@ def test_a_command_agent_gets_the_endpoint_and_the_task() -> None:
     assert result == AgentResult(transcript=[TASKS[1], TASKS[1], endpoint])
 
 
+def test_a_large_task_comes_on_stdin_only() -> None:
+    script = """
+        import json, os, sys
+        print(json.dumps([len(json.load(sys.stdin)["text"]), "FLASHRL_TASK" in os.environ]))
+    """
+    env = AgentEnv([{"text": "x" * 200_000}], command=command(script))
+    env.reset(seed=0)
+    assert run(env) == AgentResult(transcript=[200_000, False])
+
+
 @pytest.mark.parametrize(
     ("script", "match"),
     [
