@@ -14,6 +14,10 @@ thread pool within ``env_timeout_s``, never on the event loop; the same env erro
 `ENV_ERROR_LIMIT` episodes in a row stops the run with its traceback (`flashrl.env_runners.env_errors`). An engine failure is fatal: the next `poll` raises it and the
 `EnvRunnerGroup` restarts the actor.
 
+An agent env (``flashrl/Agent-v0``) is not stepped: its agent program calls the policy through the
+runner's OpenAI-compatible endpoint (`flashrl.agents`, one per sampling setting, started on first use and
+stopped by `stop`), which records its calls into the episode (`flashrl.env_runners.agent_rollout`).
+
 The user's callbacks (`flashrl.callbacks`) fire here: `on_episode_end` for each episode that will be
 delivered, `on_sample_end` for each hand-out (a poll with episodes, a `sample()` call); what they
 log travels in the next `RunnerReport` (`callback_metrics`).
@@ -502,35 +506,12 @@ class EnvRunner:
         elif self._training_passes(env) is not None:  # the training set's passes: the task by reset options
             data = {"data_pass": self._passes.position(index)[0], "task_index": self._passes.task_index(index)}
             reset_options = evaluation_reset_options(env, data["task_index"])
-        keep_reset_info = (datasource,) if stream == EVAL_STREAM and datasource else ()
         start = time.perf_counter()
         try:
-            if is_agent_env(env):  # its agent program calls the policy through the runner's endpoint
-                episode = await play_agent_episode(
-                    env,
-                    await self._agent_server(env.unwrapped, sampling),
-                    reset_seed=stream_seed(self.spec.seed, stream, index),
-                    session_seed=stream_seed(self.spec.seed, stream, index, replica),
-                    executor=self._executor,
-                    reset_options=reset_options,
-                    keep_reset_info=keep_reset_info,
-                    env_timeout_s=self.spec.env_timeout_s,
-                )
-            else:
-                episode = await play_episode(
-                    env,
-                    self._engine,
-                    reset_seed=stream_seed(self.spec.seed, stream, index),
-                    sampling_seed=lambda turn: stream_seed(self.spec.seed, stream, index, replica, turn),
-                    sampling=sampling,
-                    max_episode_tokens=self._context,
-                    executor=self._executor,
-                    reset_options=reset_options,
-                    keep_reset_info=keep_reset_info,
-                    env_timeout_s=self.spec.env_timeout_s,
-                    max_turns=self.spec.max_turns,
-                    max_observation_tokens=self.spec.max_observation_tokens,
-                )
+            episode = await self._run(
+                env, stream, index, replica, sampling, reset_options,
+                keep_reset_info=(datasource,) if stream == EVAL_STREAM and datasource else (),
+            )
         except AgentTimeout as err:  # the agent was cancelled: nothing of it runs on, the env is reusable
             logger.warning("EnvRunner %d: episode %d dropped: %s", self.runner_index, index, err)
             pool.append(env)
@@ -589,6 +570,43 @@ class EnvRunner:
             split=split,
         )
         return _Outcome(episode, None, tokens, turns)
+
+    async def _run(
+        self,
+        env: gym.Env,
+        stream: int,
+        index: int,
+        replica: int,
+        sampling: dict[str, Any],
+        reset_options: dict[str, Any] | None,
+        keep_reset_info: tuple[str, ...],
+    ) -> Episode | None:
+        """One episode of ``env``: stepped with the engine, or, an agent env, its agent run against the endpoint."""
+        if is_agent_env(env):
+            return await play_agent_episode(
+                env,
+                await self._agent_server(env.unwrapped, sampling),
+                reset_seed=stream_seed(self.spec.seed, stream, index),
+                session_seed=stream_seed(self.spec.seed, stream, index, replica),
+                executor=self._executor,
+                reset_options=reset_options,
+                keep_reset_info=keep_reset_info,
+                env_timeout_s=self.spec.env_timeout_s,
+            )
+        return await play_episode(
+            env,
+            self._engine,
+            reset_seed=stream_seed(self.spec.seed, stream, index),
+            sampling_seed=lambda turn: stream_seed(self.spec.seed, stream, index, replica, turn),
+            sampling=sampling,
+            max_episode_tokens=self._context,
+            executor=self._executor,
+            reset_options=reset_options,
+            keep_reset_info=keep_reset_info,
+            env_timeout_s=self.spec.env_timeout_s,
+            max_turns=self.spec.max_turns,
+            max_observation_tokens=self.spec.max_observation_tokens,
+        )
 
     async def _agent_server(self, env: AgentPlayable, sampling: dict[str, Any]) -> Any:
         """The started endpoint for ``env`` under ``sampling`` (started in this event loop on first use)."""

@@ -125,7 +125,8 @@ class AgentEnv(LanguageEnv):
     (default ``"id"``: a task's prompt id; without it the list index or ``file.jsonl:line``),
     ``max_calls`` (default 16), ``max_completion_tokens`` (default None: each call's ``max_tokens``
     only), ``wall_time_s`` (default 600), ``success_threshold`` (default None), ``host`` (default
-    ``"127.0.0.1"``) and ``port`` (default 0: any free port) of the endpoint, ``model_name`` (default
+    ``"127.0.0.1"``) and ``port`` (default 0: any free port; a fixed one serves a single EnvRunner's
+    training or evaluation, as each runner binds one endpoint per sampling setting) of the endpoint, ``model_name`` (default
     ``"policy"``: the model the endpoint serves), ``render_mode``.
 
     ## Version history
