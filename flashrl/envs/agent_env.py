@@ -210,8 +210,11 @@ class AgentEnv(LanguageEnv):
             raise RuntimeError("AgentEnv.run_agent() called before reset(); call reset() first.")
         task = copy.deepcopy(self.task)
         if self.agent is not None:
-            import openai
-
+            try:
+                import openai
+            except ImportError as err:
+                raise ImportError(f"a function agent gets an openai.AsyncOpenAI client, but openai does not import "
+                                  f"({err}). Fix: pip install openai (vLLM installs it), or give a command") from err
             client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
             try:
                 return agent_result(await self.agent(client, task))

@@ -1,21 +1,15 @@
-"""An EnvRunner plays ``flashrl/Agent-v0``: function and command agents through its endpoint, and how an
-agent's failures are counted (in-process EnvRunner on the tiny model and the torch engine).
-
-The endpoint is `flashrl.agents.AgentServer` when that package is present, else `StandInServer` below,
-a stand-in that keeps to its contract (routes, sessions, the call limit) and answers every call "ok".
+"""An EnvRunner plays ``flashrl/Agent-v0``: function and command agents through its endpoint
+(`flashrl.agents.AgentServer`), and how an agent's failures are counted (in-process EnvRunner on the
+tiny model and the torch engine).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import secrets
 import sys
 import textwrap
 import time
-import types
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -23,114 +17,8 @@ import pytest
 import flashrl.envs  # noqa: F401  (registers flashrl/Agent-v0)
 from flashrl.env_runners import EnvRunner
 from flashrl.env_runners.env_errors import ENV_ERROR_LIMIT, EnvErrorStreak
-from flashrl.episode import Episode
 
 TASKS = [{"id": "t0", "question": "2+3"}, {"id": "t1", "question": "4+4"}]
-REAL_ENDPOINT = importlib.util.find_spec("flashrl.agents") is not None
-
-
-# ------------------------------------------------------------------------------------------
-# the stand-in endpoint (used only while flashrl.agents is absent)
-# ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StandInLimits:
-    max_calls: int = 16
-    max_completion_tokens: int | None = None
-
-
-class StandInSession:
-    def __init__(self, server: StandInServer, key: str, prompt_id: str, limits: StandInLimits) -> None:
-        self.key, self.prompt_id, self.limits = key, prompt_id, limits
-        self.base_url, self.api_key = f"{server.url}/sessions/{key}/v1", server.api_key
-        self.calls, self.errors, self.tito_mismatches, self.closed = 0, Counter(), 0, False
-        self._transcript: list[dict[str, Any]] = []
-
-    def close(self) -> None:
-        self.closed = True
-
-    @property
-    def transcript(self) -> list[dict[str, Any]]:
-        return list(self._transcript)
-
-    @property
-    def num_segments(self) -> int:
-        return 1
-
-    def to_episode(self, *, reward: float, terminated: bool = True, truncated: bool = False,
-                   info: dict[str, Any] | None = None) -> Episode | None:
-        if self.calls == 0:
-            return None
-        n = self.calls
-        return Episode(self.prompt_id, [1, 2] + [3] * n, [False, False] + [True] * n, [0.0, 0.0] + [-0.5] * n,
-                       reward, policy_versions=[0] * n, terminated=terminated, truncated=truncated, info=dict(info or {}))
-
-
-class StandInServer:
-    def __init__(self, engine: Any, *, sampling: Any, max_episode_tokens: int, model_name: str,
-                 host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 max_observation_tokens: int | None = None) -> None:
-        self.model_name, self.host, self.port = model_name, host, port
-        self.api_key = api_key or secrets.token_urlsafe(16)
-        self.sessions: dict[str, StandInSession] = {}
-        self._runner: Any = None
-        self.url = ""
-
-    async def start(self) -> str:
-        from aiohttp import web
-
-        if self._runner is None:
-            app = web.Application()
-            app.router.add_post("/sessions/{key}/v1/chat/completions", self._chat)
-            self._runner = web.AppRunner(app)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, self.host, self.port)
-            await site.start()
-            self.url = f"http://{self.host}:{site._server.sockets[0].getsockname()[1]}"
-        return self.url
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    def open_session(self, *, prompt_id: str, seed: int, limits: StandInLimits) -> StandInSession:
-        session = StandInSession(self, secrets.token_hex(8), prompt_id, limits)
-        self.sessions[session.key] = session
-        return session
-
-    async def _chat(self, request: Any) -> Any:
-        from aiohttp import web
-
-        def error(status: int, code: str) -> Any:
-            return web.json_response({"error": {"message": code, "type": "error", "code": code}}, status=status)
-
-        if request.headers.get("Authorization") != f"Bearer {self.api_key}":
-            return error(401, "unauthorized")
-        session = self.sessions.get(request.match_info["key"])
-        if session is None or session.closed:
-            return error(404, "no_session")
-        body = await request.json()
-        if session.calls >= session.limits.max_calls:
-            session.errors["call_limit"] += 1
-            return error(429, "call_limit")
-        session.calls += 1
-        reply = {"role": "assistant", "content": "ok"}
-        session._transcript = [*body["messages"], reply]
-        return web.json_response({
-            "id": f"c{session.calls}", "object": "chat.completion", "created": 0, "model": self.model_name,
-            "choices": [{"index": 0, "message": reply, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
-        })
-
-
-@pytest.fixture(autouse=True)
-def endpoint(monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which endpoint the runner plays against: the real one when present."""
-    if not REAL_ENDPOINT:
-        module = types.ModuleType("flashrl.agents")
-        module.AgentServer, module.AgentLimits = StandInServer, StandInLimits
-        monkeypatch.setitem(sys.modules, "flashrl.agents", module)
-    return "real" if REAL_ENDPOINT else "stand-in"
 
 
 # ------------------------------------------------------------------------------------------
@@ -216,13 +104,14 @@ def _sample(runner: EnvRunner, indices: list[int], **kwargs: Any) -> Any:
 # ------------------------------------------------------------------------------------------
 # tests
 # ------------------------------------------------------------------------------------------
-def test_a_function_agent_is_played_through_the_endpoint(tiny_config: Any, endpoint: str) -> None:
+def test_a_function_agent_is_played_through_the_endpoint(tiny_config: Any) -> None:
     report = _sample(_runner(tiny_config, agent=two_calls), [0, 1, 2], evaluation=True)
     assert report.skipped == Counter()
     assert [ep.prompt_id for ep in report.episodes] == ["t0", "t1", "t0"]  # evaluation walks the tasks in order
     for ep in report.episodes:
         assert (ep.reward, ep.success, ep.terminated, ep.truncated) == (1.0, True, True, False)
         assert len(ep.policy_versions) == 2 and ep.num_generated_tokens >= 2  # one model turn a call
+        assert len(ep.segments) == 2  # the second call's prompt does not extend the first call's tokens
     assert report.last_env_error is None
 
 
@@ -335,3 +224,22 @@ def test_a_bad_reward_from_the_agent_is_counted(tiny_config: Any) -> None:
 
     report = _sample(_runner(tiny_config, agent=says_text), [0])
     assert report.episodes == [] and report.skipped == Counter({"bad_reward": 1})
+
+
+def test_an_engine_failure_under_an_agent_fails_the_runner(tiny_config: Any) -> None:
+    runner = _runner(tiny_config, agent=two_calls)
+
+    async def broken_generate(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("simulated engine failure")
+
+    async def scenario() -> Any:
+        await runner.setup()
+        runner._engine.generate = broken_generate
+        try:
+            return await runner.sample([0])
+        finally:
+            await runner.stop()
+
+    with pytest.raises(RuntimeError, match=r"the engine failed a model call of an agent episode \('t0'\)") as caught:
+        asyncio.run(scenario())
+    assert type(caught.value.__cause__).__name__ == "InternalServerError"  # what the agent raised: HTTP 500
