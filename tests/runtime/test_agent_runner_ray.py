@@ -42,5 +42,6 @@ def test_an_agent_env_trains_and_evaluates_through_ray(ray_session: Any, tiny_co
     for i, r in enumerate(results, start=1):
         assert r["learners/version"] == i
         assert r["num_episodes"] == B
+        assert r["env_runners/episode_turns_min"] == r["env_runners/episode_turns_max"] == 2.0  # the agent's calls
         assert r["evaluation/num_episodes"] == 2
         assert r.get("env_runners/num_skipped_env_error_lifetime", 0.0) == 0.0
