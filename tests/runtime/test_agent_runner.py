@@ -243,3 +243,42 @@ def test_an_engine_failure_under_an_agent_fails_the_runner(tiny_config: Any) -> 
     with pytest.raises(RuntimeError, match=r"the engine failed a model call of an agent episode \('t0'\)") as caught:
         asyncio.run(scenario())
     assert type(caught.value.__cause__).__name__ == "InternalServerError"  # what the agent raised: HTTP 500
+
+
+def test_a_call_the_engine_aborted_drops_the_episode_as_aborted(tiny_config: Any) -> None:
+    from flashrl.engines.types import Completion
+
+    runner = _runner(tiny_config, agent=two_calls)
+
+    async def scenario() -> Any:
+        await runner.setup()
+        generate = runner._engine.generate
+
+        async def aborting(prompt: list[int], sampling: Any) -> Completion:  # as a weight update's abort ends it
+            done = await generate(prompt, sampling)
+            return Completion(done.token_ids[:1], done.logprobs[:1], "abort", done.version)
+
+        runner._engine.generate = aborting
+        try:
+            return await runner.sample([0])
+        finally:
+            await runner.stop()
+
+    report = asyncio.run(scenario())
+    assert report.episodes == [] and report.skipped == Counter({"aborted": 1})
+    assert report.last_env_error is None
+
+
+async def outgrows_the_context(client: Any, task: dict[str, Any]) -> float:
+    await ask(client, task["question"])
+    await ask(client, "word " * 400)  # past max_episode_tokens=256
+    return 1.0
+
+
+def test_an_agent_past_the_context_budget_ends_truncated(tiny_config: Any) -> None:
+    report = _sample(_runner(tiny_config, agent=outgrows_the_context), [0])
+    assert report.skipped == Counter()
+    (ep,) = report.episodes
+    assert (ep.truncated, ep.reward, len(ep.policy_versions)) == (True, 0.0, 1)
+    assert ep.info["agent_limit"] == "context_length_exceeded"
+    assert ep.info["agent_error"].startswith("BadRequestError")
