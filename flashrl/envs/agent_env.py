@@ -126,8 +126,8 @@ class AgentEnv(LanguageEnv):
     ``max_calls`` (default 16), ``max_completion_tokens`` (default None: each call's ``max_tokens``
     only), ``wall_time_s`` (default 600), ``success_threshold`` (default None), ``host`` (default
     ``"127.0.0.1"``) and ``port`` (default 0: any free port; a fixed one serves a single EnvRunner's
-    training or evaluation, as each runner binds one endpoint per sampling setting) of the endpoint, ``model_name`` (default
-    ``"policy"``: the model the endpoint serves), ``render_mode``.
+    training or evaluation, as each runner binds one endpoint per sampling setting) of the endpoint,
+    ``model_name`` (default ``"policy"``: the model the endpoint serves), ``render_mode``.
 
     ## Version history
     * v0: initial version.
@@ -165,6 +165,9 @@ class AgentEnv(LanguageEnv):
             math.isfinite(wall_time_s) and wall_time_s > 0
         ):
             raise ValueError(f"wall_time_s: expected a finite number of seconds > 0, got {wall_time_s!r}.")
+        if success_threshold is not None and (isinstance(success_threshold, bool) or not isinstance(
+            success_threshold, int | float) or math.isnan(success_threshold)):
+            raise ValueError(f"success_threshold: expected None or a number, got {success_threshold!r}.")
         _check_int("port", port, 0, 65535)
         if not isinstance(host, str) or not host:
             raise ValueError(f"host: expected an address to bind, e.g. '127.0.0.1', got {host!r}.")

@@ -60,6 +60,7 @@ def run(env: AgentEnv, base_url: str = "http://127.0.0.1:9/sessions/k/v1", key: 
         ({"agent": fixed_agent, "max_calls": 0}, ValueError, "max_calls: expected an int >= 1, got 0"),
         ({"agent": fixed_agent, "max_completion_tokens": 0}, ValueError, "max_completion_tokens: expected an int >= 1"),
         ({"agent": fixed_agent, "wall_time_s": 0}, ValueError, "wall_time_s: expected a finite number of seconds > 0"),
+        ({"agent": fixed_agent, "success_threshold": "1"}, ValueError, "success_threshold: expected None or a number"),
         ({"agent": fixed_agent, "port": 70000}, ValueError, r"port: expected an int in \[0, 65535\], got 70000"),
     ],
 )
