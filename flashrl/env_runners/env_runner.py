@@ -14,6 +14,10 @@ thread pool within ``env_timeout_s``, never on the event loop; the same env erro
 `ENV_ERROR_LIMIT` episodes in a row stops the run with its traceback (`flashrl.env_runners.env_errors`). An engine failure is fatal: the next `poll` raises it and the
 `EnvRunnerGroup` restarts the actor.
 
+An agent env (``flashrl/Agent-v0``) is not stepped: its agent program calls the policy through the
+runner's OpenAI-compatible endpoint (`flashrl.agents`, one per sampling setting, started on first use and
+stopped by `stop`), which records its calls into the episode (`flashrl.env_runners.agent_rollout`).
+
 The user's callbacks (`flashrl.callbacks`) fire here: `on_episode_end` for each episode that will be
 delivered, `on_sample_end` for each hand-out (a poll with episodes, a `sample()` call); what they
 log travels in the next `RunnerReport` (`callback_metrics`).
@@ -35,6 +39,7 @@ from typing import Any
 import gymnasium as gym
 
 from flashrl.callbacks import MetricsLogger, make_callbacks
+from flashrl.env_runners.agent_rollout import AgentPlayable, AgentTimeout, is_agent_env, play_agent_episode
 from flashrl.env_runners.data_passes import DataPasses
 from flashrl.env_runners.env_errors import (
     EnvBoundary,
@@ -123,6 +128,10 @@ class EnvRunner:
         self._passes_read = False
         self.callbacks = make_callbacks(spec.callbacks_class)
         """This actor's instance of the user's callbacks (`flashrl.callbacks`)."""
+        self._agent_servers: dict[tuple[Any, ...], Any] = {}
+        """The endpoint (`flashrl.agents.AgentServer`) agent envs are played against, started on first use;
+        one per sampling setting (training, evaluation) and endpoint address."""
+        self._agent_servers_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -210,6 +219,10 @@ class EnvRunner:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        servers = list(self._agent_servers.values())
+        self._agent_servers.clear()
+        for server in servers:
+            await server.stop()
         if self._engine is not None:
             self._engine.close()
             self._engine = None
@@ -495,20 +508,14 @@ class EnvRunner:
             reset_options = evaluation_reset_options(env, data["task_index"])
         start = time.perf_counter()
         try:
-            episode = await play_episode(
-                env,
-                self._engine,
-                reset_seed=stream_seed(self.spec.seed, stream, index),
-                sampling_seed=lambda turn: stream_seed(self.spec.seed, stream, index, replica, turn),
-                sampling=sampling,
-                max_episode_tokens=self._context,
-                executor=self._executor,
-                reset_options=reset_options,
+            episode = await self._run(
+                env, stream, index, replica, sampling, reset_options,
                 keep_reset_info=(datasource,) if stream == EVAL_STREAM and datasource else (),
-                env_timeout_s=self.spec.env_timeout_s,
-                max_turns=self.spec.max_turns,
-                max_observation_tokens=self.spec.max_observation_tokens,
             )
+        except AgentTimeout as err:  # the agent was cancelled: nothing of it runs on, the env is reusable
+            logger.warning("EnvRunner %d: episode %d dropped: %s", self.runner_index, index, err)
+            pool.append(env)
+            return _Outcome(None, "env_timeout")
         except EnvTimeout as err:
             logger.warning("EnvRunner %d: episode %d dropped: %s", self.runner_index, index, err)
             # The hung call still holds the env and one worker thread; neither close() (it could hang
@@ -538,6 +545,8 @@ class EnvRunner:
             return _Outcome(None, "request_error")
         pool.append(env)
         self._env_errors.success()
+        if episode is None:  # an agent that never called the model
+            return _Outcome(None, "empty")
         tokens, turns = episode.num_generated_tokens, len(episode.policy_versions)
         reason = skip_reason(episode, max_episode_tokens=self.spec.max_episode_tokens)
         if reason is not None:
@@ -562,6 +571,59 @@ class EnvRunner:
         )
         return _Outcome(episode, None, tokens, turns)
 
+    async def _run(
+        self,
+        env: gym.Env,
+        stream: int,
+        index: int,
+        replica: int,
+        sampling: dict[str, Any],
+        reset_options: dict[str, Any] | None,
+        keep_reset_info: tuple[str, ...],
+    ) -> Episode | None:
+        """One episode of ``env``: stepped with the engine, or, an agent env, its agent run against the endpoint."""
+        if is_agent_env(env):
+            return await play_agent_episode(
+                env,
+                await self._agent_server(env.unwrapped, sampling),
+                reset_seed=stream_seed(self.spec.seed, stream, index),
+                session_seed=stream_seed(self.spec.seed, stream, index, replica),
+                executor=self._executor,
+                reset_options=reset_options,
+                keep_reset_info=keep_reset_info,
+                env_timeout_s=self.spec.env_timeout_s,
+            )
+        return await play_episode(
+            env,
+            self._engine,
+            reset_seed=stream_seed(self.spec.seed, stream, index),
+            sampling_seed=lambda turn: stream_seed(self.spec.seed, stream, index, replica, turn),
+            sampling=sampling,
+            max_episode_tokens=self._context,
+            executor=self._executor,
+            reset_options=reset_options,
+            keep_reset_info=keep_reset_info,
+            env_timeout_s=self.spec.env_timeout_s,
+            max_turns=self.spec.max_turns,
+            max_observation_tokens=self.spec.max_observation_tokens,
+        )
+
+    async def _agent_server(self, env: AgentPlayable, sampling: dict[str, Any]) -> Any:
+        """The started endpoint for ``env`` under ``sampling`` (started in this event loop on first use)."""
+        from flashrl.agents import AgentServer
+
+        key = (tuple(sorted(sampling.items())), env.host, env.port, env.model_name)
+        async with self._agent_servers_lock:
+            if key not in self._agent_servers:
+                server = AgentServer(
+                    self._engine, sampling=dict(sampling), max_episode_tokens=self._context,
+                    model_name=env.model_name, host=env.host, port=env.port,
+                    max_observation_tokens=self.spec.max_observation_tokens,
+                )
+                await server.start()
+                self._agent_servers[key] = server
+                logger.info("EnvRunner %d: agent endpoint at %s", self.runner_index, server.url)
+            return self._agent_servers[key]
 
 
 @dataclass

@@ -18,6 +18,7 @@ id                        entry point                                 task
 ``flashrl/PythonTool-v0`` ``flashrl.envs.python_tool:PythonToolEnv``  multi-turn code execution
 ``flashrl/ALFWorld-v0``   ``flashrl.envs.alfworld:ALFWorldEnv``       multi-turn text household
 ``flashrl/Tool-v0``       ``flashrl.envs.tool_env:ToolEnv``           your tasks, your functions
+``flashrl/Agent-v0``      ``flashrl.envs.agent_env:AgentEnv``         your tasks, your agent program
 ========================  ==========================================  ===========================
 """
 
@@ -37,6 +38,7 @@ ENV_IDS: dict[str, str] = {
     "flashrl/PythonTool-v0": "flashrl.envs.python_tool:PythonToolEnv",
     "flashrl/ALFWorld-v0": "flashrl.envs.alfworld:ALFWorldEnv",
     "flashrl/Tool-v0": "flashrl.envs.tool_env:ToolEnv",
+    "flashrl/Agent-v0": "flashrl.envs.agent_env:AgentEnv",
 }
 
 
@@ -55,6 +57,7 @@ _LAZY = {
     "ALFWorldEnv": "flashrl.envs.alfworld",
     "ToolEnv": "flashrl.envs.tool_env",
     "Tool": "flashrl.envs.tool_env",
+    "AgentEnv": "flashrl.envs.agent_env",
     "TokenizedConversation": "flashrl.conversation",
     "verify_answer": "flashrl.envs.math.verifier",
     "VerifyResult": "flashrl.envs.math.verifier",
@@ -70,6 +73,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ENV_IDS",
     "ALFWorldEnv",
+    "AgentEnv",
     "ChatMessage",
     "ChatMessages",
     "EpisodeEndedError",

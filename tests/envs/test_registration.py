@@ -20,6 +20,10 @@ def _add(a: int, b: int) -> int:
     return a + b
 
 
+async def _agent(client: Any, task: dict[str, Any]) -> float:
+    return 1.0
+
+
 ADD = flashrl.envs.Tool("add", "Add two integers.", _add, {"a": {"type": "integer"}, "b": {"type": "integer"}},
                         ("a", "b"))  # skipped (or failed under CI) by tests/conftest.py when absent
 
@@ -33,6 +37,7 @@ def make_kwargs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
         "flashrl/PythonTool-v0": {},
         "flashrl/ALFWorld-v0": {"num_games": 1, "seed": 0, "cache_dir": str(cache)},
         "flashrl/Tool-v0": {"tasks": [{"question": "What is 2 + 3?", "answer": "5"}], "tools": [ADD]},
+        "flashrl/Agent-v0": {"tasks": [{"question": "What is 2 + 3?"}], "agent": _agent},
     }
 
 

@@ -19,7 +19,7 @@ import math
 import numbers
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -210,7 +210,28 @@ def load_jsonl(
     """Tasks from a JSON Lines file, one object per line (blank lines are skipped)."""
     path = os.fspath(path)
     name = os.path.basename(path)
-    tasks = []
+    tasks = [
+        task_from_row(
+            row,
+            where=where,
+            default_id=f"{name}:{lineno}",
+            question_field=question_field,
+            answer_field=answer_field,
+            id_field=id_field,
+            answer_format=answer_format,
+            datasource_field=datasource_field,
+        )
+        for where, lineno, row in jsonl_rows(path)
+    ]
+    return TaskList(tasks, name=name, allow_duplicate_ids=allow_duplicate_ids)
+
+
+def jsonl_rows(path: str | os.PathLike[str]) -> Iterator[tuple[str, int, Any]]:
+    """The rows of a JSON Lines file as ``(where, lineno, row)``, ``where`` being ``"path:lineno"``.
+
+    Blank lines are skipped; a line that is not UTF-8 or not JSON raises `DatasetError` naming it.
+    """
+    path = os.fspath(path)
     with open(path, "rb") as f:  # bytes, so that a decoding error can name its line
         for lineno, raw in enumerate(f, start=1):
             where = f"{path}:{lineno}"
@@ -221,22 +242,8 @@ def load_jsonl(
                     f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1}); expected a "
                     "UTF-8 JSON Lines file. Re-encode the file as UTF-8 (e.g. iconv -t UTF-8)."
                 ) from None
-            if not line.strip():
-                continue
-            row = _json_row(line, where)
-            tasks.append(
-                task_from_row(
-                    row,
-                    where=where,
-                    default_id=f"{name}:{lineno}",
-                    question_field=question_field,
-                    answer_field=answer_field,
-                    id_field=id_field,
-                    answer_format=answer_format,
-                    datasource_field=datasource_field,
-                )
-            )
-    return TaskList(tasks, name=name, allow_duplicate_ids=allow_duplicate_ids)
+            if line.strip():
+                yield where, lineno, _json_row(line, where)
 
 
 def _json_row(line: str, where: str) -> Any:

@@ -1,0 +1,284 @@
+"""An EnvRunner plays ``flashrl/Agent-v0``: function and command agents through its endpoint
+(`flashrl.agents.AgentServer`), and how an agent's failures are counted (in-process EnvRunner on the
+tiny model and the torch engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import textwrap
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import flashrl.envs  # noqa: F401  (registers flashrl/Agent-v0)
+from flashrl.env_runners import EnvRunner
+from flashrl.env_runners.env_errors import ENV_ERROR_LIMIT, EnvErrorStreak
+
+TASKS = [{"id": "t0", "question": "2+3"}, {"id": "t1", "question": "4+4"}]
+
+
+# ------------------------------------------------------------------------------------------
+# agents
+# ------------------------------------------------------------------------------------------
+async def ask(client: Any, text: str, model: str = "policy") -> str:
+    reply = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": text}], max_tokens=4
+    )
+    return reply.choices[0].message.content
+
+
+async def two_calls(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    first = await ask(client, task["question"])
+    await ask(client, f"{task['question']} again")
+    return {"reward": 1.0, "success": isinstance(first, str)}
+
+
+async def graded_by_reward_fn(client: Any, task: dict[str, Any]) -> None:
+    await ask(client, task["question"])
+
+
+def transcript_length(task: dict[str, Any], transcript: list[dict[str, Any]]) -> float:
+    assert transcript[0] == {"role": "user", "content": task["question"]}
+    assert transcript[-1]["role"] == "assistant"
+    return float(len(transcript))
+
+
+async def raises_after_a_call(client: Any, task: dict[str, Any]) -> float:
+    await ask(client, task["question"])
+    raise ValueError("the agent's own bug")
+
+
+async def raises_at_once(client: Any, task: dict[str, Any]) -> float:
+    raise KeyError("no_such_field")
+
+
+async def never_calls(client: Any, task: dict[str, Any]) -> float:
+    return 1.0
+
+
+async def sleeps(client: Any, task: dict[str, Any]) -> float:
+    await ask(client, task["question"])
+    await asyncio.sleep(60)
+    return 1.0
+
+
+async def calls_past_the_limit(client: Any, task: dict[str, Any]) -> float:
+    for _ in range(3):
+        await ask(client, task["question"])
+    return 1.0
+
+
+COMMAND_AGENT = textwrap.dedent("""
+    import json, os, sys
+    from openai import OpenAI
+
+    task = json.load(sys.stdin)
+    client = OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY come from the runner
+    reply = client.chat.completions.create(
+        model=os.environ["FLASHRL_MODEL"], messages=[{"role": "user", "content": task["question"]}], max_tokens=4
+    )
+    print("log:", reply.choices[0].message.content, file=sys.stderr)
+    print(json.dumps({"reward": 0.5, "success": False}))
+""")
+
+
+def _runner(tiny_config: Any, **env_config: Any) -> EnvRunner:
+    config = tiny_config(env="flashrl/Agent-v0", env_config={"tasks": TASKS, **env_config})
+    return EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1, model_path=config.model)
+
+
+def _sample(runner: EnvRunner, indices: list[int], **kwargs: Any) -> Any:
+    async def scenario() -> Any:
+        try:
+            return await runner.sample(indices, **kwargs)
+        finally:
+            await runner.stop()
+
+    return asyncio.run(scenario())
+
+
+# ------------------------------------------------------------------------------------------
+# tests
+# ------------------------------------------------------------------------------------------
+def test_a_function_agent_is_played_through_the_endpoint(tiny_config: Any) -> None:
+    report = _sample(_runner(tiny_config, agent=two_calls), [0, 1, 2], evaluation=True)
+    assert report.skipped == Counter()
+    assert [ep.prompt_id for ep in report.episodes] == ["t0", "t1", "t0"]  # evaluation walks the tasks in order
+    for ep in report.episodes:
+        assert (ep.reward, ep.success, ep.terminated, ep.truncated) == (1.0, True, True, False)
+        assert len(ep.policy_versions) == 2 and ep.num_generated_tokens >= 2  # one model turn a call
+        assert len(ep.segments) == 2  # the second call's prompt does not extend the first call's tokens
+    assert report.last_env_error is None
+
+
+def test_a_command_agent_is_played_through_the_endpoint(tiny_config: Any) -> None:
+    report = _sample(_runner(tiny_config, command=[sys.executable, "-c", COMMAND_AGENT]), [0, 1])
+    assert report.skipped == Counter()
+    assert [(ep.reward, ep.success, len(ep.policy_versions)) for ep in report.episodes] == [(0.5, False, 1)] * 2
+    assert {ep.prompt_id for ep in report.episodes} <= {"t0", "t1"}
+
+
+def test_reward_fn_grades_the_endpoints_transcript_when_the_agent_returns_none(tiny_config: Any) -> None:
+    report = _sample(_runner(tiny_config, agent=graded_by_reward_fn, reward_fn=transcript_length), [0])
+    assert report.skipped == Counter()
+    assert [ep.reward for ep in report.episodes] == [2.0]  # the call's one message and the reply
+
+
+def test_an_agent_that_raises_is_an_env_error_with_its_traceback(tiny_config: Any) -> None:
+    runner = _runner(tiny_config, agent=raises_after_a_call)
+    report = _sample(runner, [0, 1])
+    assert report.episodes == [] and report.skipped == Counter({"env_error": 2})
+    text = report.last_env_error
+    assert "env 'flashrl/Agent-v0', episode 1, prompt id 't" in text
+    assert "in raises_after_a_call" in text and 'raise ValueError("the agent\'s own bug")' in text
+    assert text.endswith("ValueError: the agent's own bug")
+
+
+def test_a_command_that_fails_is_an_env_error_with_its_stderr(tiny_config: Any) -> None:
+    script = "import sys\nprint('partial', flush=True)\nsys.exit('RuntimeError: the command broke')"
+    report = _sample(_runner(tiny_config, command=[sys.executable, "-c", script]), [0])
+    assert report.skipped == Counter({"env_error": 1})
+    assert "exited with status 1: RuntimeError: the command broke" in report.last_env_error
+
+
+def test_the_same_agent_error_in_a_row_stops_the_runner(tiny_config: Any) -> None:
+    runner = _runner(tiny_config, agent=raises_at_once)
+    with pytest.raises(EnvErrorStreak) as caught:
+        _sample(runner, list(range(ENV_ERROR_LIMIT)))
+    text = str(caught.value)
+    assert f"ended {ENV_ERROR_LIMIT} episodes in a row" in text and "KeyError: 'no_such_field'" in text
+    assert 'raise KeyError("no_such_field")' in text
+
+
+def test_an_agent_that_never_calls_the_model_is_counted_empty(tiny_config: Any) -> None:
+    report = _sample(_runner(tiny_config, agent=never_calls), [0, 1, 2])
+    assert report.episodes == [] and report.skipped == Counter({"empty": 3})
+    assert report.last_env_error is None
+
+
+def test_an_agent_past_its_wall_time_is_cancelled_and_dropped(tiny_config: Any) -> None:
+    runner = _runner(tiny_config, agent=sleeps, wall_time_s=1.0)
+
+    async def scenario() -> tuple[Any, float]:
+        await runner.setup()  # the engine start is not what is timed
+        began = time.monotonic()
+        try:
+            report = await runner.sample([0, 1])
+            return report, time.monotonic() - began
+        finally:
+            await runner.stop()
+
+    report, waited = asyncio.run(scenario())
+    assert report.episodes == [] and report.skipped == Counter({"env_timeout": 2})
+    assert waited < 30  # cancelled at 1 s each (the agent sleeps 60 s)
+    assert report.last_env_error is None  # not an env error: no streak
+
+
+def test_a_command_past_its_wall_time_is_killed(tiny_config: Any) -> None:
+    script = "import time\ntime.sleep(60)"
+    began = time.monotonic()
+    report = _sample(_runner(tiny_config, command=[sys.executable, "-c", script], wall_time_s=1.0), [0])
+    assert report.skipped == Counter({"env_timeout": 1})
+    assert time.monotonic() - began < 50
+
+
+def test_an_agent_stopped_by_the_call_limit_ends_truncated_with_the_reward_so_far(tiny_config: Any) -> None:
+    report = _sample(_runner(tiny_config, agent=calls_past_the_limit, max_calls=2, reward_fn=transcript_length), [0])
+    assert report.skipped == Counter()
+    (ep,) = report.episodes
+    assert (ep.terminated, ep.truncated, ep.reward) == (False, True, 2.0)
+    assert ep.info["agent_limit"] == "call_limit" and len(ep.policy_versions) == 2
+    assert ep.info["agent_error"].startswith("RateLimitError")
+    without = _sample(_runner(tiny_config, agent=calls_past_the_limit, max_calls=1), [0])
+    assert [(ep.truncated, ep.reward) for ep in without.episodes] == [(True, 0.0)]
+
+
+def test_one_endpoint_per_sampling_setting_each_stopped_by_stop(tiny_config: Any) -> None:
+    import httpx
+
+    runner = _runner(tiny_config, agent=two_calls)
+
+    async def scenario() -> list[str]:
+        await runner.sample([0])
+        await runner.sample([1])
+        await runner.sample([0], evaluation=True)  # evaluation_temperature 0.0, training 1.0
+        urls = [server.url for server in runner._agent_servers.values()]
+        await runner.stop()
+        return urls
+
+    urls = asyncio.run(scenario())
+    assert len(set(urls)) == 2
+    for url in urls:
+        with pytest.raises(httpx.ConnectError):
+            httpx.post(f"{url}/sessions/x/v1/chat/completions", json={}, timeout=5)
+
+
+def test_a_bad_reward_from_the_agent_is_counted(tiny_config: Any) -> None:
+    async def says_text(client: Any, task: dict[str, Any]) -> Any:
+        await ask(client, task["question"])
+        return {"reward": "1.0"}
+
+    report = _sample(_runner(tiny_config, agent=says_text), [0])
+    assert report.episodes == [] and report.skipped == Counter({"bad_reward": 1})
+
+
+def test_an_engine_failure_under_an_agent_fails_the_runner(tiny_config: Any) -> None:
+    runner = _runner(tiny_config, agent=two_calls)
+
+    async def broken_generate(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("simulated engine failure")
+
+    async def scenario() -> Any:
+        await runner.setup()
+        runner._engine.generate = broken_generate
+        try:
+            return await runner.sample([0])
+        finally:
+            await runner.stop()
+
+    with pytest.raises(RuntimeError, match=r"the engine failed a model call of an agent episode \('t0'\)") as caught:
+        asyncio.run(scenario())
+    assert type(caught.value.__cause__).__name__ == "InternalServerError"  # what the agent raised: HTTP 500
+
+
+def test_a_call_the_engine_aborted_drops_the_episode_as_aborted(tiny_config: Any) -> None:
+    from flashrl.engines.types import Completion
+
+    runner = _runner(tiny_config, agent=two_calls)
+
+    async def scenario() -> Any:
+        await runner.setup()
+        generate = runner._engine.generate
+
+        async def aborting(prompt: list[int], sampling: Any) -> Completion:  # as a weight update's abort ends it
+            done = await generate(prompt, sampling)
+            return Completion(done.token_ids[:1], done.logprobs[:1], "abort", done.version)
+
+        runner._engine.generate = aborting
+        try:
+            return await runner.sample([0])
+        finally:
+            await runner.stop()
+
+    report = asyncio.run(scenario())
+    assert report.episodes == [] and report.skipped == Counter({"aborted": 1})
+    assert report.last_env_error is None
+
+
+async def outgrows_the_context(client: Any, task: dict[str, Any]) -> float:
+    await ask(client, task["question"])
+    await ask(client, "word " * 400)  # past max_episode_tokens=256
+    return 1.0
+
+
+def test_an_agent_past_the_context_budget_ends_truncated(tiny_config: Any) -> None:
+    report = _sample(_runner(tiny_config, agent=outgrows_the_context), [0])
+    assert report.skipped == Counter()
+    (ep,) = report.episodes
+    assert (ep.truncated, ep.reward, len(ep.policy_versions)) == (True, 0.0, 1)
+    assert ep.info["agent_limit"] == "context_length_exceeded"
+    assert ep.info["agent_error"].startswith("BadRequestError")
