@@ -45,3 +45,38 @@ def test_an_agent_env_trains_and_evaluates_through_ray(ray_session: Any, tiny_co
         assert r["env_runners/episode_turns_min"] == r["env_runners/episode_turns_max"] == 2.0  # the agent's calls
         assert r["evaluation/num_episodes"] == 2
         assert r.get("env_runners/num_skipped_env_error_lifetime", 0.0) == 0.0
+
+
+async def summarising(client: Any, task: dict[str, Any]) -> float:
+    """Asks, then starts over with a summary of its first reply: two segments per episode; rewards itself."""
+    first = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": task["question"]}], max_tokens=4)
+    note = first.choices[0].message.content or ""
+    second = await client.chat.completions.create(model="policy", max_tokens=4, messages=[
+        {"role": "user", "content": f"{task['question']} (you first said {note!r})"}])
+    return float(task["answer"] in (second.choices[0].message.content or ""))
+
+
+def test_a_multi_segment_agent_trains_on_two_runners_and_two_learners(ray_session: Any, tiny_config: Any) -> None:
+    config = tiny_config(
+        env="flashrl/Agent-v0",
+        env_config={"tasks": TASKS, "agent": summarising},
+        num_env_runners=2,
+        num_cpus_per_env_runner=0.5,
+        num_learners=2,
+        num_cpus_per_learner=0.5,
+        tensorboard=False,
+        console_every=0,
+    )
+    algo = config.build_algo()
+    try:
+        results = [algo.train() for _ in range(2)]
+    finally:
+        algo.stop()
+    for i, r in enumerate(results, start=1):
+        assert r["learners/applied"] == 1.0 and r["learners/version"] == i
+        assert r["num_episodes"] == B
+        # every episode: two calls, the second not extending the first, so two segments
+        assert r["env_runners/episode_info/calls_mean"] == 2.0
+        assert r["env_runners/episode_info/segments_mean"] == 2.0
+        assert r.get("env_runners/num_skipped_env_error_lifetime", 0.0) == 0.0
