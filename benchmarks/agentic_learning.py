@@ -46,6 +46,13 @@ from _training import run_updates
 
 NAME = "agentic_learning"
 TOOL_JOB = Path("tuned_examples") / "smollm2_python_tool_cpu.py"
+AGENT_JOB = Path("tuned_examples") / "smollm2_tool_agent_cpu.py"
+JOBS = {
+    "tool": (TOOL_JOB, None, NAME),
+    "agent": (AGENT_JOB, "multiply", "agent_learning"),
+    "agent_summarising": (AGENT_JOB, "summarising", "agent_learning_summarising"),
+}
+"""``--job``: the script, its ``--agent`` (None: the script has none) and the report's default name."""
 FULL = {"model": "smollm2-135m-instruct", "engine": None, "batch_size": None, "updates": 20, "eval_every": 5,
         "eval_episodes": None}
 """The job as it ships (None: the job's own value)."""
@@ -53,24 +60,30 @@ QUICK = {"model": "tiny", "engine": "torch", "batch_size": 4, "updates": 2, "eva
 CURVE_KEYS = ("accuracy", "turns_mean", "tool_calls_mean")
 
 
-def tool_job() -> Any:
-    return load_script(TOOL_JOB, "flashrl_bench_smollm2_python_tool_cpu")
+def tool_job(name: str = "tool") -> Any:
+    path = JOBS[name][0]
+    return load_script(path, f"flashrl_bench_{path.stem}")
 
 
-def job_dtype() -> str:
-    """The learner dtype the tool job ships with."""
+def job_args(name: str) -> Any:
+    """The job's command line with its defaults (and ``--job``'s agent)."""
     from flashrl.recipes import recipe_parser
 
-    job = tool_job()
-    return str(job.make_config(recipe_parser(job.PRESET).parse_args([])).dtype)
+    job = tool_job(name)
+    args = recipe_parser(job.PRESET).parse_args([])
+    if JOBS[name][1] is not None:
+        args.agent = JOBS[name][1]
+    return args
 
 
-def make_config(scale: dict[str, Any], *, model_path: str, seed: int) -> Any:
-    """The tool job's config at `scale`: evaluation driven by `run_updates`, no TensorBoard or console."""
-    from flashrl.recipes import recipe_parser
+def job_dtype(name: str = "tool") -> str:
+    """The learner dtype the job ships with."""
+    return str(tool_job(name).make_config(job_args(name)).dtype)
 
-    job = tool_job()
-    config = job.make_config(recipe_parser(job.PRESET).parse_args([]))
+
+def make_config(scale: dict[str, Any], *, model_path: str, seed: int, job_name: str = "tool") -> Any:
+    """The job's config at `scale`: evaluation driven by `run_updates`, no TensorBoard or console."""
+    config = tool_job(job_name).make_config(job_args(job_name))
     changes: dict[str, Any] = {"model": model_path, "seed": seed, "evaluation_interval": None,
                                "tensorboard": False, "console_every": 0}
     if scale["engine"] is not None:
@@ -160,6 +173,8 @@ def render(runs: list[dict[str, Any]], target_gain: float) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--quick", action="store_true", help="smoke: tiny random model, torch engine, 2 updates")
+    parser.add_argument("--job", choices=tuple(JOBS), default="tool",
+                        help="tool: the tool job; agent / agent_summarising: the same task as an openai-client agent")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--updates", type=int, default=None, help="updates per seed (default 20; quick 2)")
     parser.add_argument("--eval-every", type=int, default=None, help="default 5 (quick 2)")
@@ -172,8 +187,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--discard-log", action="store_true", help="start over, deleting the run log")
     args = parser.parse_args(argv)
     quick_dir = Path(tempfile.gettempdir()) / "flashrl-bench-quick"
-    args.output = args.output or str((quick_dir if args.quick else RESULTS) / f"{NAME}.json")
-    args.figure = args.figure or str((quick_dir if args.quick else FIGURES) / f"{NAME}.png")
+    args.output = args.output or str((quick_dir if args.quick else RESULTS) / f"{JOBS[args.job][2]}.json")
+    args.figure = args.figure or str((quick_dir if args.quick else FIGURES) / f"{JOBS[args.job][2]}.png")
     return args
 
 
@@ -183,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for key in ("updates", "eval_every"):
         if getattr(args, key) is not None:
             scale[key] = getattr(args, key)
-    scale["dtype"] = args.dtype or job_dtype()  # recorded either way: a report says which learner it measured
+    scale["dtype"] = args.dtype or job_dtype(args.job)  # recorded either way: a report says which learner it measured
     log = RunLog(args.output, key_fields=("seed",), settings={"scale": scale}, resume=args.resume,
                  discard=args.discard_log or args.quick)
     connected = connect_ray()
@@ -192,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="flashrl-bench-") as tmp:
             model_path = benchmark_model(scale["model"], tmp)
             for seed in args.seeds:
-                config = make_config(scale, model_path=model_path, seed=seed)
+                config = make_config(scale, model_path=model_path, seed=seed, job_name=args.job)
                 done = log.get(seed=seed)
                 if done is not None:
                     print(f"seed {seed}: kept from {log.path}", flush=True)
@@ -212,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": NAME,
         "command": ["python", "benchmarks/agentic_learning.py", *(argv if argv is not None else sys.argv[1:])],
         "settings": {"quick": args.quick, "seeds": args.seeds, "target_gain": args.target_gain, "scale": scale,
-                     "job": TOOL_JOB.as_posix()},
+                     "job": JOBS[args.job][0].as_posix(), "agent": JOBS[args.job][1]},
         "config": config_record(config, model=scale["model"], tasks_source=f"{TOOL_JOB.as_posix()}: products()"),
         "runs": runs,
         "summary": {
@@ -227,7 +242,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(render(runs, args.target_gain))
     print(f"wrote {write_json(args.output, report)}")
     before = curves["accuracy"][0]["mean"]
-    title = f"{scale['model']}: PythonTool products, {len(runs)} seed(s) (B=16, T=0.7, {config.dtype} learner)"
+    task = "PythonTool products" if args.job == "tool" else f"products, {JOBS[args.job][1]} agent (openai client)"
+    title = f"{scale['model']}: {task}, {len(runs)} seed(s) (B=16, T=0.7, {config.dtype} learner)"
     print(f"wrote {plot(curves, args.figure, title=title, target=before + args.target_gain)}")
     return report
 

@@ -4,7 +4,7 @@ The agent is an ``async def agent(client, task)`` function or a command; each ep
 and a client whose every model call the EnvRunner serves with the policy and records token-exactly
 (`flashrl.agents`); its return value (or ``reward_fn`` on its conversation) is the episode's reward.
 The EnvRunner plays this env with :func:`flashrl.env_runners.agent_rollout.play_agent_episode`, not
-with ``step``. ``docs/agents_running.md`` is the user's guide.
+with ``step``. ``docs/agents.md`` is the user's guide.
 """
 
 from __future__ import annotations

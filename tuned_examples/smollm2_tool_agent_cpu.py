@@ -1,0 +1,175 @@
+"""The CPU agent job: an agent written on the official `openai` client, trained with FlashREINFORCE on 2 CPU cores.
+
+    python tuned_examples/smollm2_tool_agent_cpu.py                      # the whole run
+    python tuned_examples/smollm2_tool_agent_cpu.py --agent summarising  # the agent that rewrites its context
+    python tuned_examples/smollm2_tool_agent_cpu.py --dry-run            # the plan, nothing started
+
+The task is the CPU tool job's (`smollm2_python_tool_cpu.py`: "What is a * b?", a and b in 11..99, the same
+2048 training and 64 held-out products, the same sandbox, the same verifier), but the episode is not a
+flashrl environment: it is the user's agent below, an `async def agent(client, task)` that talks to the
+policy only through `client`, an `openai.AsyncOpenAI` bound to this episode's endpoint in the EnvRunner
+(`flashrl/Agent-v0`, docs/agents.md). The agent passes a `python` tool schema; the model answers with
+native tool calls (`<tool_call>` blocks, which the endpoint returns as `tool_calls`); the agent runs
+each call's code in flashrl's sandbox and sends the output back as a `tool` message; its second reply
+is graded. Every call is recorded token-exactly and trained on.
+
+Two agents:
+
+* `multiply` (default): one conversation; the second call extends the first (one segment per episode).
+* `summarising`: after the tool ran, the agent starts over with a fresh context that holds only the
+  question and a one-line summary of what the code printed: the second call's prompt does not extend
+  the first one's tokens, so each episode has two segments, recomputed by the learner on their own
+  contexts, and still weighs 1/B (docs/design.md §1).
+
+Writes under --output: TensorBoard logs, progress.jsonl, curves.png, checkpoints/ (every 10 updates or
+10 minutes, the newest 2), checkpoint_final/, result.json.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+from flashrl.algorithms import FlashReinforceConfig
+from flashrl.envs.math.verifier import verify_answer
+from flashrl.envs.python_tool import (
+    DEFAULT_SANDBOX,
+    PYTHON_TOOL_DESCRIPTION,
+    PYTHON_TOOL_PARAMETERS,
+    format_observation,
+)
+from flashrl.envs.sandbox import Sandbox
+from flashrl.recipes import CPU_PINS, NodePlan, Preset, run_preset
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # when loaded by path (benchmarks/)
+from smollm2_python_tool_cpu import TEMPERATURE, products  # the tool job's tasks, not a copy
+
+SYSTEM_PROMPT = (
+    "You can call a python tool that runs code in a fresh interpreter without network access and returns what "
+    "it printed (use print). When you know the answer, reply with the final answer in \\boxed{} and no tool "
+    "call.\n\nExample.\nUser: What is 37 * 64?\nAssistant:\n<tool_call>\n"
+    '{"name": "python", "arguments": {"code": "print(37 * 64)"}}\n</tool_call>\n'
+    "Tool: Exit status: 0\nstdout:\n```\n2368\n```\nAssistant: \\boxed{2368}"
+)
+"""The tool job's one-shot prompt (`flashrl.envs.tool_tasks.ONE_SHOT_SYSTEM_PROMPT`) with the call as a native one."""
+TOOLS = [{"type": "function", "function": {
+    "name": "python", "description": PYTHON_TOOL_DESCRIPTION,
+    "parameters": {"type": "object", "properties": PYTHON_TOOL_PARAMETERS, "required": ["code"]},
+}}]
+MODEL = "policy"
+"""The model name the endpoint serves (`flashrl/Agent-v0`'s `model_name`)."""
+_sandbox = None
+
+
+def run_python(arguments: str) -> str:
+    """Run a `python` tool call's code in the sandbox; what the tool answers."""
+    global _sandbox
+    try:
+        code = json.loads(arguments)["code"]
+    except (ValueError, KeyError, TypeError) as err:
+        return f"Error: the arguments must be a JSON object with a string 'code' ({type(err).__name__}: {err})."
+    if not isinstance(code, str):
+        return "Error: 'code' must be a string."
+    if _sandbox is None:
+        _sandbox = Sandbox(DEFAULT_SANDBOX)
+    return format_observation(_sandbox.run(code), max_chars=1024, wall_time_s=DEFAULT_SANDBOX.wall_time_s)
+
+
+async def tool_outputs(message) -> list[dict]:
+    """One `tool` message per call of ``message``."""
+    outputs = []
+    for call in message.tool_calls or []:
+        output = await asyncio.to_thread(run_python, call.function.arguments)
+        outputs.append({"role": "tool", "tool_call_id": call.id, "content": output})
+    return outputs
+
+
+def graded(message, task) -> dict:
+    text = message.content or ""
+    reward = verify_answer(text, task["answer"]).reward
+    return {"reward": reward, "success": reward == 1.0}
+
+
+async def multiply(client, task):
+    """Ask, run the tool calls, ask again: two calls, the second extending the first."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task["question"]}]
+    first = (await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)).choices[0].message
+    if not first.tool_calls:
+        return graded(first, task)
+    messages += [first.model_dump(exclude_none=True), *await tool_outputs(first)]
+    second = (await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)).choices[0].message
+    return graded(second, task)
+
+
+async def summarising(client, task):
+    """As `multiply`, but the second call starts from a fresh context holding a summary of the first."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task["question"]}]
+    first = (await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)).choices[0].message
+    if not first.tool_calls:
+        return graded(first, task)
+    printed = " ".join(out["content"] for out in await tool_outputs(first))
+    summary = [{"role": "system", "content": SYSTEM_PROMPT},
+               {"role": "user", "content": f"{task['question']}\nYour code printed: {printed}"}]
+    second = (await client.chat.completions.create(model=MODEL, messages=summary, tools=TOOLS)).choices[0].message
+    return graded(second, task)
+
+
+AGENTS = {"multiply": multiply, "summarising": summarising}
+
+PRESET = Preset(
+    name="smollm2_tool_agent_cpu",
+    description="SmolLM2-135M-Instruct as an openai-client agent with a Python tool (native tool calls), vLLM CPU build",
+    success_metric="evaluation/episode_return_mean",
+    success_threshold=0.35,
+    stop_iters=40,
+    node_plan=NodePlan(num_nodes=1, gpus_per_node=0, cpus_per_node=os.cpu_count() or 2, host_memory_gib=24),
+    pins=CPU_PINS,
+    needs_gpu=False,
+    needs_sandbox=True,
+    sources={
+        "tasks, temperature 0.7, success 0.35, batch 16, lr 3e-6, delta 0.05, bf16, 2048-token passes": "the CPU "
+        "tool job's values (tuned_examples/smollm2_python_tool_cpu.py, which cites their measurements)",
+        "two model calls per episode": "the tool job's two replies (a tool call, then the answer)",
+    },
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--agent", choices=sorted(AGENTS), default="multiply", help="which agent to train")
+
+
+def agent_env_config(agent, rows: list[dict]) -> dict:
+    return {"tasks": rows, "agent": agent, "model_name": MODEL, "max_calls": 2, "wall_time_s": 120.0}
+
+
+def make_config(args) -> FlashReinforceConfig:
+    train, held_out = products()
+    agent = AGENTS[getattr(args, "agent", "multiply")]
+    return (
+        FlashReinforceConfig()
+        .environment("flashrl/Agent-v0", env_config=agent_env_config(agent, train))
+        .env_runners(
+            num_env_runners=1,
+            num_cpus_per_env_runner=1,
+            engine="vllm",
+            episodes_in_flight_per_env_runner=16,
+            temperature=TEMPERATURE,
+            max_new_tokens=128,
+            max_episode_tokens=640,
+        )
+        .learners(num_learners=0, max_tokens_per_micro_batch=2048)
+        .training(model="smollm2-135m-instruct", dtype="bfloat16", lr=3e-6, train_batch_size=16, delta=0.05,
+                  grad_clip=1.0)
+        .evaluation(
+            evaluation_interval=10,
+            evaluation_num_episodes=64,
+            evaluation_temperature=TEMPERATURE,
+            evaluation_env_config=agent_env_config(agent, held_out),
+        )
+        .debugging(seed=0)
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(run_preset(PRESET, make_config, add_arguments=add_arguments))
