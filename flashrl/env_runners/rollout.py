@@ -138,7 +138,8 @@ def skip_reason(episode: Episode, *, max_episode_tokens: int) -> str | None:
         return "aborted"
     if episode.num_generated_tokens == 0:
         return "empty"
-    if len(episode.token_ids) > max_episode_tokens:
+    # the budget is a context's: each segment of an agent's episode was a context of its own
+    if max(part.stop - part.start for part in episode.segments) > max_episode_tokens:
         return "over_long"
     return None
 

@@ -24,7 +24,7 @@ RUNNER_SKIP_REASONS = (
 - ``invalid_logprob``: a recorded behavior log-prob above 0 (not a log-probability);
 - ``aborted``: the engine ended a model turn with finish reason ``"abort"`` (the reply is incomplete);
 - ``empty``: no generated token (e.g. a prompt that fills the context);
-- ``over_long``: longer than ``max_episode_tokens``;
+- ``over_long``: longer than ``max_episode_tokens`` (an agent's episode: a segment longer than it);
 - ``request_error``: the engine rejected the request;
 - ``env_error``: the environment raised;
 - ``env_timeout``: ``env.reset`` or ``env.step`` ran past the runner's time limit (``env_timeout_s``);

@@ -129,6 +129,11 @@ def test_skip_reason_rules():
     ok = Episode("p", [1, 2, 3], [False, True, True], [0.0, -1.0, -2.0], reward=1.0, policy_versions=[0])
     assert skip_reason(ok, max_episode_tokens=3) is None
     assert skip_reason(ok, max_episode_tokens=2) == "over_long"
+    # an agent's episode of two contexts: the budget holds for each segment, not for their sum
+    two = Episode("p", [1, 2, 3, 4, 5, 6], [False, True, True, False, True, True], [0.0, -1.0, -1.0, 0.0, -1.0, -1.0],
+                  reward=1.0, segment_starts=[0, 3])
+    assert skip_reason(two, max_episode_tokens=3) is None
+    assert skip_reason(two, max_episode_tokens=2) == "over_long"
     empty = Episode("p", [1, 2], [False, False], [0.0, 0.0], reward=1.0)
     assert skip_reason(empty, max_episode_tokens=8) == "empty"
     bad = Episode("p", [1, 2], [False, True], [0.0, float("-inf")], reward=1.0)
