@@ -16,7 +16,8 @@ of B trajectories (``docs/design.md`` §1, step 6: exactly one optimizer step pe
    With several learners (FSDP2, ``parallel.ShardedPolicy``) every backward reduce-scatters its shard
    gradients as a SUM, and every rank runs as many passes as the busiest one (an idle rank runs a pass
    that contributes zero), because each pass is a collective. Nothing is read back to the host in this
-   loop: the loss, the metrics and whether the pass was finite accumulate on the device.
+   loop (except, for episodes of several segments, their segment lengths once per pass: ``_logprobs``):
+   the loss, the metrics and whether the pass was finite accumulate on the device.
 4. One MAX collective agrees on a skip (a non-finite recomputed log-prob or loss on any rank) and
    reduces the metric maxima, one SUM reduces the metric sums; both come back to the host in ONE
    transfer. Then the global gradient norm, clipping, ONE optimizer step and one step of the
