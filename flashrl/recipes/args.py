@@ -205,13 +205,15 @@ def find_checkpoint(resume: str, output: str | None, name: str) -> tuple[Path, P
 
 def _checkpoint_iteration(path: Path) -> int | None:
     """The iteration a complete checkpoint folder was saved at; None for anything else."""
-    from flashrl.checkpoints import ALGORITHM_STATE_FILE, MARKER
+    from flashrl.checkpoint_files import open_regular
+    from flashrl.checkpoints import ALGORITHM_STATE_FILE, MARKER, CheckpointError
 
     if not (path / MARKER).is_file():
         return None
-    try:
-        return int(json.loads((path / ALGORITHM_STATE_FILE).read_text(encoding="utf-8"))["iteration"])
-    except (OSError, ValueError, KeyError, TypeError):
+    try:  # a regular file only: a FIFO planted in a run folder must not block --resume
+        with os.fdopen(open_regular(path / ALGORITHM_STATE_FILE, root=path), encoding="utf-8") as file:
+            return int(json.loads(file.read())["iteration"])
+    except (OSError, ValueError, KeyError, TypeError, CheckpointError):
         return None
 
 
