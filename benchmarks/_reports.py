@@ -58,6 +58,23 @@ def config_record(config: Any, *, model: str, tasks_source: str | None = None) -
     return record
 
 
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+"""CPU flags of native bfloat16 arithmetic: without them torch's bfloat16 matmuls take a slow path, so a
+bfloat16 learner's speed on a CPU depends on them (recorded with every measurement)."""
+
+
+def cpu_model() -> dict[str, Any]:
+    """The CPU's model name and which of `BF16_FLAGS` it has (Linux ``/proc/cpuinfo``; empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    return {"cpu_model": fields.get("model name"), "cpu_bf16_flags": [f for f in BF16_FLAGS if f in flags]}
+
+
 def machine() -> dict[str, Any]:
     try:
         commit = (
@@ -77,6 +94,7 @@ def machine() -> dict[str, Any]:
     return {
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        **cpu_model(),
         "platform": platform.platform(),
         "git_commit": commit,
         "load_average_1min_at_end": load,

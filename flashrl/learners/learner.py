@@ -55,6 +55,7 @@ import torch
 
 from flashrl.learners import distributed
 from flashrl.learners.batch import TrainBatch
+from flashrl.learners.cpu_bfloat16 import slow_bfloat16_warning
 from flashrl.learners.loss import BatchContext, LossMetrics, MicroBatch
 from flashrl.learners.packing import BatchLayout, gather_rows, pack_rows, plan_micro_batches, unpack_rows
 from flashrl.learners.policies import LocalPolicy, ShardedPolicy
@@ -109,6 +110,9 @@ class Learner:
         self.rank = rank
         self.world_size = world_size
         self.device = spec.resolve_device()
+        slow = slow_bfloat16_warning(spec.dtype, str(self.device))
+        if slow is not None and rank == 0:
+            logger.warning("%s.", slow)
         _seed_everything(spec.seed)
         self.policy = ShardedPolicy(spec, self.device, rank) if world_size > 1 else LocalPolicy(spec, self.device)
         self.pack_sequences = self._resolve_packing()

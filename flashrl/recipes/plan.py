@@ -825,6 +825,15 @@ def _prerequisites(
         )
     if preset.needs_sandbox:
         checks.append(_sandbox_check())
+    if config.num_gpus_per_learner == 0 and config.dtype == "bfloat16":
+        from flashrl.learners.cpu_bfloat16 import native_bfloat16, slow_bfloat16_warning
+
+        slow = slow_bfloat16_warning("bfloat16", "cpu")
+        native = native_bfloat16()
+        detail = "yes" if native else ("cannot tell on this system" if native is None else "no")
+        checks.append(Check("bfloat16 native on this CPU (the learner computes in it)", slow is None,
+                            detail if slow is None else slow.split(". Fix: ")[0],
+                            "" if slow is None else slow.split(". Fix: ")[1]))
     return checks
 
 
