@@ -204,3 +204,15 @@ def test_paired_comparison_quick(ray_cluster, bench, tmp_path):
     sync = next(r for r in report["runs"] if r["arm"] == "flash_sync")
     assert sync["rollout_mode"] == "sync_group" and [p["generated"] for p in sync["curve"]] == [0, 4, 8, 12, 16]
     assert set(report["comparisons"]) == {"flash_async - grpo", "flash_async - flash_sync", "flash_sync - grpo"}
+
+
+def test_agentic_learning_quick_runs_the_agent_job(ray_cluster, bench, tmp_path):
+    out, fig = tmp_path / "agent.json", tmp_path / "agent.png"
+    report = bench("agentic_learning").main(["--quick", "--job", "agent", "--seeds", "0", "--output", str(out),
+                                             "--figure", str(fig)])
+    assert report["settings"]["job"].endswith("smollm2_tool_agent_cpu.py") and report["settings"]["agent"] == "multiply"
+    assert report["config"]["env_config"]["agent"].endswith(":multiply>")  # the agent function, shipped by value
+    (run,) = report["runs"]
+    assert run["missing_metrics"] == [] and [p["update"] for p in run["curve"]] == [0, 2]
+    for point in run["curve"]:  # one or two model calls, as the agent makes them; the endpoint counts tool calls
+        assert 1.0 <= point["turns_mean"] <= 2.0 and point["tool_calls_mean"] is not None
