@@ -35,6 +35,12 @@ def _require_optional() -> bool:
     return flag.strip().lower() not in ("", "0", "false", "no")
 
 
+@pytest.fixture(scope="session")
+def require_optional() -> bool:
+    """Whether a test that cannot find what it needs must fail instead of skipping (`_require_optional`)."""
+    return _require_optional()
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Tests marked with an optional component skip, with the reason, when it is not installed.
 
