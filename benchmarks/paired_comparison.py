@@ -23,6 +23,7 @@ the report (JSON, table, figure) is written from every run in the log.
     python benchmarks/paired_comparison.py --task sums --phase counted --resume   # 36 runs, ~5 hours
     python benchmarks/paired_comparison.py --task tool --resume                   # 6 runs, ~2.5 hours
     python benchmarks/paired_comparison.py --task sums --phase pilot --quick      # smoke: tiny model
+    python benchmarks/paired_comparison.py --task sums --phase pilot --report-only   # the report of the runs logged so far
 
 Writes `benchmarks/results/paired_comparison_<task>.json` and `docs/figures/paired_comparison_<task>.png`;
 `--quick` writes under the system temp folder.
@@ -122,6 +123,20 @@ def best_learning_rate(pilot_runs: Sequence[Mapping[str, Any]], arm: str) -> dic
     return {"lr": chosen, "pilot_area_mean": {f"{lr:g}": m for lr, m in means.items()}}
 
 
+def pilot_summary(pilot_runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per arm and rate: the pilot seeds run so far, their primary metric and its mean (a partial pilot shows)."""
+    out: dict[str, Any] = {}
+    for run in sorted(pilot_runs, key=lambda r: (r["arm"], r["lr"], r["seed"])):
+        cell = out.setdefault(run["arm"], {}).setdefault(f"{run['lr']:g}", {"seeds": [], "area": []})
+        cell["seeds"].append(run["seed"])
+        cell["area"].append(run["metrics"]["area"])
+    for rates in out.values():
+        for cell in rates.values():
+            cell["area_mean"] = sum(cell["area"]) / len(cell["area"])
+            cell["complete"] = sorted(cell["seeds"]) == sorted(PILOT_SEEDS)
+    return out
+
+
 def run_metrics(run: Mapping[str, Any], budget: int) -> dict[str, Any]:
     """The primary metric and the secondary ones of one finished run."""
     curve = run["curve"]
@@ -195,6 +210,13 @@ def render(arms: Mapping[str, Any], comparisons: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_pilots(pilots: Mapping[str, Any]) -> str:
+    rows = [[arm, lr, " ".join(map(str, cell["seeds"])), " ".join(f"{a:.4f}" for a in cell["area"]),
+             fmt(cell["area_mean"]), "yes" if cell["complete"] else "no"]
+            for arm, rates in pilots.items() for lr, cell in rates.items()]
+    return table(["pilot arm", "lr", "seeds", "area per seed", "mean", "complete"], rows)
+
+
 def plot(runs: Sequence[Mapping[str, Any]], task: Task, path: str, *, title: str) -> str:
     """Held-out accuracy (and, for the tool task, tool calls) vs generated rollouts, each run a line."""
     plt = _pyplot()
@@ -214,9 +236,19 @@ def plot(runs: Sequence[Mapping[str, Any]], task: Task, path: str, *, title: str
     return _save(plt, fig, path, title)
 
 
+def _choice_so_far(pilots: Sequence[Mapping[str, Any]], arm: str) -> dict[str, Any]:
+    try:
+        return best_learning_rate(pilots, arm)
+    except ValueError as error:
+        return {"lr": None, "pilot_incomplete": str(error)}
+
+
 def make_config(task_name: str, scale: Scale, task: Task, *, model_path: str, arm: str, lr: float | None,
-                seed: int) -> Any:
-    """The task's job at `scale` with the arm's fields, the learning rate and the held-out set."""
+                seed: int, dtype: str | None = None) -> Any:
+    """The task's job at `scale` with the arm's fields, the learning rate and the held-out set.
+
+    `dtype` (tool task only): the learner's, instead of the job's (None: the job's).
+    """
     if task_name == "sums":
         config = arithmetic_config(scale, model_path=model_path, seed=seed)
         train, held_out = main_job().easy_sums(num_held_out=task.held_out)
@@ -230,6 +262,7 @@ def make_config(task_name: str, scale: Scale, task: Task, *, model_path: str, ar
 
         tool_scale = dict(agentic_learning.QUICK if scale.model == "tiny" else agentic_learning.FULL)
         tool_scale["eval_episodes"] = task.held_out
+        tool_scale["dtype"] = dtype
         config = agentic_learning.make_config(tool_scale, model_path=model_path, seed=seed)
     fields = arm_fields(arm, max_new_tokens=config.max_new_tokens)
     if lr is not None:
@@ -267,7 +300,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--figure", default=None)
     parser.add_argument("--resume", action="store_true", help="keep the runs already in the run log")
     parser.add_argument("--discard-log", action="store_true", help="start over, deleting the run log")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                        help="tool task: the learner's dtype instead of the job's (a CPU without native bfloat16 "
+                             "needs float32: docs/benchmarks.md, part 2's amendment); recorded in the settings")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: write the report (JSON, figure) from the runs logged so far (implies --resume)")
     args = parser.parse_args(argv)
+    if args.report_only and (args.quick or args.discard_log):
+        parser.error("--report-only reads the run log: it cannot be combined with --quick or --discard-log")
+    args.resume = args.resume or args.report_only
+    if args.dtype is not None and args.task != "tool":
+        parser.error(f"--dtype applies to --task tool only (the sums job's learner is float32), got --task {args.task}")
     if args.task == "tool" and args.phase == "pilot":
         parser.error("--task tool has no pilot phase (the pre-registration gives both arms the job's rate)")
     allowed = TOOL_SEEDS if args.task == "tool" else (PILOT_SEEDS if args.phase == "pilot" else COUNTED_SEEDS)
@@ -288,8 +331,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         task = dataclasses.replace(task, **QUICK_TASK)
     scale = dataclasses.replace(QUICK if args.quick else FULL, eval_every=task.eval_every,
                                 eval_episodes=task.held_out)
-    log = RunLog(args.output, key_fields=("phase", "arm", "lr", "seed"),
-                 settings={"task": args.task, "scale": scale, "budget": task.budget}, resume=args.resume,
+    settings: dict[str, Any] = {"task": args.task, "scale": scale, "budget": task.budget}
+    if args.dtype is not None:
+        settings["dtype"] = args.dtype
+    log = RunLog(args.output, key_fields=("phase", "arm", "lr", "seed"), settings=settings, resume=args.resume,
                  discard=args.discard_log or args.quick)
     pilots = [r for r in log.runs() if r["phase"] == "pilot"]
     if args.task == "tool":
@@ -298,23 +343,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     elif args.phase == "counted" and args.quick and not pilots:  # a smoke run of the counted path
         lrs = {arm: DEFAULT_LR for arm in task.arms}
         choice = {arm: "quick smoke run: the main job's rate, no pilot" for arm in task.arms}
+    elif args.phase == "counted" and args.report_only:  # the counted runs carry their rate; a partial pilot is shown
+        lrs = {}
+        choice = {arm: _choice_so_far(pilots, arm) for arm in task.arms}
     elif args.phase == "counted":
         choice = {arm: best_learning_rate(pilots, arm) for arm in task.arms}
         lrs = {arm: c["lr"] for arm, c in choice.items()}
     else:
         lrs, choice = {}, {}
     phase = "counted" if args.task == "tool" else args.phase
-    connected = connect_ray()
+    todo = [] if args.report_only else schedule(args.task, phase, task, args.seeds, lrs)
+    connected = connect_ray() if todo else False
     configs: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="flashrl-bench-") as tmp:
-            model_path = benchmark_model(scale.model, tmp)
-            for arm, lr, seed in schedule(args.task, phase, task, args.seeds, lrs):
+            model_path = benchmark_model(scale.model, tmp) if todo else ""
+            for arm, lr, seed in todo:
                 label = f"{phase} {arm} lr={lr if lr is not None else 'job'} seed {seed}"
                 if log.get(phase=phase, arm=arm, lr=lr, seed=seed) is not None:
                     print(f"{label}: kept from {log.path}", flush=True)
                     continue
-                config = make_config(args.task, scale, task, model_path=model_path, arm=arm, lr=lr, seed=seed)
+                config = make_config(args.task, scale, task, model_path=model_path, arm=arm, lr=lr, seed=seed,
+                                     dtype=args.dtype)
                 configs.setdefault(arm, config_record(config, model=scale.model))
                 print(f"{label}: {config.prompts_per_batch} prompts per update, lr {config.lr:g}", flush=True)
                 run = run_updates(config, updates=task.max_updates, eval_every=task.eval_every, label=label,
@@ -334,10 +384,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": NAME,
         "preregistration": "docs/benchmarks.md#pre-registered-a-paired-tuned-comparison-of-flashreinforce-and-grpo",
         "command": ["python", "benchmarks/paired_comparison.py", *(argv if argv is not None else sys.argv[1:])],
-        "settings": {"task": args.task, "quick": args.quick, "scale": scale, "budget": task.budget,
+        "settings": {**settings, "quick": args.quick,
                      "held_out": task.held_out, "learning_rates": LEARNING_RATES, "pilot_seeds": PILOT_SEEDS,
                      "counted_seeds": TOOL_SEEDS if args.task == "tool" else COUNTED_SEEDS},
         "learning_rate_choice": choice,
+        "pilots": pilot_summary(pilots),
         "configs": configs,
         "runs": runs,
         "arms": arms,
@@ -345,6 +396,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": machine(),
     }
     print()
+    if report["pilots"]:
+        print(render_pilots(report["pilots"]))
+        print()
     print(render(arms, comparisons))
     print(f"wrote {write_json(args.output, report)}")
     if counted:

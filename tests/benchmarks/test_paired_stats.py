@@ -3,6 +3,7 @@ against values computed by hand or taken from standard tables."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -103,3 +104,50 @@ def test_compare_pairs_seeds_both_arms_have(bench):
     out = module.compare(runs, task)["flash_async - grpo"]
     assert out["seeds"] == [0, 1] and out["area_differences"] == pytest.approx([0.1, 0.3])
     assert out["area"]["mean"] == pytest.approx(0.2) and out["area"]["p_value_holm"] == 0.5
+
+
+def _pilot_run(arm, lr, seed, area):
+    curve = [{"generated": 0, "accuracy": 0.2}, {"generated": 480, "accuracy": area}]
+    return {"phase": "pilot", "arm": arm, "lr": lr, "seed": seed, "curve": curve, "wall_s": 10.0,
+            "metrics": {"area": area, "accuracy_at_budget": area}}
+
+
+def test_pilot_summary_shows_a_partial_pilot(bench):
+    module = bench("paired_comparison")
+    runs = [_pilot_run("grpo", 1e-5, 101, 0.5), _pilot_run("grpo", 1e-5, 100, 0.3), _pilot_run("flash_sync", 1e-6, 100, 0.4)]
+    out = module.pilot_summary(runs)
+    assert out["grpo"]["1e-05"] == {"seeds": [100, 101], "area": [0.3, 0.5], "area_mean": pytest.approx(0.4),
+                                    "complete": True}
+    assert out["flash_sync"]["1e-06"]["complete"] is False and set(out) == {"grpo", "flash_sync"}
+
+
+def test_report_only_writes_the_logged_runs_and_runs_nothing(bench, tmp_path, monkeypatch):
+    module = bench("paired_comparison")
+    out = tmp_path / "pc.json"
+    monkeypatch.setattr(module, "run_updates", lambda *a, **k: pytest.fail("--report-only ran a run"))
+    monkeypatch.setattr(module, "connect_ray", lambda: pytest.fail("--report-only started Ray"))
+    task = module.TASKS["sums"]
+    scale = module.dataclasses.replace(module.FULL, eval_every=task.eval_every, eval_episodes=task.held_out)
+    log = module.RunLog(out, key_fields=("phase", "arm", "lr", "seed"),
+                        settings={"task": "sums", "scale": scale, "budget": task.budget}, resume=False)
+    log.add(_pilot_run("flash_sync", 3e-6, 100, 0.46))
+    report = module.main(["--task", "sums", "--phase", "pilot", "--report-only", "--output", str(out),
+                          "--figure", str(tmp_path / "pc.png")])
+    assert [r["seed"] for r in report["runs"]] == [100] and report["pilots"]["flash_sync"]["3e-06"]["complete"] is False
+    assert json.loads(out.read_text())["runs"][0]["metrics"]["area"] == 0.46
+    counted = module.main(["--task", "sums", "--report-only", "--output", str(out), "--figure", str(tmp_path / "c.png")])
+    assert "found 0" in counted["learning_rate_choice"]["grpo"]["pilot_incomplete"]
+    with pytest.raises(SystemExit):
+        module.main(["--task", "sums", "--report-only", "--discard-log", "--output", str(out)])
+
+
+def test_tool_task_dtype_reaches_the_learner_and_only_the_tool_task_takes_it(bench):
+    module = bench("paired_comparison")
+    task = module.TASKS["tool"]
+    shipped = module.make_config("tool", module.FULL, task, model_path="m", arm="grpo", lr=None, seed=0)
+    assert shipped.dtype == "bfloat16"  # the job's own
+    config = module.make_config("tool", module.FULL, task, model_path="m", arm="grpo", lr=None, seed=0,
+                                dtype="float32")
+    assert config.dtype == "float32" and config.prompts_per_batch == 4 and config.evaluation_num_episodes == 64
+    with pytest.raises(SystemExit):
+        module.parse_args(["--task", "sums", "--dtype", "float32"])
