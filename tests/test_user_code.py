@@ -347,3 +347,31 @@ def test_validate_refuses_a_reward_fn_in_the_standard_library():
                        r"\(user code of flashrl/Math-v0\), got 'os:system': the path 'os:system' leads into the standard "
                        r"library \(module 'os'\), which is refused"):
         config.validate()
+
+
+def test_a_script_registering_main_colon_class_ships_the_class(tmp_path):
+    """`gym.register(id, entry_point="__main__:Cls")` in the user's script: a runner's __main__ is not the
+    script, so the driver resolves the class and ships it by value."""
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        "import cloudpickle, gymnasium as gym\n"
+        "from flashrl.env_runners.env_check import runner_env_spec\n"
+        "class ScriptEnv(gym.Env):\n"
+        "    observation_space = action_space = gym.spaces.Discrete(2)\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        return 0, {'made_by': 'script'}\n"
+        "gym.register('user/ScriptEnv-v0', entry_point='__main__:ScriptEnv')\n"
+        "spec = runner_env_spec('user/ScriptEnv-v0')\n"
+        "assert spec.entry_point is ScriptEnv, spec.entry_point\n"
+        "open('spec.pkl', 'wb').write(cloudpickle.dumps(spec))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    made = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert made.returncode == 0, made.stderr
+    loaded = subprocess.run(
+        [sys.executable, "-c", ("import pickle, gymnasium as gym\n"
+                                "env = gym.make(pickle.load(open('spec.pkl', 'rb')))\n"
+                                "print(env.reset()[1]['made_by'])\n")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "script", loaded.stderr

@@ -162,7 +162,9 @@ def runner_env_spec(env_id: str) -> Any:
     """The driver's Gymnasium EnvSpec of ``env_id`` with a user-code ``"module:Class"`` entry point imported.
 
     flashrl's own entry points stay strings (every runner imports flashrl); a user's is imported in the
-    driver, so that, shipped by value, it makes the env where its module does not import.
+    driver, so that, shipped by value, it makes the env where its module does not import. That includes
+    ``"__main__:Class"`` (a script registering its own class by name): a runner's ``__main__`` is not the
+    script, so the name would not resolve there.
     """
     env_spec = gym.spec(env_id)
     entry = env_spec.entry_point
@@ -170,7 +172,7 @@ def runner_env_spec(env_id: str) -> Any:
         module = entry.partition(":")[0]
         if not (module == "flashrl" or module.startswith("flashrl.")):
             loaded = import_path(entry)
-            if is_user_module(importlib.import_module(module)):
+            if module in ("__main__", "__mp_main__") or is_user_module(importlib.import_module(module)):
                 return dataclasses.replace(env_spec, entry_point=loaded)
     return env_spec
 
