@@ -683,6 +683,12 @@ def replace_folder(path: str | os.PathLike[str], write: Callable[[Path], None]) 
     folder that is not a model folder (no ``config.json``) is never replaced.
     """
     target = Path(path).resolve()
+    for folder in (target, *target.parents):
+        if folder.exists() and not folder.is_dir():
+            raise FileExistsError(
+                f"{folder} is a file, expected a folder (or nothing) there to write the model folder {target}. "
+                "Fix: pass a path whose folders are folders, or move the file away."
+            )
     if target.exists() and any(target.iterdir()) and not (target / "config.json").is_file():
         raise FileExistsError(
             f"{target} exists and is not a Hugging Face model folder (no config.json); not replacing it. "

@@ -386,3 +386,20 @@ if __name__ == "__main__":
     parser.add_argument("model_dir", type=Path)
     args = parser.parse_args()
     (_worker if args.mode == "train" else _resume_worker)(args.out_dir, args.model_dir)
+
+
+def test_replace_folder_refuses_a_file_in_the_way_and_leaves_it(tmp_path):
+    from flashrl.learners.fsdp import replace_folder
+
+    def write(folder):
+        (folder / "config.json").write_text("{}")
+
+    a_file = tmp_path / "policy"
+    a_file.write_text("keep me")
+    for target in (a_file, a_file / "inner"):  # the target itself, or a folder above it, is a file
+        with pytest.raises(FileExistsError, match=r"policy is a file, expected a folder .* Fix: "):
+            replace_folder(target, write)
+    assert a_file.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["policy"]
+    assert replace_folder(tmp_path / "new" / "policy", write) == str((tmp_path / "new" / "policy").resolve())
+    assert replace_folder(tmp_path / "new" / "policy", write)  # a model folder is replaced
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["policy"]
