@@ -17,6 +17,7 @@ the last checkpoint (``FlashReinforce``'s ``restart_failed_learners``).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -44,6 +45,7 @@ class LearnerActor:
     """The body of a learner Ray actor: builds its ``Learner`` once the process group exists."""
 
     def __init__(self, spec: LearnerSpec, rank: int, world_size: int) -> None:
+        logging.getLogger("flashrl").setLevel(spec.log_level)  # the run's level, in this actor's process
         self.spec = spec
         self.rank = rank
         self.world_size = world_size

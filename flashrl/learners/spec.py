@@ -134,6 +134,8 @@ class LearnerSpec:
     """Where the policy lives: "auto" (the visible GPU if any, else CPU), "cpu", "cuda" or "cuda:N"."""
     loss: Loss | None = setting(None, derived="the algorithm's loss object")
     """The algorithm's loss hook (a flashrl.learners.Loss, e.g. FlashReinforceLossSpec)."""
+    log_level: str = setting("WARNING", derived="the run's log_level (the debugging section's)")
+    """Python logging level of the flashrl loggers in a learner actor's process."""
     routing_replay: bool = setting(False, derived="the env runners' routing_replay")
     """R3: the forward routes every token to the experts the engine recorded (gates recomputed from the current
     router); MoE models only (``flashrl.models.routing_replay``)."""

@@ -34,11 +34,11 @@ def test_every_setting_is_declared_in_exactly_one_class():
 
 def test_derived_fields_are_filled_from_the_settings_they_name():
     derived = {f.name for f in dataclasses.fields(LearnerSpec) if DERIVED in f.metadata}
-    assert derived == {"temperature", "seed", "device", "loss", "routing_replay"}
-    config = FlashReinforceConfig().env_runners(temperature=0.7).debugging(seed=5).training(delta=0.003,
-                                                                                             routing_replay=True)
+    assert derived == {"temperature", "seed", "device", "loss", "routing_replay", "log_level"}
+    config = FlashReinforceConfig().env_runners(temperature=0.7).debugging(seed=5, log_level="INFO").training(
+        delta=0.003, routing_replay=True)
     spec = config.learner_spec(model="folder")
-    assert (spec.temperature, spec.seed, spec.model, spec.device) == (0.7, 5, "folder", "auto")
+    assert (spec.temperature, spec.seed, spec.model, spec.device, spec.log_level) == (0.7, 5, "folder", "auto", "INFO")
     assert spec.routing_replay is config.env_runner_spec(env="flashrl/Math-v0").routing_replay is True
     assert spec.loss == FlashReinforceLossSpec(delta=0.003, baseline="batch_mean")
 

@@ -185,3 +185,20 @@ def test_actor_death_is_a_clear_error_never_swallowed(two_learners, ray_cluster,
         two_learners.update(batch)
     with pytest.raises(LearnerGroupError, match="cannot be used"):
         two_learners.get_weights()
+
+
+def test_a_learner_actor_takes_the_runs_log_level(make_spec, monkeypatch):
+    """The debugging section's log_level reaches the learners' processes, as it reaches the env runners'."""
+    import logging
+
+    from flashrl.algorithms.flash_reinforce import FlashReinforceConfig
+    from flashrl.learners.group import LearnerActor
+
+    config = FlashReinforceConfig().debugging(log_level="DEBUG")
+    assert config.learner_spec().log_level == "DEBUG"
+    logger = logging.getLogger("flashrl")
+    monkeypatch.setattr(logger, "level", logger.level)  # restored after the test
+    LearnerActor(make_spec(log_level="DEBUG"), 0, 1)
+    assert logger.level == logging.DEBUG
+    LearnerActor(make_spec(), 0, 1)
+    assert logger.level == logging.WARNING

@@ -319,7 +319,7 @@ class FlashReinforceConfig(BuilderMethods, _TuneConfig):
         the horizon of `schedule_horizon(train_size)`) filled in; pass ``model=`` the resolved local folder.
         ``overrides`` win."""
         derived = {"temperature": self.temperature, "seed": self.seed, "routing_replay": self.routing_replay,
-                   "loss": self.build_loss()}
+                   "log_level": self.log_level, "loss": self.build_loss()}
         if self.weight_sync_dtype is None and self.dtype == "bfloat16" and self.engines_dtype() == "float32":
             derived["weight_sync_dtype"] = "float32"  # the engines hold float32: send the masters, not bf16 roundings
         if self.num_epochs is not None:
