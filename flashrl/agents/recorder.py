@@ -32,23 +32,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from flashrl.agents.protocol import Message, reply_message
 from flashrl.conversation import TokenizedConversation, chat_stop_token_ids
 from flashrl.engines.types import Completion
 from flashrl.episode import Episode
 
-__all__ = ["CallRecorder", "Prompt", "RecordedCall", "call_seed"]
-
-
-def call_seed(seed: int, call: int) -> int:
-    """The sampling seed of call ``call`` of an episode seeded ``seed``.
-
-    The same number as ``flashrl.env_runners.types.stream_seed(seed, call)`` (a test pins it): the
-    agents package sits below the env runners, so it does not import them.
-    """
-    return int(np.random.SeedSequence([int(seed), int(call)]).generate_state(1)[0])
+__all__ = ["CallRecorder", "Prompt", "RecordedCall"]
 
 
 @dataclass(frozen=True)

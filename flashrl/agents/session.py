@@ -3,7 +3,7 @@
 A session answers the chat-completions requests of one episode: it checks a request
 (:mod:`flashrl.agents.protocol`), renders its prompt token-exactly
 (:class:`flashrl.agents.recorder.CallRecorder`), samples the reply with the engine (the run's
-sampling, the seed of call ``k`` ``call_seed(seed, k)``, the chat template's stop tokens, as an
+sampling, the seed of call ``k`` ``stream_seed(seed, k)``, the chat template's stop tokens, as an
 env's episode in ``flashrl.env_runners.rollout.play_episode``), records it and answers it. Every
 refused request is counted in :attr:`AgentSession.errors` by its code.
 """
@@ -17,10 +17,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from flashrl.agents.protocol import RequestRefused, chat_completion, check_request, reply_dict
-from flashrl.agents.recorder import CallRecorder, call_seed
+from flashrl.agents.recorder import CallRecorder
 from flashrl.conversation import ChatTemplateError
 from flashrl.engines.types import Engine, RequestError, SamplingConfig
 from flashrl.episode import Episode
+from flashrl.seeds import stream_seed
 
 __all__ = ["AgentLimits", "AgentSession", "closed_refusal"]
 
@@ -76,7 +77,7 @@ class AgentSession:
             engine.tokenizer, prompt_id=prompt_id, max_episode_tokens=max_episode_tokens,
             max_observation_tokens=max_observation_tokens, stop_token_ids=stop_token_ids,
         )
-        self._admitted = 0  # calls let through to the engine: call k samples with call_seed(seed, k)
+        self._admitted = 0  # calls let through to the engine: call k samples with stream_seed(seed, k)
         self._reserved = 0  # tokens the calls in flight may still sample
         self._generated = 0
         self._closed = False
@@ -152,7 +153,7 @@ class AgentSession:
             budget = min(budget, left)
         index = self._admitted
         self._admitted += 1
-        sampling = replace(self._sampling, max_tokens=budget, seed=call_seed(self._seed, index),
+        sampling = replace(self._sampling, max_tokens=budget, seed=stream_seed(self._seed, index),
                            stop_token_ids=self._stop_ids)
         self._reserved += budget
         try:

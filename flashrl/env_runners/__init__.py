@@ -6,7 +6,8 @@ from flashrl.env_runners.group import EnvRunnerGroup, EnvRunnerGroupError
 from flashrl.env_runners.rollout import EnvError, play_episode, skip_reason
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.stream import CollectedBatch, EpisodeStream
-from flashrl.env_runners.types import EVAL_STREAM, SKIP_REASONS, TRAIN_STREAM, RunnerReport, stream_seed
+from flashrl.env_runners.types import EVAL_STREAM, SKIP_REASONS, TRAIN_STREAM, RunnerReport
+from flashrl.seeds import stream_seed
 
 __all__ = [
     "EVAL_STREAM",

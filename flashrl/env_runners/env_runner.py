@@ -59,8 +59,9 @@ from flashrl.env_runners.rollout import (
     skip_reason,
 )
 from flashrl.env_runners.spec import EnvRunnerSpec
-from flashrl.env_runners.types import EVAL_STREAM, TRAIN_STREAM, RunnerReport, stream_seed
+from flashrl.env_runners.types import EVAL_STREAM, TRAIN_STREAM, RunnerReport
 from flashrl.episode import Episode
+from flashrl.seeds import stream_seed
 from flashrl.weight_sync.buckets import Weights
 from flashrl.weight_sync.layout import gpu_slots
 from flashrl.weight_sync.receiver import WeightReceiver

@@ -1,11 +1,9 @@
-"""Typed records that EnvRunners send to the algorithm, and the seeding of the prompt stream."""
+"""Typed records that EnvRunners send to the algorithm, and the two seed streams (`flashrl.seeds` derives the seeds)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from flashrl.episode import Episode
 
@@ -41,16 +39,6 @@ DRIVER_SKIP_REASONS = ("stale", "pending_overflow")
 """
 SKIP_REASONS = RUNNER_SKIP_REASONS + DRIVER_SKIP_REASONS
 """Every reason behind ``env_runners/num_skipped_<reason>_lifetime``."""
-
-
-def stream_seed(base_seed: int, *keys: int) -> int:
-    """A 32-bit seed that depends only on ``base_seed`` and ``keys`` (order matters).
-
-    Episode ``i`` of the training stream resets its env with ``stream_seed(seed, TRAIN_STREAM, i)`` and
-    samples turn ``t`` of replica ``r`` with ``stream_seed(seed, TRAIN_STREAM, i, r, t)``, so an episode is
-    a function of its index and the weights, whichever runner plays it and whenever.
-    """
-    return int(np.random.SeedSequence([int(base_seed), *(int(k) for k in keys)]).generate_state(1)[0])
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 from flashrl.agents import AgentLimits, AgentServer
 from flashrl.conversation import chat_stop_token_ids
 from flashrl.engines import SamplingConfig, make_engine
-from flashrl.env_runners.types import stream_seed
+from flashrl.seeds import stream_seed
 
 pytestmark = pytest.mark.vllm
 
