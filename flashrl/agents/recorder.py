@@ -14,7 +14,10 @@ tokenised again: the conversation gets the recorded ids (``add_model_turn``), so
 exactly the tokens the model sampled, and the template's closing of that turn after them. A message
 that matches no recorded reply (altered by the agent, or written by it) is counted in
 ``tito_mismatches`` (once per distinct message) and rendered from its text: the content, then its
-tool calls as Hermes ``<tool_call>`` blocks (:meth:`flashrl.agents.protocol.Message.text`).
+tool calls as Hermes ``<tool_call>`` blocks (:meth:`flashrl.agents.protocol.Message.text`). The
+assistant messages of an episode's first call are the agent's own context (worked examples, a
+restored transcript), never replies of this episode: they are rendered from their text and not
+counted, in that call or when later calls send them again.
 
 **Segments.** A call whose prompt ids extend the previous call's full ids (its prompt, its sampled
 ids and the template's closing of the turn) continues the same segment: only the new tail is
@@ -101,6 +104,8 @@ class CallRecorder:
         self.calls: list[RecordedCall] = []
         self.mismatched: set[tuple[Any, ...]] = set()
         """Distinct assistant messages sent back that matched no recorded reply."""
+        self.agent_context: set[tuple[Any, ...]] = set()
+        """The assistant messages of the first call (the agent's own context): never mismatches."""
 
     @property
     def num_segments(self) -> int:
@@ -121,7 +126,7 @@ class CallRecorder:
                     finish_reason=recorded.finish_reason,
                 )
                 continue
-            if message.role == "assistant" and recorded is None:
+            if message.role == "assistant" and recorded is None and self.calls and message.key() not in self.agent_context:
                 mismatches.append(message.key())
             pending.append({"role": message.role, "content": message.text()})
         conversation = self._extend(conversation, pending, tools)
@@ -147,6 +152,8 @@ class CallRecorder:
             continues=previous is not None and len(prompt.ids) > len(previous)
             and tuple(prompt.ids[: len(previous)]) == previous,
         )
+        if not self.calls:
+            self.agent_context = {m.key() for m in messages if m.role == "assistant"}
         self.calls.append(call)
         self.mismatched.update(prompt.mismatches)
         return call

@@ -242,3 +242,32 @@ def test_a_session_without_calls_gives_no_episode(torch_engine, serve, closed: b
         return session.to_episode(reward=0.0)
 
     assert serve(torch_engine, scenario) is None
+
+
+def test_worked_examples_in_the_first_call_are_the_agents_context_not_mismatches(
+    tokenizer, scripted_engine, serve, agent_client
+) -> None:
+    engine = scripted_engine(["\\boxed{6}<|im_end|>", "Sure.<|im_end|>", "Yes.<|im_end|>"])
+    example = {"id": "example_0", "type": "function", "function": {"name": "python", "arguments": '{"code": "print(1)"}'}}
+    shots = [{"role": "user", "content": "What is 1 * 1?"}, {"role": "assistant", "content": "", "tool_calls": [example]},
+             {"role": "tool", "tool_call_id": "example_0", "content": "1"}, {"role": "assistant", "content": "\\boxed{1}"}]
+    m1 = [{"role": "system", "content": "Solve."}, *shots, {"role": "user", "content": "What is 2 * 3?"}]
+
+    async def scenario(server):
+        session = server.open_session(prompt_id="shots", seed=SEED, limits=AgentLimits())
+        agent = agent_client(session)
+        r1 = await agent.chat.completions.create(model=server.model_name, messages=m1)
+        m2 = [*m1, r1.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Sure?"}]
+        r2 = await agent.chat.completions.create(model=server.model_name, messages=m2)
+        assert session.tito_mismatches == 0 and session.num_segments == 1  # the examples, sent again: context
+        m3 = [*m2, r2.choices[0].message.model_dump(exclude_none=True),
+              {"role": "assistant", "content": "made up"}, {"role": "user", "content": "Really?"}]
+        await agent.chat.completions.create(model=server.model_name, messages=m3)
+        return session
+
+    session = serve(engine, scenario)
+    assert session.tito_mismatches == 1  # an unrecorded assistant message after the first call still counts
+    p1 = engine.requests[0][0]
+    as_text = [{**m, "content": '<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call>'}
+               if m.get("tool_calls") else {k: v for k, v in m.items() if k != "tool_call_id"} for m in m1]
+    assert p1 == _template(tokenizer, as_text, generation_prompt=True, tokenize=True)  # examples rendered from text
