@@ -14,6 +14,7 @@ from flashrl.envs.math.verifier import (
     extract_answer,
     extract_boxed,
     extract_last_number,
+    is_unevaluated_expression,
     verifier_stats,
     verifier_worker_pids,
     verify_answer,
@@ -63,6 +64,15 @@ def test_extract_helpers() -> None:
         ("\\boxed{2\\pi}", "\\pi", False, "wrong"),
         ("It is 1,000 apples", "1000", True, "correct"),
         ("I do not know", "5", False, "no_answer"),
+        # the question restated in the box is not its result, though math-verify would evaluate it
+        ("\\boxed{86 * 26}", "2236", False, "unevaluated_expression"),
+        ("\\boxed{23 + 45}", "68", False, "unevaluated_expression"),
+        ("\\boxed{9 \\times 7}", "63", False, "unevaluated_expression"),
+        ("\\boxed{(12 - 5) + 1}", "8", False, "unevaluated_expression"),
+        ("\\boxed{-2236}", "-2236", True, "correct"),
+        ("\\boxed{3/4}", "0.75", True, "correct"),
+        ("\\boxed{2:1}", "2:1", True, "correct"),
+        ("\\boxed{2\\sqrt{3} + 1}", "1 + 2\\sqrt{3}", True, "correct"),
     ],
 )
 def test_verify_answer(reply: str, gold: str, correct: bool, reason: str) -> None:
@@ -70,6 +80,17 @@ def test_verify_answer(reply: str, gold: str, correct: bool, reason: str) -> Non
     assert (result.correct, result.reason) == (correct, reason)
     assert result.reward == (1.0 if correct else 0.0)
     assert not result.failed
+
+
+@pytest.mark.parametrize(
+    ("answer", "unevaluated"),
+    [("86 * 26", True), ("86*26", True), ("3 x 4", True), ("1,000 + 2", True), ("7 \u00d7 8", True),
+     ("12 \\div 4", True), ("(3) \\cdot (4)", True), ("-5", False), ("1,000", False), ("3.5", False),
+     ("3/4", False), ("-3 / 4", False), ("\\frac{3}{4}", False), ("x + 1", False), ("10^2", False),
+     ("2:1", False), ("1, 2", False), ("86 * 26 = 2236", False)],
+)
+def test_unevaluated_expressions(answer: str, unevaluated: bool) -> None:
+    assert is_unevaluated_expression(answer) is unevaluated
 
 
 def test_boxed_answer_wins_over_a_later_number() -> None:

@@ -9,7 +9,13 @@ r"""Answer checking with the ``math-verify`` package, under a time limit that wo
      simple fractions ``3/4``; a leading ``-`` counts when it is not a binary minus such as ``3-5``).
      Small models restate the question ("23 + 45 = 78"), so the last number, not the first, is the
      answer. Anything else (expressions, sets, intervals) must be boxed to be checked.
-2. **Comparison** with ``math_verify.parse`` + ``math_verify.verify`` (symbolic and numeric equality:
+2. **Not an answer**: a boxed content that is only numbers joined by arithmetic operators
+   (``86 * 26``, ``23 + 45``, ``9 \times 7``, ``12 - 5 + 1``) is the question restated, not its
+   result: reason ``unevaluated_expression``, reward 0. math-verify would evaluate it and call it equal,
+   so a model that copies "What is 86 * 26?" into ``\boxed{86 * 26}`` would be paid for every
+   arithmetic question. A single number (``-5``, ``1,000``, ``3.5``), a simple fraction (``3/4``,
+   ``\frac{3}{4}``) and anything with a symbol (``2\sqrt{3}``, ``x + 1``) are checked as before.
+3. **Comparison** with ``math_verify.parse`` + ``math_verify.verify`` (symbolic and numeric equality:
    ``\frac{1}{2}`` equals ``0.5``) in a **worker process**.
 
 Why a worker process: math-verify's own time limit uses ``signal.alarm``, which only works in the main
@@ -57,7 +63,8 @@ class VerifyResult:
     extracted: str | None
     """The answer taken from the reply (boxed content or last number); None when there was none."""
     reason: str
-    """``correct``, ``wrong``, ``no_answer``, ``unparsable_answer``, or ``timeout...``/``error...``."""
+    """``correct``, ``wrong``, ``no_answer``, ``unevaluated_expression``, ``unparsable_answer``, or
+    ``timeout...``/``error...``."""
     boxed: bool = False
     """Whether the answer came from a complete ``\\boxed{}`` (the format the prompts ask for)."""
 
@@ -76,6 +83,18 @@ _NUMBER_RE = re.compile(
     r"(?:/\d+)?"  # optional simple fraction
     r"(?![\d])"
 )
+_PLAIN_NUMBER = r"-?\s*(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_OPERATOR = r"(?:[-+*/x\u00d7\u00f7\u00b7]|\\times|\\cdot|\\div|\\ast)"
+_UNEVALUATED_RE = re.compile(
+    rf"\s*\(?\s*{_PLAIN_NUMBER}\s*\)?(?:\s*{_OPERATOR}\s*\(?\s*{_PLAIN_NUMBER}\s*\)?)+\s*"
+)
+_SIMPLE_FRACTION_RE = re.compile(r"\s*-?\s*\d+\s*/\s*\d+\s*")
+
+
+def is_unevaluated_expression(answer: str) -> bool:
+    """Whether ``answer`` is only plain numbers joined by arithmetic operators (``86 * 26``): the
+    question restated, not its result. A simple fraction ``a/b`` is a number, not an expression."""
+    return bool(_UNEVALUATED_RE.fullmatch(answer)) and not _SIMPLE_FRACTION_RE.fullmatch(answer)
 
 
 def extract_boxed(text: str) -> str | None:
@@ -326,6 +345,8 @@ def verify_answer(response_text: str, gold_answer: str, *, timeout_s: float = 5.
     extracted, boxed = extract_answer(response_text)
     if extracted is None:
         return VerifyResult(0.0, False, None, "no_answer", boxed)
+    if is_unevaluated_expression(extracted):
+        return VerifyResult(0.0, False, extracted, "unevaluated_expression", boxed)
     try:
         reply = _POOL.run(gold_answer, extracted, timeout_s)
     except VerifierTimeout as exc:
