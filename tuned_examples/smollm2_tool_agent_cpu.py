@@ -46,13 +46,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # when loaded by
 from smollm2_python_tool_cpu import TEMPERATURE, products  # the tool job's tasks, not a copy
 
 SYSTEM_PROMPT = (
-    "You can call a python tool that runs code in a fresh interpreter without network access and returns what "
-    "it printed (use print). When you know the answer, reply with the final answer in \\boxed{} and no tool "
-    "call.\n\nExample.\nUser: What is 37 * 64?\nAssistant:\n<tool_call>\n"
-    '{"name": "python", "arguments": {"code": "print(37 * 64)"}}\n</tool_call>\n'
-    "Tool: Exit status: 0\nstdout:\n```\n2368\n```\nAssistant: \\boxed{2368}"
+    "You can call a python tool that runs code and returns what it printed (use print). When you know the "
+    "answer, reply with the final answer in \\boxed{} and no tool call."
 )
-"""The tool job's one-shot prompt (`flashrl.envs.tool_tasks.ONE_SHOT_SYSTEM_PROMPT`) with the call as a native one."""
+
+
+def worked_example(a: int, b: int) -> list[dict]:
+    """One solved question as real chat turns: the question, a native `python` tool call, its output, the answer."""
+    call = {"id": f"example_{a}_{b}", "type": "function",
+            "function": {"name": "python", "arguments": json.dumps({"code": f"print({a} * {b})"})}}
+    return [{"role": "user", "content": f"What is {a} * {b}?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": f"Exit status: 0\nstdout:\n```\n{a * b}\n```"},
+            {"role": "assistant", "content": f"\\boxed{{{a * b}}}"}]
+
+
+EXAMPLES = worked_example(37, 64) + worked_example(52, 19)
+"""Two worked examples before the question (in neither the training nor the held-out products). The model
+has no tool-call format of its own: with the tool job's one-shot text in the system prompt instead, it made
+0 native calls in 24 samples; with these two examples, 16 (docs/agents.md, "The laptop demonstration")."""
 TOOLS = [{"type": "function", "function": {
     "name": "python", "description": PYTHON_TOOL_DESCRIPTION,
     "parameters": {"type": "object", "properties": PYTHON_TOOL_PARAMETERS, "required": ["code"]},
@@ -93,7 +105,7 @@ def graded(message, task) -> dict:
 
 async def multiply(client, task):
     """Ask, run the tool calls, ask again: two calls, the second extending the first."""
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task["question"]}]
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, *EXAMPLES, {"role": "user", "content": task["question"]}]
     first = (await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)).choices[0].message
     if not first.tool_calls:
         return graded(first, task)
@@ -104,7 +116,7 @@ async def multiply(client, task):
 
 async def summarising(client, task):
     """As `multiply`, but the second call starts from a fresh context holding a summary of the first."""
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task["question"]}]
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, *EXAMPLES, {"role": "user", "content": task["question"]}]
     first = (await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)).choices[0].message
     if not first.tool_calls:
         return graded(first, task)
@@ -156,7 +168,7 @@ def make_config(args) -> FlashReinforceConfig:
             episodes_in_flight_per_env_runner=16,
             temperature=TEMPERATURE,
             max_new_tokens=128,
-            max_episode_tokens=640,
+            max_episode_tokens=768,  # the tool job's 640 + the two worked examples (about 130 tokens)
         )
         .learners(num_learners=0, max_tokens_per_micro_batch=2048)
         .training(model="smollm2-135m-instruct", dtype="bfloat16", lr=3e-6, train_batch_size=16, delta=0.05,
