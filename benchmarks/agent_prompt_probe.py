@@ -18,7 +18,8 @@ send vLLM, not vLLM itself). Counted per sample: a parsed native tool call, a ca
 answer that boxes an arithmetic expression worth the right result (`\\boxed{86 * 26}`: the verifier
 refuses it as `unevaluated_expression`; before that refusal, math-verify paid it as correct).
 
-    python benchmarks/agent_prompt_probe.py     # about 3 minutes on 2 cores; writes benchmarks/results/agent_prompt_probe.json
+    python benchmarks/agent_prompt_probe.py          # about 3 minutes on 2 cores; writes benchmarks/results/agent_prompt_probe.json
+    python benchmarks/agent_prompt_probe.py --quick  # smoke: the tiny random model, 1 product x 2 samples of 8 tokens, a temp file
 """
 
 from __future__ import annotations
@@ -28,18 +29,20 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _configs import benchmark_model
 from _repo import RESULTS, load_script
 from _reports import machine, table, write_json
 
 from flashrl.agents.protocol import _message, reply_message
 from flashrl.agents.recorder import CallRecorder
 from flashrl.envs.math.verifier import extract_answer, is_unevaluated_expression, verify_answer
-from flashrl.models.resolve import resolve_model
 
 SYSTEM_ONE_SHOT = (
     "You can call a python tool that runs code in a fresh interpreter without network access and returns what "
@@ -85,15 +88,24 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--questions", type=int, default=6)
     parser.add_argument("--samples-per-question", type=int, default=4)
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--output", default=str(RESULTS / "agent_prompt_probe.json"))
+    parser.add_argument("--output", default=None, help="default: benchmarks/results/agent_prompt_probe.json "
+                        "(--quick: a file in the system temp folder)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--quick", action="store_true", help="the tiny random model, 1 product x 2 samples of 8 tokens")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.questions, args.samples_per_question, args.max_new_tokens = "tiny", 1, 2, 8
+    if args.output is None:
+        folder = Path(tempfile.gettempdir()) if args.quick else RESULTS
+        args.output = str(folder / "agent_prompt_probe.json")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     job = load_script("tuned_examples/smollm2_tool_agent_cpu.py", "flashrl_bench_agent_job")
     _, held_out = job.products()
-    path = resolve_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with tempfile.TemporaryDirectory(prefix="flashrl_probe_") as folder:  # holds the tiny model, if asked for
+        path = benchmark_model(args.model, folder)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     torch.manual_seed(0)
     rows: dict[str, dict] = {}
     start = time.perf_counter()
@@ -104,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
             ids = list(recorder.prompt([_message(m, i) for i, m in enumerate(messages)], job.TOOLS).ids)
             batch = torch.tensor([ids] * args.samples_per_question)
             out = model.generate(batch, attention_mask=torch.ones_like(batch), do_sample=True,
-                                 temperature=job.TEMPERATURE, top_p=1.0, top_k=0, max_new_tokens=64,
+                                 temperature=job.TEMPERATURE, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
                                  pad_token_id=tokenizer.eos_token_id)
             row = rows.setdefault(name, {"prompt_tokens": len(ids), "samples": 0, "tool_calls": 0,
                                          "right_code": 0, "direct_correct": 0, "boxed_question": 0,
@@ -125,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
     for row in rows.values():
         row["tool_call_fraction"] = row["tool_calls"] / row["samples"]
     report = {"benchmark": "agent_prompt_probe", "job": "tuned_examples/smollm2_tool_agent_cpu.py",
-              "model": args.model, "temperature": job.TEMPERATURE, "max_new_tokens": 64,
+              "model": args.model, "quick": args.quick, "temperature": job.TEMPERATURE, "max_new_tokens": args.max_new_tokens,
               "questions": args.questions, "samples_per_question": args.samples_per_question,
               "shipped": "examples_2", "prompts": rows, "seconds": time.perf_counter() - start,
               "machine": machine()}

@@ -216,3 +216,18 @@ def test_agentic_learning_quick_runs_the_agent_job(ray_cluster, bench, tmp_path)
     assert run["missing_metrics"] == [] and [p["update"] for p in run["curve"]] == [0, 2]
     for point in run["curve"]:  # one or two model calls, as the agent makes them; the endpoint counts tool calls
         assert 1.0 <= point["turns_mean"] <= 2.0 and point["tool_calls_mean"] is not None
+
+
+def test_agent_prompt_probe_quick(bench, tmp_path):
+    out = tmp_path / "probe.json"
+    report = bench("agent_prompt_probe").main(["--quick", "--output", str(out)])
+    saved = _load(out)
+    assert saved["quick"] is True and saved["model"] == "tiny" and saved["shipped"] == "examples_2"
+    assert list(saved["prompts"]) == ["system_one_shot", "examples_1", "examples_2", "examples_3"]
+    tokens = [row["prompt_tokens"] for row in report["prompts"].values()]
+    assert tokens[1] < tokens[2] < tokens[3]  # each worked example adds its turns to the same rendering
+    for row in saved["prompts"].values():
+        assert row["samples"] == 2 and len(row["examples"]) == 2
+        for key in ("tool_calls", "right_code", "direct_correct", "boxed_question"):
+            assert 0 <= row[key] <= row["samples"], key
+        assert row["tool_call_fraction"] == row["tool_calls"] / 2
