@@ -49,7 +49,10 @@ def _row(result: Mapping[str, Any], update: int, rollouts: int, missing: set[str
         row[short] = None if value is None else float(value)
     for short, key in OPTIONAL_ROW_METRICS.items():
         row[short] = None if result.get(key) is None else float(result[key])
-    row["skipped_lifetime"] = float(sum(v for k, v in result.items() if k.startswith(SKIPPED)))
+    by_reason = {k[len(SKIPPED):].removesuffix("_lifetime"): float(v) for k, v in result.items()
+                 if k.startswith(SKIPPED) and k.endswith("_lifetime")}
+    row["skipped_lifetime"] = sum(by_reason.values())
+    row["skipped_by_reason"] = {k: v for k, v in sorted(by_reason.items()) if v}
     row["policy_lag_hist"] = {
         k[len(LAG_HIST) :]: float(v) for k, v in result.items() if k.startswith(LAG_HIST)
     }
@@ -128,9 +131,11 @@ def run_updates(
             accuracy = (
                 f", held-out {curve[-1]['accuracy']:.3f}" if curve and curve[-1]["update"] == update else ""
             )
+            skipped = ", ".join(f"{k} {v:g}" for k, v in rows[-1]["skipped_by_reason"].items())
             print(
                 f"  {label} update {update}/{updates}: {result['timers/iteration_s']:.1f} s, "
-                f"return {result.get('env_runners/batch_episode_return_mean', math.nan):.2f}{accuracy}",
+                f"return {result.get('env_runners/batch_episode_return_mean', math.nan):.2f}{accuracy}"
+                + (f", skipped so far: {skipped}" if skipped else ""),
                 flush=True,
             )
             if last:

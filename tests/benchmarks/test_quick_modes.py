@@ -170,6 +170,8 @@ def test_agentic_learning_quick(ray_cluster, bench, tmp_path):
     for point in run["curve"]:  # PythonTool reports tool calls; the turn limit is 2 replies
         assert 1.0 <= point["turns_mean"] <= 2.0 and point["tool_calls_mean"] is not None
     assert all(row["tool_calls_mean"] is not None and row["turns_mean"] >= 1 for row in run["updates"])
+    for row in run["updates"]:  # the drops by reason, adding up to the count
+        assert sum(row["skipped_by_reason"].values()) == row["skipped_lifetime"]
     assert report["config"]["env_config"]["tasks"]["source"].endswith("products()")
     assert report["config"]["engine"] == "torch" and report["config"]["train_batch_size"] == 4
 

@@ -23,3 +23,15 @@ def test_summaries_by_hand(bench):
     assert le.rollouts_to_target(curve, 0.45) == 32
     assert le.rollouts_to_target(curve, 0.6) is None
     assert le.curve_area(curve) == pytest.approx((16 * 0.35 + 16 * 0.45 + 16 * 0.475) / 48)
+
+
+def test_update_row_counts_drops_by_reason():
+    from _training import _row
+
+    result = {"env_runners/num_skipped_env_timeout_lifetime": 3.0, "env_runners/num_skipped_stale_lifetime": 1.0,
+              "env_runners/num_skipped_empty_lifetime": 0.0, "env_runners/num_started_lifetime": 20.0}
+    missing: set[str] = set()
+    row = _row(result, update=1, rollouts=16, missing=missing)
+    assert row["skipped_lifetime"] == 4.0
+    assert row["skipped_by_reason"] == {"env_timeout": 3.0, "stale": 1.0}  # reasons never seen are left out
+    assert row["started_lifetime"] == 20.0 and "timers/iteration_s" in missing
