@@ -218,7 +218,9 @@ class AgentEnv(LanguageEnv):
             except ImportError as err:
                 raise ImportError(f"a function agent gets an openai.AsyncOpenAI client, but openai does not import "
                                   f"({err}). Fix: pip install openai (vLLM installs it), or give a command") from err
-            client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+            # No request timeout of the client's own: the episode's wall time is the limit (the caller's), and
+            # openai's 5 s connect timeout fired on a 2-core runner whose loop was busy (docs/agents.md, limits).
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=self.wall_time_s)
             try:
                 return agent_result(await self.agent(client, task))
             finally:

@@ -160,14 +160,16 @@ def test_a_function_agent_gets_a_client_bound_to_the_session_and_a_copy_of_the_t
     seen: dict[str, Any] = {}
 
     async def agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
-        seen.update(base_url=str(client.base_url), api_key=client.api_key, retries=client.max_retries)
+        seen.update(base_url=str(client.base_url), api_key=client.api_key, retries=client.max_retries,
+                    timeout=client.timeout)
         task["answer"] = "mutated"
         return {"reward": 0.5, "success": False}
 
-    env = AgentEnv(TASKS, agent=agent)
+    env = AgentEnv(TASKS, agent=agent, wall_time_s=42.0)
     env.reset(options={"task_index": 0})
     assert run(env) == AgentResult(reward=0.5, success=False)
-    assert seen == {"base_url": "http://127.0.0.1:9/sessions/k/v1/", "api_key": "secret", "retries": 0}
+    # the wall time is the only time limit: no shorter request timeout of the client's own (openai's connect is 5 s)
+    assert seen == {"base_url": "http://127.0.0.1:9/sessions/k/v1/", "api_key": "secret", "retries": 0, "timeout": 42.0}
     assert env.tasks[0]["answer"] == "5"
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from flashrl.env_runners import EnvRunner
 from flashrl.env_runners.env_check import EnvCheckError, build_env_once
-from flashrl.env_runners.env_errors import ENV_ERROR_LIMIT, EnvErrorStreak
+from flashrl.env_runners.env_errors import ENV_ERROR_LIMIT, EnvErrorStreak, user_traceback
 
 from .conftest import ParityEnv
 
@@ -95,6 +95,31 @@ def _runner(config, **kwargs) -> EnvRunner:
 # ------------------------------------------------------------------------------------------
 # before the run: build_env_once steps one env
 # ------------------------------------------------------------------------------------------
+def test_the_quoted_traceback_names_what_the_error_was_raised_from():
+    import httpx
+    import openai
+
+    def agent_call():
+        request = httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
+        try:
+            raise httpx.ReadTimeout("timed out", request=request)
+        except httpx.ReadTimeout as err:
+            raise openai.APITimeoutError(request=request) from err  # as the openai client does
+
+    try:
+        agent_call()
+    except openai.APITimeoutError as err:
+        text = user_traceback(err)
+    lines = text.splitlines()
+    assert lines[-2:] == ["openai.APITimeoutError: Request timed out.", "Caused by httpx.ReadTimeout: timed out"]
+    assert "in agent_call" in text
+    assert user_traceback(ValueError("plain")).splitlines()[-1] == "ValueError: plain"  # no cause, no line
+    try:
+        raise RuntimeError("outer") from KeyError("inner")
+    except RuntimeError as err:
+        assert user_traceback(err).splitlines()[-1] == "Caused by KeyError: 'inner'"
+
+
 def test_a_raising_reward_fails_the_env_check_with_its_traceback():
     with pytest.raises(EnvCheckError) as caught:
         build_env_once("flashrl-test/RaisingReward-v0", {})
