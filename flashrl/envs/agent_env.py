@@ -218,8 +218,9 @@ class AgentEnv(LanguageEnv):
             except ImportError as err:
                 raise ImportError(f"a function agent gets an openai.AsyncOpenAI client, but openai does not import "
                                   f"({err}). Fix: pip install openai (vLLM installs it), or give a command") from err
-            # No request timeout of the client's own: the episode's wall time is the limit (the caller's), and
-            # openai's 5 s connect timeout fired on a 2-core runner whose loop was busy (docs/agents.md, limits).
+            # The client's request timeout is the episode's wall time (enforced by the caller), the one time limit:
+            # with openai's defaults a 2-core run lost 12 episodes to APITimeoutError, likely its 5 s connect
+            # limit (docs/agents.md, "The agent: a function or a command").
             client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=self.wall_time_s)
             try:
                 return agent_result(await self.agent(client, task))
