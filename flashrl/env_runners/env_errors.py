@@ -42,7 +42,7 @@ class EnvErrorStreak(RuntimeError):
 def user_traceback(err: BaseException, frames: int = TRACEBACK_FRAMES) -> str:
     """``err``'s traceback, its innermost ``frames`` frames only, ending with its type and message.
 
-    What it was raised from is named on a last line (``Caused by httpx.ReadTimeout: ...``): a library's
+    What it was raised from is named on a last line (``Caused by httpx2.ReadTimeout: ...``): a library's
     wrapper error (``openai.APITimeoutError: Request timed out.``) often says which case only there.
     """
     summary = traceback.TracebackException.from_exception(err)
@@ -51,7 +51,7 @@ def user_traceback(err: BaseException, frames: int = TRACEBACK_FRAMES) -> str:
     cause = err.__cause__
     if cause is not None:
         kind = type(cause)
-        module = ".".join(part for part in kind.__module__.split(".") if not part.startswith("_"))  # httpx._exceptions
+        module = ".".join(part for part in kind.__module__.split(".") if not part.startswith("_"))  # httpx2._exceptions
         name = kind.__qualname__ if module in ("", "builtins") else f"{module}.{kind.__qualname__}"
         text += f"\nCaused by {name}: {str(cause).splitlines()[0] if str(cause) else '(no message)'}"
     return text

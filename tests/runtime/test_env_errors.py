@@ -96,14 +96,14 @@ def _runner(config, **kwargs) -> EnvRunner:
 # before the run: build_env_once steps one env
 # ------------------------------------------------------------------------------------------
 def test_the_quoted_traceback_names_what_the_error_was_raised_from():
-    import httpx
+    import httpx2  # what the openai package itself depends on
     import openai
 
     def agent_call():
-        request = httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
+        request = httpx2.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
         try:
-            raise httpx.ReadTimeout("timed out", request=request)
-        except httpx.ReadTimeout as err:
+            raise httpx2.ReadTimeout("timed out", request=request)
+        except httpx2.ReadTimeout as err:
             raise openai.APITimeoutError(request=request) from err  # as the openai client does
 
     try:
@@ -111,7 +111,7 @@ def test_the_quoted_traceback_names_what_the_error_was_raised_from():
     except openai.APITimeoutError as err:
         text = user_traceback(err)
     lines = text.splitlines()
-    assert lines[-2:] == ["openai.APITimeoutError: Request timed out.", "Caused by httpx.ReadTimeout: timed out"]
+    assert lines[-2:] == ["openai.APITimeoutError: Request timed out.", "Caused by httpx2.ReadTimeout: timed out"]
     assert "in agent_call" in text
     assert user_traceback(ValueError("plain")).splitlines()[-1] == "ValueError: plain"  # no cause, no line
     try:
