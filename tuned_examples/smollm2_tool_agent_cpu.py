@@ -97,9 +97,9 @@ async def tool_outputs(message) -> list[dict]:
     return outputs
 
 
-def graded(message, task) -> dict:
+async def graded(message, task) -> dict:
     text = message.content or ""
-    reward = verify_answer(text, task["answer"]).reward
+    reward = (await asyncio.to_thread(verify_answer, text, task["answer"])).reward  # blocking: not on the loop
     return {"reward": reward, "success": reward == 1.0}
 
 
@@ -108,10 +108,10 @@ async def multiply(client, task):
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, *EXAMPLES, {"role": "user", "content": task["question"]}]
     first = (await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)).choices[0].message
     if not first.tool_calls:
-        return graded(first, task)
+        return await graded(first, task)
     messages += [first.model_dump(exclude_none=True), *await tool_outputs(first)]
     second = (await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)).choices[0].message
-    return graded(second, task)
+    return await graded(second, task)
 
 
 async def summarising(client, task):
@@ -119,12 +119,12 @@ async def summarising(client, task):
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, *EXAMPLES, {"role": "user", "content": task["question"]}]
     first = (await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)).choices[0].message
     if not first.tool_calls:
-        return graded(first, task)
+        return await graded(first, task)
     printed = " ".join(out["content"] for out in await tool_outputs(first))
     summary = [{"role": "system", "content": SYSTEM_PROMPT},
                {"role": "user", "content": f"{task['question']}\nYour code printed: {printed}"}]
     second = (await client.chat.completions.create(model=MODEL, messages=summary, tools=TOOLS)).choices[0].message
-    return graded(second, task)
+    return await graded(second, task)
 
 
 AGENTS = {"multiply": multiply, "summarising": summarising}

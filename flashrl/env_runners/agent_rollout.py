@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
@@ -81,6 +82,24 @@ class AgentPlayable(Protocol):
     def grade(self, transcript: list[Any]) -> Any: ...
 
     def success_info(self, reward: Any, success: bool | None) -> dict[str, bool]: ...
+
+
+def default_pool_size(episodes_in_flight: int) -> int:
+    """Threads of the default pool of an event loop that plays ``episodes_in_flight`` agent episodes.
+
+    Two an episode, and never fewer than Python's own default: a function agent's blocking work goes to
+    this pool (``asyncio.to_thread``), and so does the first request of each episode's ``openai`` client
+    (it looks up the platform there). With Python's default (the CPU count + 4, at most 32) more episodes
+    than threads, each holding a thread through a model call, wait for each other until their wall time.
+    """
+    return max(min(32, (os.cpu_count() or 1) + 4), 2 * episodes_in_flight + 4)
+
+
+def widen_default_pool(loop: asyncio.AbstractEventLoop, episodes_in_flight: int) -> None:
+    """Give ``loop`` a default thread pool of `default_pool_size` threads (the old pool's idle threads end)."""
+    loop.set_default_executor(
+        ThreadPoolExecutor(max_workers=default_pool_size(episodes_in_flight), thread_name_prefix="agent-default")
+    )
 
 
 def is_agent_env(env: gym.Env) -> bool:

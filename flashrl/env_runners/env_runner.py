@@ -39,7 +39,13 @@ from typing import Any
 import gymnasium as gym
 
 from flashrl.callbacks import MetricsLogger, make_callbacks
-from flashrl.env_runners.agent_rollout import AgentPlayable, AgentTimeout, is_agent_env, play_agent_episode
+from flashrl.env_runners.agent_rollout import (
+    AgentPlayable,
+    AgentTimeout,
+    is_agent_env,
+    play_agent_episode,
+    widen_default_pool,
+)
 from flashrl.env_runners.data_passes import DataPasses
 from flashrl.env_runners.env_errors import (
     EnvBoundary,
@@ -133,6 +139,8 @@ class EnvRunner:
         """The endpoint (`flashrl.agents.AgentServer`) agent envs are played against, started on first use;
         one per sampling setting (training, evaluation) and endpoint address."""
         self._agent_servers_lock = asyncio.Lock()
+        self._widened_loop: asyncio.AbstractEventLoop | None = None
+        """The event loop whose default thread pool this runner sized for its agent episodes."""
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -614,6 +622,10 @@ class EnvRunner:
         from flashrl.agents import AgentServer
 
         key = (tuple(sorted(sampling.items())), env.host, env.port, env.model_name)
+        loop = asyncio.get_running_loop()
+        if self._widened_loop is not loop:  # before any agent of this loop runs (see widen_default_pool)
+            widen_default_pool(loop, self.spec.episodes_in_flight_per_env_runner)
+            self._widened_loop = loop
         async with self._agent_servers_lock:
             if key not in self._agent_servers:
                 server = AgentServer(

@@ -6,8 +6,10 @@ tiny model and the torch engine).
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import textwrap
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -282,3 +284,30 @@ def test_an_agent_past_the_context_budget_ends_truncated(tiny_config: Any) -> No
     assert (ep.truncated, ep.reward, len(ep.policy_versions)) == (True, 0.0, 1)
     assert ep.info["agent_limit"] == "context_length_exceeded"
     assert ep.info["agent_error"].startswith("BadRequestError")
+
+
+async def holds_a_thread_through_its_call(client: Any, task: dict[str, Any]) -> float:
+    """Blocking work of its own in the loop's default thread pool (``asyncio.to_thread``, as an agent's
+    tool call would be) while it calls the model."""
+    release = threading.Event()
+    held = asyncio.get_running_loop().run_in_executor(None, release.wait, 120)  # submitted at once
+    try:
+        await ask(client, task["question"])
+    finally:
+        release.set()
+    await held
+    return 1.0
+
+
+def test_agents_blocking_work_in_the_default_pool_does_not_starve_their_model_calls(tiny_config: Any) -> None:
+    # The first request of each episode's openai client waits for a thread of the loop's default pool (openai
+    # looks up the platform there); with Python's default pool (cpu count + 4, at most 32) this many episodes,
+    # each holding one thread until its call is answered, would wait for each other until their wall time.
+    in_flight = min(32, (os.cpu_count() or 1) + 4) + 2
+    config = tiny_config(env="flashrl/Agent-v0", env_config={"tasks": TASKS, "agent": holds_a_thread_through_its_call,
+                                                            "wall_time_s": 60.0},
+                         episodes_in_flight_per_env_runner=in_flight)
+    runner = EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1, model_path=config.model)
+    report = _sample(runner, list(range(in_flight)))
+    assert report.skipped == Counter()  # not env_timeout
+    assert [ep.reward for ep in report.episodes] == [1.0] * in_flight
