@@ -96,7 +96,7 @@ def default_pool_size(episodes_in_flight: int) -> int:
 
 
 def widen_default_pool(loop: asyncio.AbstractEventLoop, episodes_in_flight: int) -> None:
-    """Give ``loop`` a default thread pool of `default_pool_size` threads (the old pool's idle threads end)."""
+    """Give ``loop`` a default thread pool of `default_pool_size` threads (the old pool finishes what it runs)."""
     loop.set_default_executor(
         ThreadPoolExecutor(max_workers=default_pool_size(episodes_in_flight), thread_name_prefix="agent-default")
     )
