@@ -17,13 +17,18 @@ Two tasks:
   seeds 0, 1, 2, 320 generated rollouts; held-out success, tool calls and turns over training.
 
 Each run is appended to the run log the moment it ends (`--resume` continues a stopped benchmark);
-the report (JSON, table, figure) is written from every run in the log.
+the report (JSON, table, figure) is written from every run in the log. The stopping rule allows no
+look at the differences before every arm has every registered seed, so until then the report is
+sealed: it keeps the runs (a later sitting resumes from them) and their count and wall time per arm,
+but no comparison, no per-arm mean of a metric and no figure. `--final` unseals a report whose seeds
+are not all in: the rule's "the compute ended first", said so in the report.
 
     python benchmarks/paired_comparison.py --task sums --phase pilot --resume     # 18 runs, ~2.5 hours
     python benchmarks/paired_comparison.py --task sums --phase counted --resume   # 36 runs, ~5 hours
     python benchmarks/paired_comparison.py --task tool --resume                   # 6 runs, ~2.5 hours
     python benchmarks/paired_comparison.py --task sums --phase pilot --quick      # smoke: tiny model
     python benchmarks/paired_comparison.py --task sums --phase pilot --report-only   # the report of the runs logged so far
+    python benchmarks/paired_comparison.py --task sums --phase counted --report-only --final   # unseal at fewer seeds
 
 Writes `benchmarks/results/paired_comparison_<task>.json` and `docs/figures/paired_comparison_<task>.png`;
 `--quick` writes under the system temp folder.
@@ -180,12 +185,21 @@ def compare(runs: Sequence[Mapping[str, Any]], task: Task) -> dict[str, Any]:
     return out
 
 
-def arm_summary(runs: Sequence[Mapping[str, Any]], task: Task) -> dict[str, Any]:
-    """Per arm: its seeds and the mean of each metric over them."""
+def missing_seeds(runs: Sequence[Mapping[str, Any]], task: Task, seeds: Sequence[int]) -> dict[str, list[int]]:
+    """Per arm: the registered seeds it has no counted run of yet (empty lists: the comparison is complete)."""
+    return {arm: sorted(set(seeds) - {r["seed"] for r in runs if r["arm"] == arm}) for arm in task.arms}
+
+
+def arm_summary(runs: Sequence[Mapping[str, Any]], task: Task, *, sealed: bool = False) -> dict[str, Any]:
+    """Per arm: its seeds and the mean of each metric over them (sealed: the count and wall time only)."""
     out = {}
     for arm in task.arms:
         mine = [r["metrics"] for r in runs if r["arm"] == arm]
         out[arm] = {"n": len(mine)}
+        if sealed:
+            walls = [m["wall_s"] for m in mine]
+            out[arm]["wall_s"] = sum(walls) / len(walls) if walls else None
+            continue
         for key in ("area", "accuracy_at_budget", "initial_accuracy", "tool_calls_initial", "tool_calls_final",
                     "trained_over_generated", "policy_lag_mean", "wall_s", "iteration_s_mean"):
             values = [m[key] for m in mine if m.get(key) is not None]
@@ -193,11 +207,14 @@ def arm_summary(runs: Sequence[Mapping[str, Any]], task: Task) -> dict[str, Any]
     return out
 
 
-def render(arms: Mapping[str, Any], comparisons: Mapping[str, Any]) -> str:
-    rows = [[arm, str(s["n"]), fmt(s["area"]), fmt(s["accuracy_at_budget"]), fmt(s["tool_calls_final"], ".2f"),
-             fmt(s["wall_s"], ".0f")] for arm, s in arms.items()]
+def render(arms: Mapping[str, Any], comparisons: Mapping[str, Any] | None) -> str:
+    rows = [[arm, str(s["n"]), fmt(s.get("area")), fmt(s.get("accuracy_at_budget")),
+             fmt(s.get("tool_calls_final"), ".2f"), fmt(s["wall_s"], ".0f")] for arm, s in arms.items()]
     lines = [table(["arm", "seeds", "area (mean acc over budget)", "acc at budget", "tool calls (end)",
                     "wall s/run"], rows), ""]
+    if comparisons is None:
+        lines.append("sealed: no comparison until every arm has every registered seed (--final unseals)")
+        return "\n".join(lines)
     for name, c in comparisons.items():
         area = c["area"]
         if area is None or area["interval"] is None:
@@ -303,6 +320,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                         help="tool task: the learner's dtype instead of the job's (a CPU without native bfloat16 "
                              "needs float32: docs/benchmarks.md, part 2's amendment); recorded in the settings")
+    parser.add_argument("--final", action="store_true",
+                        help="unseal the report although some registered seeds have no run (the stopping rule's "
+                             "'the compute ended first'); the report records which seeds are missing")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: write the report (JSON, figure) from the runs logged so far (implies --resume)")
     args = parser.parse_args(argv)
@@ -378,8 +398,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ray.shutdown()
     runs = log.runs()
     counted = [r for r in runs if r["phase"] == "counted"]
-    comparisons = compare(counted, task)
-    arms = arm_summary(counted, task)
+    registered = args.seeds if args.quick else (TOOL_SEEDS if args.task == "tool" else COUNTED_SEEDS)
+    missing = missing_seeds(counted, task, registered)
+    complete = not any(missing.values())
+    sealed = bool(counted) and not complete and not args.final
+    comparisons = None if sealed else compare(counted, task)
+    arms = arm_summary(counted, task, sealed=sealed)
     report = {
         "benchmark": NAME,
         "preregistration": "docs/benchmarks.md#pre-registered-a-paired-tuned-comparison-of-flashreinforce-and-grpo",
@@ -393,6 +417,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "runs": runs,
         "arms": arms,
         "comparisons": comparisons,
+        "seal": {"sealed": sealed, "missing_seeds": missing,
+                 "unsealed_early": bool(counted) and not complete and args.final},
         "machine": machine(),
     }
     print()
@@ -401,7 +427,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print()
     print(render(arms, comparisons))
     print(f"wrote {write_json(args.output, report)}")
-    if counted:
+    if counted and not sealed:
         title = f"{scale.model}: {args.task}, {len({r['seed'] for r in counted})} paired seed(s)"
         print(f"wrote {plot(counted, task, args.figure, title=title)}")
     return report

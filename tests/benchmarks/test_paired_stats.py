@@ -141,6 +141,42 @@ def test_report_only_writes_the_logged_runs_and_runs_nothing(bench, tmp_path, mo
         module.main(["--task", "sums", "--report-only", "--discard-log", "--output", str(out)])
 
 
+def _counted_run(arm, seed, area):
+    curve = [{"generated": 0, "accuracy": 0.2}, {"generated": 320, "accuracy": area}]
+    metrics = {"area": area, "accuracy_at_budget": area, "initial_accuracy": 0.2, "wall_s": 100.0 + seed}
+    return {"phase": "counted", "arm": arm, "lr": None, "seed": seed, "curve": curve, "wall_s": 100.0 + seed,
+            "metrics": metrics}
+
+
+def test_a_report_short_of_its_registered_seeds_is_sealed_until_final(bench, tmp_path, monkeypatch):
+    """The stopping rule: no difference, no per-arm mean and no figure before every arm has every seed."""
+    module = bench("paired_comparison")
+    out, fig = tmp_path / "tool.json", tmp_path / "tool.png"
+    task = module.TASKS["tool"]
+    scale = module.dataclasses.replace(module.FULL, eval_every=task.eval_every, eval_episodes=task.held_out)
+    log = module.RunLog(out, key_fields=("phase", "arm", "lr", "seed"),
+                        settings={"task": "tool", "scale": scale, "budget": task.budget}, resume=False)
+    for arm, seed, area in (("flash_async", 0, 0.5), ("grpo", 0, 0.4), ("flash_async", 1, 0.6)):
+        log.add(_counted_run(arm, seed, area))
+    args = ["--task", "tool", "--report-only", "--output", str(out), "--figure", str(fig)]
+    sealed = module.main(args)
+    assert sealed["comparisons"] is None and not fig.exists()
+    assert sealed["seal"] == {"sealed": True, "missing_seeds": {"flash_async": [2], "grpo": [1, 2]},
+                              "unsealed_early": False}
+    assert sealed["arms"]["flash_async"] == {"n": 2, "wall_s": 100.5}  # no metric mean
+    assert len(json.loads(out.read_text())["runs"]) == 3  # the runs stay: a later sitting resumes from them
+    early = module.main([*args, "--final"])
+    assert early["seal"]["unsealed_early"] is True and early["seal"]["sealed"] is False and fig.exists()
+    assert early["comparisons"]["flash_async - grpo"]["area_differences"] == pytest.approx([0.1])
+    assert early["arms"]["flash_async"]["area"] == pytest.approx(0.55)
+    for arm, seed, area in (("grpo", 1, 0.5), ("flash_async", 2, 0.7), ("grpo", 2, 0.5)):
+        log.add(_counted_run(arm, seed, area))
+    complete = module.main(args)
+    assert complete["seal"] == {"sealed": False, "missing_seeds": {"flash_async": [], "grpo": []},
+                                "unsealed_early": False}
+    assert complete["comparisons"]["flash_async - grpo"]["area_differences"] == pytest.approx([0.1, 0.1, 0.2])
+
+
 def test_tool_task_dtype_reaches_the_learner_and_only_the_tool_task_takes_it(bench):
     module = bench("paired_comparison")
     task = module.TASKS["tool"]
