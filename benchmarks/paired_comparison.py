@@ -397,6 +397,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
             ray.shutdown()
     runs = log.runs()
+    pilots = [r for r in runs if r["phase"] == "pilot"]  # with the runs this call made
     counted = [r for r in runs if r["phase"] == "counted"]
     registered = args.seeds if args.quick else (TOOL_SEEDS if args.task == "tool" else COUNTED_SEEDS)
     missing = missing_seeds(counted, task, registered)
