@@ -124,6 +124,13 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
         )
         if ents is None or ents.numel() == 0:
             grad_ent = None
+        # The two products of the backward run in the hidden states' dtype, as autograd of F.linear
+        # does: bfloat16 inputs use bfloat16 products (tensor cores on a GPU, float32 accumulation
+        # inside each product and across chunks), float32 and float64 inputs keep their own. Float32
+        # products of bfloat16 inputs made this op 4x slower than the naive path on an H200
+        # (benchmarks/results/gpu_check_h200_before.json; after: gpu_check_h200.json).
+        mm_dt = hidden.dtype
+        w_mm = weight if weight.dtype == mm_dt else weight.to(mm_dt)  # cast once, not per chunk
         for start in range(0, hidden.shape[0], chunk_size):
             sl = slice(start, start + chunk_size)
             h = hidden[sl]
@@ -136,13 +143,17 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
                 None if grad_ent is None else grad_ent[sl].to(dt),
                 None if grad_ent is None else ents[sl],
             )
-            grad_z = grad_z / temperature  # [c, V]: chain rule through z = logits / T
-            if grad_h is not None:
-                grad_h[sl] = (grad_z @ weight.to(dt)).to(hidden.dtype)  # [c, H]
-            if grad_w is not None:
-                grad_w.addmm_(grad_z.t(), h.to(dt))  # [V, H], accumulated without a temporary
+            grad_z.div_(temperature)  # [c, V]: chain rule through z = logits / T
             if grad_b is not None:
                 grad_b += grad_z.sum(0)
+            g = grad_z if mm_dt == dt else grad_z.to(mm_dt)
+            if grad_h is not None:
+                grad_h[sl] = (g @ w_mm).to(hidden.dtype)  # [c, H]
+            if grad_w is not None:
+                if mm_dt == dt:
+                    grad_w.addmm_(g.t(), h)  # [V, H], accumulated without a temporary
+                else:
+                    grad_w += g.t() @ h  # a [V, H] product in mm_dt, summed in float32
         return (
             grad_h,
             None if grad_w is None else grad_w.to(weight.dtype),

@@ -51,7 +51,13 @@ def not_yet_run_on_gpu(config: Any, arch: Architecture | None) -> list[str]:
     if config.routing_replay:
         parts.append("routing replay: vLLM's routed experts returned on a GPU")
     if learner_gpus > 0:
-        parts.append("the learner on CUDA" + (" with FSDP2 over NCCL" if config.num_learners >= 2 else ""))
+        # One learner on one GPU has run: scripts/gpu_check.py's learner and fsdp phases on an H200 (a
+        # dense Qwen2.5-1.5B shape in bfloat16, FSDP2 on a one-rank NCCL group;
+        # benchmarks/results/gpu_check_h200.json). Several ranks and a mixture of experts have not.
+        if config.num_learners >= 2:
+            parts.append(f"the learner as FSDP2 over NCCL across {config.num_learners} ranks (one rank has run)")
+        if arch is not None and arch.num_experts > 0:
+            parts.append("a mixture-of-experts learner on CUDA (a dense model's learner has run)")
         if config.optimizer_offload:
             parts.append("optimizer offload (FSDP2's CPUOffloadPolicy) with the gloo side of the process group")
     return parts
