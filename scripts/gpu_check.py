@@ -431,6 +431,7 @@ def phase_learner(ctx: Context, matmul_flops_per_s: float | None) -> dict[str, A
                        "optimizer": plan.optimizer, "activations": plan.activations, "total": plan.total},
         # on CPU the peak is the process's resident set (libraries included): no comparison
         "peak_over_plan": update["peak_bytes"] / plan.total if opts.device == "cuda" else None,
+        "logprob_kernel": logprob_kernel(opts.device),
     }
     if opts.device == "cuda":
         out["mfu_vs_datasheet"] = achieved / H200_BF16_DENSE_FLOPS
@@ -438,6 +439,15 @@ def phase_learner(ctx: Context, matmul_flops_per_s: float | None) -> dict[str, A
             out["mfu_vs_measured_matmul"] = achieved / matmul_flops_per_s
     del learner
     return out
+
+
+def logprob_kernel(device: str) -> dict[str, Any]:
+    """Which chunk kernel `flashrl.ops.logprobs` ran: compiled on CUDA unless turned off or failed."""
+    from flashrl.ops import logprobs
+
+    compiled = device == "cuda" and logprobs.COMPILE_ON_CUDA and not logprobs._compile_error
+    return {"kernel": "torch.compile" if compiled else "eager",
+            "compile_error": logprobs._compile_error[0] if logprobs._compile_error else None}
 
 
 def _logprob_once(method: str, n: int, opts: Options, dt: torch.dtype = torch.bfloat16) -> dict[str, Any]:
@@ -530,7 +540,8 @@ def phase_logprobs(ctx: Context) -> dict[str, Any]:
             "bf16_within_rounding_bound": bf16["max_abs_logprob_diff"] <= bf16["bound"],
         })
     return {"vocab": opts.logprob_vocab, "hidden": opts.logprob_hidden, "chunk_size": opts.logprob_chunk_size,
-            "dtype": "bfloat16 (memory, time); float32 (the agreement gate)", "rows": rows}
+            "dtype": "bfloat16 (memory, time); float32 (the agreement gate)", "rows": rows,
+            "logprob_kernel": logprob_kernel(opts.device)}
 
 
 def phase_engine(ctx: Context) -> dict[str, Any]:
@@ -844,7 +855,7 @@ def table(result: dict[str, Any]) -> str:
             if "mfu_vs_measured_matmul" in p:
                 text += f", MFU {p['mfu_vs_measured_matmul']:.1%} of matmul ({p['mfu_vs_datasheet']:.1%} datasheet)"
         elif name == "logprobs":
-            text = "; ".join(
+            text = f"{p['logprob_kernel']['kernel']} kernel; " + "; ".join(
                 f"{r['tokens']}: "
                 + (f"memory {r['memory_ratio_naive_over_chunked']:.1f}x less, "
                    if r["memory_ratio_naive_over_chunked"] else "")

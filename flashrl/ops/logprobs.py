@@ -5,7 +5,9 @@ entropy of the full next-token distribution. Computing ``log_softmax`` over the 
 once materialises an ``[N, V]`` float32 tensor (and autograd keeps it for the backward pass): at
 V = 151,936 and N = 8k tokens that is 4.9 GB. Here the rows are processed in chunks, only ``[N]``
 statistics are saved, and the backward pass recomputes each chunk's logits. Peak extra memory is
-``O(chunk_size * V)`` instead of ``O(N * V)``.
+``O(chunk_size * V)`` instead of ``O(N * V)``. On CUDA each chunk's statistics and gradient run
+through ``torch.compile`` (:data:`COMPILE_ON_CUDA`), which fuses their float32 passes: on an H200 the
+op then takes 0.62x the naive op's time (docs/engines.md, "Checking a GPU machine").
 
 Gradients, with ``z`` the (temperature-scaled) logits of a row, ``p = softmax(z)``, ``y`` the target:
 
@@ -15,6 +17,9 @@ Gradients, with ``z`` the (temperature-scaled) logits of a row, ``p = softmax(z)
 
 from __future__ import annotations
 
+import os
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +83,83 @@ def _logits_grad(
     return grad_z
 
 
+def _fused_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """:func:`_row_stats` of a chunk's raw logits as one pure function (no in-place ops).
+
+    On a GPU it runs compiled (:func:`_call_fused`), which fuses the float32 passes over the ``[c, V]``
+    chunk into a few kernels that read the logits in their own dtype; eager, it allocates more than
+    the in-place :func:`_row_stats` and is not used.
+    """
+    z = logits.to(_compute_dtype(logits)) / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    logp_target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return logp_target, lse, None
+    logp = z - lse.unsqueeze(-1)
+    return logp_target, lse, -(torch.exp(logp) * logp).sum(-1)
+
+
+def _fused_grad(
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    targets: torch.Tensor,
+    grad_logp: torch.Tensor | None,
+    grad_entropy: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    temperature: float,
+    out_dtype: torch.dtype,
+    with_sum: bool,
+):
+    """:func:`_logits_grad` of a chunk's raw logits, divided by T, as one pure function.
+
+    Returns the gradient w.r.t. the raw logits in ``out_dtype`` (the backward products' dtype) and,
+    with ``with_sum``, its column sum in the statistics' dtype (the bias gradient).
+    """
+    z = logits.to(lse.dtype) / temperature
+    logp = z - lse.unsqueeze(-1)
+    p = torch.exp(logp)
+    grad = torch.zeros_like(p)
+    if grad_entropy is not None and entropy is not None:
+        grad = -p * (logp + entropy.unsqueeze(-1)) * grad_entropy.unsqueeze(-1)
+    if grad_logp is not None:
+        grad = (grad - p * grad_logp.unsqueeze(-1)).scatter_add(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
+    grad = grad / temperature
+    return grad.to(out_dtype), (grad.sum(0) if with_sum else None)
+
+
+COMPILE_ON_CUDA = os.environ.get("FLASHRL_COMPILE_LOGPROBS", "1") != "0"
+"""Whether CUDA inputs run the chunk's statistics and gradient through ``torch.compile``
+(``FLASHRL_COMPILE_LOGPROBS=0`` turns it off). CPU inputs always run the eager in-place code."""
+
+_compiled: dict[Callable, Callable] = {}
+_compile_error: list[str] = []
+
+
+def _compile(fn: Callable) -> Callable:
+    return torch.compile(fn)
+
+
+def _use_fused(x: torch.Tensor) -> bool:
+    return x.is_cuda and COMPILE_ON_CUDA and not _compile_error
+
+
+def _call_fused(fn: Callable, *args):
+    """``fn`` compiled (once per function); if compiling fails, warns once and runs the eager code."""
+    if _compile_error:
+        return fn(*args)
+    try:
+        if fn not in _compiled:
+            _compiled[fn] = _compile(fn)
+        return _compiled[fn](*args)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as error:  # noqa: BLE001 (inductor, triton or a compiler missing or failing)
+        _compile_error.append(repr(error))
+        warnings.warn(f"torch.compile of the chunked log-prob kernel failed ({error!r}); it runs eagerly from "
+                      "now on (set FLASHRL_COMPILE_LOGPROBS=0 to skip the attempt)", RuntimeWarning, stacklevel=2)
+        return fn(*args)
+
+
 def _check_targets(targets: torch.Tensor, n: int, vocab: int) -> None:
     if targets.dim() != 1 or targets.shape[0] != n:
         raise ValueError(f"targets must have shape [{n}] (one per row); got {tuple(targets.shape)}.")
@@ -96,10 +178,15 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
         logps = torch.empty(n, dtype=dt, device=hidden.device)
         lses = torch.empty(n, dtype=dt, device=hidden.device)
         ents = torch.empty(n, dtype=dt, device=hidden.device) if with_entropy else None
+        fused = _use_fused(hidden)
         for start in range(0, n, chunk_size):
             sl = slice(start, start + chunk_size)
-            z = F.linear(hidden[sl], weight, bias).to(dt) / temperature  # [c, V]
-            logp, lse, ent = _row_stats(z, targets[sl], with_entropy)
+            if fused:
+                logp, lse, ent = _call_fused(_fused_stats, F.linear(hidden[sl], weight, bias), targets[sl],
+                                             temperature, with_entropy)
+            else:
+                z = F.linear(hidden[sl], weight, bias).to(dt) / temperature  # [c, V]
+                logp, lse, ent = _row_stats(z, targets[sl], with_entropy)
             logps[sl], lses[sl] = logp, lse
             if ents is not None:
                 ents[sl] = ent
@@ -128,25 +215,32 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
         # does: bfloat16 inputs use bfloat16 products (tensor cores on a GPU, float32 accumulation
         # inside each product and across chunks), float32 and float64 inputs keep their own. Float32
         # products of bfloat16 inputs made this op 4x slower than the naive path on an H200
-        # (benchmarks/results/gpu_check_h200_before.json; after: gpu_check_h200.json).
+        # (benchmarks/results/gpu_check_h200_before.json; docs/engines.md, "Checking a GPU machine").
         mm_dt = hidden.dtype
         w_mm = weight if weight.dtype == mm_dt else weight.to(mm_dt)  # cast once, not per chunk
+        fused = _use_fused(hidden)
         for start in range(0, hidden.shape[0], chunk_size):
             sl = slice(start, start + chunk_size)
             h = hidden[sl]
-            z = F.linear(h, weight, bias).to(dt) / temperature  # [c, V]
-            grad_z = _logits_grad(
-                z,
+            chunk_grads = (
                 lses[sl],
                 targets[sl],
                 None if grad_logp is None else grad_logp[sl].to(dt),
                 None if grad_ent is None else grad_ent[sl].to(dt),
                 None if grad_ent is None else ents[sl],
             )
-            grad_z.div_(temperature)  # [c, V]: chain rule through z = logits / T
-            if grad_b is not None:
-                grad_b += grad_z.sum(0)
-            g = grad_z if mm_dt == dt else grad_z.to(mm_dt)
+            if fused:
+                g, g_sum = _call_fused(_fused_grad, F.linear(h, weight, bias), *chunk_grads, temperature, mm_dt,
+                                       grad_b is not None)
+                if grad_b is not None:
+                    grad_b += g_sum
+            else:
+                z = F.linear(h, weight, bias).to(dt) / temperature  # [c, V]
+                grad_z = _logits_grad(z, *chunk_grads)
+                grad_z.div_(temperature)  # [c, V]: chain rule through z = logits / T
+                if grad_b is not None:
+                    grad_b += grad_z.sum(0)
+                g = grad_z if mm_dt == dt else grad_z.to(mm_dt)
             if grad_h is not None:
                 grad_h[sl] = (g @ w_mm).to(hidden.dtype)  # [c, H]
             if grad_w is not None:

@@ -5,7 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flashrl.ops import logprobs as logprobs_module
 from flashrl.ops.logprobs import chunked_token_logprobs, token_logprobs_from_logits
+
+
+@pytest.fixture(params=["eager", "fused"])
+def kernel(request, monkeypatch):
+    """Both chunk kernels on CPU: the eager in-place one, and the pure functions that CUDA inputs run
+    through torch.compile (here uncompiled: `_compile` is the identity), dispatched as on a GPU."""
+    monkeypatch.setattr(logprobs_module, "_compiled", {})
+    monkeypatch.setattr(logprobs_module, "_compile_error", [])
+    if request.param == "fused":
+        monkeypatch.setattr(logprobs_module, "_use_fused", lambda x: not logprobs_module._compile_error)
+        monkeypatch.setattr(logprobs_module, "_compile", lambda fn: fn)
+    return request.param
 
 
 def _naive(hidden, weight, bias, targets, temperature):
@@ -28,7 +41,7 @@ def _inputs(n=37, h=8, v=53, seed=0, dtype=torch.float64):
 @pytest.mark.parametrize("chunk_size", [1, 5, 16, 1000])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("use_bias", [False, True])
-def test_linear_values_and_gradients_match_naive(chunk_size, temperature, use_bias):
+def test_linear_values_and_gradients_match_naive(chunk_size, temperature, use_bias, kernel):
     hidden, weight, bias, targets = _inputs()
     bias = bias if use_bias else None
     gl, ge = torch.randn(37, dtype=torch.float64), torch.randn(37, dtype=torch.float64)
@@ -50,7 +63,7 @@ def test_linear_values_and_gradients_match_naive(chunk_size, temperature, use_bi
         torch.testing.assert_close(ours.grad, ref.grad, rtol=0, atol=1e-10)
 
 
-def test_without_entropy():
+def test_without_entropy(kernel):
     hidden, weight, _, targets = _inputs(dtype=torch.float32)
     h = hidden.clone().requires_grad_()
     out = chunked_token_logprobs(h, weight, targets, chunk_size=7, with_entropy=False)
@@ -86,7 +99,7 @@ def test_bfloat16_hidden_gives_float32_outputs_close_to_float32():
 
 
 @pytest.mark.parametrize("use_bias", [False, True])
-def test_bfloat16_gradients_are_close_to_float64_and_come_back_in_the_inputs_dtypes(use_bias):
+def test_bfloat16_gradients_are_close_to_float64_and_come_back_in_the_inputs_dtypes(use_bias, kernel):
     # The backward's products run in bfloat16 for bfloat16 inputs (as autograd of F.linear does) and the
     # weight gradient is summed over chunks in float32. Measured here: relative errors 0.006-0.009 (the
     # bfloat16 logits of the forward dominate); summing the 512 one-row chunks in bfloat16 instead gave
@@ -112,6 +125,33 @@ def test_bfloat16_gradients_are_close_to_float64_and_come_back_in_the_inputs_dty
             assert a.dtype == torch.bfloat16
             rel = (a.double() - r).norm() / r.norm()
             assert rel < 1.05e-2, rel
+
+
+def test_a_failing_compile_warns_once_and_the_kernel_runs_eagerly(monkeypatch):
+    monkeypatch.setattr(logprobs_module, "_compiled", {})
+    monkeypatch.setattr(logprobs_module, "_compile_error", [])
+    monkeypatch.setattr(logprobs_module, "_use_fused", lambda x: not logprobs_module._compile_error)
+    calls = []
+
+    def broken_compile(fn):
+        def compiled(*args):
+            calls.append(fn.__name__)
+            raise RuntimeError("no triton")
+        return compiled
+
+    monkeypatch.setattr(logprobs_module, "_compile", broken_compile)
+    hidden, weight, _, targets = _inputs()
+    leaves = [x.clone().requires_grad_() for x in (hidden, weight)]
+    with pytest.warns(RuntimeWarning, match="no triton.*runs eagerly"):
+        out = chunked_token_logprobs(*leaves, targets, temperature=0.7, chunk_size=5)
+    (out.logprobs.sum() + out.entropy.sum()).backward()  # eager from now on: no second warning, no call
+    ref = [x.clone().requires_grad_() for x in (hidden, weight)]
+    lp, ent = _naive(*ref, None, targets, 0.7)
+    (lp.sum() + ent.sum()).backward()
+    assert calls == ["_fused_stats"]
+    torch.testing.assert_close(out.logprobs, lp.detach(), rtol=0, atol=1e-10)
+    for ours, want in zip(leaves, ref, strict=True):
+        torch.testing.assert_close(ours.grad, want.grad, rtol=0, atol=1e-10)
 
 
 def test_bad_inputs():
