@@ -160,6 +160,19 @@ def _call_fused(fn: Callable, *args):
         return fn(*args)
 
 
+def _product_dtype(hidden: torch.Tensor, stats_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the backward's two products (``grad_z @ W`` and ``grad_z^T h``).
+
+    On CUDA, the hidden states' dtype, as autograd of ``F.linear`` does: bfloat16 inputs use bfloat16
+    products (tensor cores, float32 accumulation inside each product; the weight gradient is summed
+    over chunks in float32). Float32 products there made the op 4x slower than the naive path on an
+    H200 (benchmarks/results/gpu_check_h200_before.json; docs/engines.md, "Checking a GPU machine").
+    On CPU, the statistics' dtype (float32 for bfloat16 inputs): a CPU without native bfloat16 runs
+    bfloat16 products 17.7x slower than float32 (benchmarks/results/cpu_bfloat16.json).
+    """
+    return hidden.dtype if hidden.is_cuda else stats_dtype
+
+
 def _check_targets(targets: torch.Tensor, n: int, vocab: int) -> None:
     if targets.dim() != 1 or targets.shape[0] != n:
         raise ValueError(f"targets must have shape [{n}] (one per row); got {tuple(targets.shape)}.")
@@ -211,12 +224,7 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
         )
         if ents is None or ents.numel() == 0:
             grad_ent = None
-        # The two products of the backward run in the hidden states' dtype, as autograd of F.linear
-        # does: bfloat16 inputs use bfloat16 products (tensor cores on a GPU, float32 accumulation
-        # inside each product and across chunks), float32 and float64 inputs keep their own. Float32
-        # products of bfloat16 inputs made this op 4x slower than the naive path on an H200
-        # (benchmarks/results/gpu_check_h200_before.json; docs/engines.md, "Checking a GPU machine").
-        mm_dt = hidden.dtype
+        mm_dt = _product_dtype(hidden, dt)
         w_mm = weight if weight.dtype == mm_dt else weight.to(mm_dt)  # cast once, not per chunk
         fused = _use_fused(hidden)
         for start in range(0, hidden.shape[0], chunk_size):
@@ -244,10 +252,11 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[sl] = (g @ w_mm).to(hidden.dtype)  # [c, H]
             if grad_w is not None:
+                h_mm = h if h.dtype == mm_dt else h.to(mm_dt)
                 if mm_dt == dt:
-                    grad_w.addmm_(g.t(), h)  # [V, H], accumulated without a temporary
+                    grad_w.addmm_(g.t(), h_mm)  # [V, H], accumulated without a temporary
                 else:
-                    grad_w += g.t() @ h  # a [V, H] product in mm_dt, summed in float32
+                    grad_w += g.t() @ h_mm  # a [V, H] product in mm_dt, summed in float32
         return (
             grad_h,
             None if grad_w is None else grad_w.to(weight.dtype),

@@ -9,13 +9,17 @@ from flashrl.ops import logprobs as logprobs_module
 from flashrl.ops.logprobs import chunked_token_logprobs, token_logprobs_from_logits
 
 
-@pytest.fixture(params=["eager", "fused"])
+@pytest.fixture(params=["cpu", "cuda_eager", "cuda_compiled"])
 def kernel(request, monkeypatch):
-    """Both chunk kernels on CPU: the eager in-place one, and the pure functions that CUDA inputs run
-    through torch.compile (here uncompiled: `_compile` is the identity), dispatched as on a GPU."""
+    """The op as each device runs it, all on CPU: `cpu` (float32 backward products, the eager in-place
+    kernel); `cuda_eager` (products in the inputs' dtype, as with FLASHRL_COMPILE_LOGPROBS=0 on a GPU);
+    `cuda_compiled` (that, and the pure chunk functions a GPU runs through torch.compile, here
+    uncompiled: `_compile` is the identity)."""
     monkeypatch.setattr(logprobs_module, "_compiled", {})
     monkeypatch.setattr(logprobs_module, "_compile_error", [])
-    if request.param == "fused":
+    if request.param != "cpu":
+        monkeypatch.setattr(logprobs_module, "_product_dtype", lambda hidden, stats_dtype: hidden.dtype)
+    if request.param == "cuda_compiled":
         monkeypatch.setattr(logprobs_module, "_use_fused", lambda x: not logprobs_module._compile_error)
         monkeypatch.setattr(logprobs_module, "_compile", lambda fn: fn)
     return request.param
@@ -100,10 +104,11 @@ def test_bfloat16_hidden_gives_float32_outputs_close_to_float32():
 
 @pytest.mark.parametrize("use_bias", [False, True])
 def test_bfloat16_gradients_are_close_to_float64_and_come_back_in_the_inputs_dtypes(use_bias, kernel):
-    # The backward's products run in bfloat16 for bfloat16 inputs (as autograd of F.linear does) and the
-    # weight gradient is summed over chunks in float32. Measured here: relative errors 0.006-0.009 (the
-    # bfloat16 logits of the forward dominate); summing the 512 one-row chunks in bfloat16 instead gave
-    # 0.011-0.013 for the weight gradient, which the bound catches.
+    # On CUDA the backward's products run in bfloat16 for bfloat16 inputs (as autograd of F.linear does),
+    # on CPU in float32; the weight gradient is summed over chunks in float32 either way. Measured here
+    # with bfloat16 products: relative errors 0.006-0.009 (the bfloat16 logits of the forward
+    # dominate); summing the 512 one-row chunks in bfloat16 instead gave 0.011-0.013 for the weight
+    # gradient, which the bound catches.
     hidden, weight, bias, targets = _inputs(n=512, h=16, v=97, dtype=torch.float64)
     bias = bias if use_bias else None
     g = torch.Generator().manual_seed(1)
