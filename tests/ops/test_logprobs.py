@@ -159,6 +159,22 @@ def test_a_failing_compile_warns_once_and_the_kernel_runs_eagerly(monkeypatch):
         torch.testing.assert_close(ours.grad, want.grad, rtol=0, atol=1e-10)
 
 
+def test_the_environment_variable_turns_compiling_off():
+    import os
+    import subprocess
+    import sys
+
+    code = "from flashrl.ops import logprobs; print(logprobs.COMPILE_ON_CUDA)"
+    seen = {}
+    for value in ("0", "1", None):
+        env = {k: v for k, v in os.environ.items() if k != "FLASHRL_COMPILE_LOGPROBS"}
+        if value is not None:
+            env["FLASHRL_COMPILE_LOGPROBS"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        seen[value] = out.stdout.strip()
+    assert seen == {"0": "False", "1": "True", None: "True"}
+
+
 def test_bad_inputs():
     hidden, weight, _, targets = _inputs(dtype=torch.float32)
     with pytest.raises(ValueError, match=r"targets must lie in \[0, 53\)"):
