@@ -201,7 +201,7 @@ def arm_summary(runs: Sequence[Mapping[str, Any]], task: Task, *, sealed: bool =
             out[arm]["wall_s"] = sum(walls) / len(walls) if walls else None
             continue
         for key in ("area", "accuracy_at_budget", "initial_accuracy", "tool_calls_initial", "tool_calls_final",
-                    "trained_over_generated", "policy_lag_mean", "wall_s", "iteration_s_mean"):
+                    "turns_final", "trained_over_generated", "policy_lag_mean", "wall_s", "iteration_s_mean"):
             values = [m[key] for m in mine if m.get(key) is not None]
             out[arm][key] = sum(values) / len(values) if values else None
     return out
@@ -235,10 +235,12 @@ def render_pilots(pilots: Mapping[str, Any]) -> str:
 
 
 def plot(runs: Sequence[Mapping[str, Any]], task: Task, path: str, *, title: str) -> str:
-    """Held-out accuracy (and, for the tool task, tool calls) vs generated rollouts, each run a line."""
+    """Held-out accuracy (and, for the tool task, tool calls and turns) vs generated rollouts, each run a line."""
     plt = _pyplot()
-    keys = ["accuracy"] + (["tool_calls_mean"] if any(p.get("tool_calls_mean") is not None
-                                                       for r in runs for p in r["curve"]) else [])
+    agentic = any(p.get("tool_calls_mean") is not None for r in runs for p in r["curve"])
+    keys = ["accuracy"] + (["tool_calls_mean", "turns_mean"] if agentic else [])
+    labels = {"accuracy": "held-out success", "tool_calls_mean": "tool calls per held-out episode",
+              "turns_mean": "model turns per held-out episode"}
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4), squeeze=False)
     colors = dict(zip(task.arms, ("tab:blue", "tab:orange", "tab:green"), strict=False))
     for ax, key in zip(axes[0], keys, strict=True):
@@ -248,7 +250,7 @@ def plot(runs: Sequence[Mapping[str, Any]], task: Task, path: str, *, title: str
                     label=run["arm"] if run["seed"] == min(r["seed"] for r in runs if r["arm"] == run["arm"]) else None)
         ax.axvline(task.budget, color="grey", linestyle=":")
         ax.set_xlabel("generated rollouts")
-        ax.set_ylabel("held-out success" if key == "accuracy" else "tool calls per held-out episode")
+        ax.set_ylabel(labels[key])
         ax.legend()
     return _save(plt, fig, path, title)
 

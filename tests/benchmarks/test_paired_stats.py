@@ -187,3 +187,27 @@ def test_tool_task_dtype_reaches_the_learner_and_only_the_tool_task_takes_it(ben
     assert config.dtype == "float32" and config.prompts_per_batch == 4 and config.evaluation_num_episodes == 64
     with pytest.raises(SystemExit):
         module.parse_args(["--task", "sums", "--dtype", "float32"])
+
+
+def test_tool_report_means_and_plots_tool_calls_and_turns_over_training(bench, monkeypatch):
+    """Part 2 records held-out success, tool calls and turns per episode over training: a panel each."""
+    module = bench("paired_comparison")
+    task = module.TASKS["tool"]
+    runs = []
+    for arm, calls, turns in (("flash_async", (1.0, 2.0), (2.0, 3.0)), ("grpo", (1.0, 0.5), (2.0, 1.5))):
+        curve = [{"generated": g, "accuracy": 0.3, "tool_calls_mean": c, "turns_mean": t}
+                 for g, c, t in zip((0, 320), calls, turns, strict=True)]
+        run = {"arm": arm, "seed": 0, "curve": curve, "wall_s": 1.0}
+        run["metrics"] = {"tool_calls_final": calls[-1], "turns_final": turns[-1], "wall_s": 1.0}
+        runs.append(run)
+    arms = module.arm_summary(runs, task)
+    assert arms["grpo"]["tool_calls_final"] == 0.5 and arms["grpo"]["turns_final"] == 1.5
+    assert arms["flash_async"]["turns_final"] == 3.0
+    saved = {}
+    monkeypatch.setattr(module, "_save", lambda plt, fig, path, title: saved.setdefault("fig", fig) and path)
+    module.plot(runs, task, "unused.png", title="t")
+    axes = saved["fig"].axes
+    assert [ax.get_ylabel() for ax in axes] == ["held-out success", "tool calls per held-out episode",
+                                                "model turns per held-out episode"]
+    grpo_calls = [line for line in axes[1].lines if line.get_label() == "grpo"]
+    assert list(grpo_calls[0].get_ydata()) == [1.0, 0.5]
