@@ -37,6 +37,15 @@ The phases, in order (each frees its GPU memory before the next):
     ``fully_shard``, bfloat16 mixed precision with float32 reduction, the checkpoint wrapper;
     ``flashrl/learners/distributed.py``), one update on the warm-up batch, its loss and gradient norm
     compared with the ``learner`` phase's warm-up update on the same batch and weights.
+``packed``
+    The learner's packed path (``LearnerSpec.pack_sequences=True``: every micro-batch one packed
+    sequence with position ids that restart per trajectory, ``flashrl.models.packing``) against its
+    padded path, both with sdpa attention, on one ragged batch (``--batch-size`` / 4 trajectories of
+    ``--length`` / 8 to ``--length`` tokens): the two updates' loss and gradient norm on the same
+    weights and batch, then each path's time, real tokens/s and peak memory on a second such batch.
+    First, what ``flashrl.models.packing_tolerance`` rests on: for the model in bfloat16 and float32,
+    how far two packed sequences' log-probs are from each scored alone (rounding, where the mask
+    works), and how far a leak would move them (the two scored as one causal sequence).
 ``push``
     The run's own weight-sync route end to end through Ray and vLLM: a FlashREINFORCE run
     (``FlashReinforceConfig().build_algo()``) with one learner actor and one EnvRunner actor,
@@ -76,7 +85,7 @@ import torch
 WEIGHT_SYNC_MODULES = ("flashrl.weight_sync.route", "flashrl.weight_sync.vllm_push",
                        "flashrl.learners.weight_sender")
 
-PHASES = ("matmul", "learner", "logprobs", "engine", "fsdp", "push")
+PHASES = ("matmul", "learner", "logprobs", "engine", "fsdp", "packed", "push")
 
 H200_BF16_DENSE_FLOPS = 989e12
 """The vendor's datasheet dense bfloat16 rate of an H200 SXM (that of the H100 SXM); the ``matmul``
@@ -278,6 +287,30 @@ def make_batch(opts: Options, vocab: int, seed: int, batch_size: int | None = No
     )
 
 
+def make_ragged_batch(opts: Options, vocab: int, seed: int) -> Any:
+    """``max(4, batch_size // 4)`` right-padded trajectories of ``length // 8`` to ``length`` tokens (evenly
+    spread, shuffled), a prompt of ``length // 16`` (<= 64) outside the loss: what packing is for."""
+    from flashrl.learners.batch import TrainBatch
+
+    gen = torch.Generator().manual_seed(seed)
+    b, t = max(4, opts.batch_size // 4), opts.length
+    lengths = torch.linspace(t // 8, t, b).round().long()[torch.randperm(b, generator=gen)]  # [B]
+    positions = torch.arange(t).unsqueeze(0)  # [1, T]
+    attention_mask = positions < lengths.unsqueeze(1)  # [B, T]
+    loss_mask = attention_mask & (positions >= min(64, t // 16))  # [B, T]
+    ids = torch.randint(0, vocab, (b, t), generator=gen).masked_fill(~attention_mask, 0)  # [B, T]
+    behavior = torch.full((b, t), -math.log(vocab)).masked_fill(~loss_mask, 0.0)  # [B, T]
+    return TrainBatch(
+        token_ids=ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        behavior_logprobs=behavior,
+        rewards=(torch.arange(b) % 2).float(),
+        policy_versions=torch.zeros(b, dtype=torch.long),
+        prompt_ids=[f"p{i}" for i in range(b)],
+    )
+
+
 def train_flops_per_token(arch: Any, length: int) -> float:
     """Model FLOPs of one trained token (forward + backward = 3 x forward; recomputation not counted).
 
@@ -333,6 +366,14 @@ class Context:
     arch: Any
     warmup: dict[str, float] = field(default_factory=dict)
     """The learner phase's warm-up update (loss, grad_norm): the fsdp phase's reference."""
+
+
+class PhaseCheckFailed(RuntimeError):
+    """A phase ran but its check failed; ``measured`` (what it measured) is kept in the phase's record."""
+
+    def __init__(self, message: str, measured: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.measured = measured
 
 
 def phase_matmul(ctx: Context) -> dict[str, Any]:
@@ -652,6 +693,87 @@ def phase_fsdp(ctx: Context) -> dict[str, Any]:
             torch.distributed.destroy_process_group()
 
 
+def packing_probe(model: Any, first_len: int, second_len: int) -> dict[str, float]:
+    """Max |log-prob difference| of two packed sequences vs each alone, and of a leak vs alone.
+
+    The leak: the second sequence's tokens predicted with the first before them in one causal row
+    (a 2D mask of ones turns transformers' packed-sequence detection off), as a model whose mask code
+    ignores packed position ids would score them.
+    """
+    from flashrl.models import compute_packed_token_logprobs
+
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(model.config.vocab_size)
+    first = torch.randint(0, vocab, (first_len,), generator=gen).to(device)  # [n1]
+    second = torch.randint(0, vocab, (second_len,), generator=gen).to(device)  # [n2]
+    ids = torch.cat([first, second]).unsqueeze(0)  # [1, n1 + n2]
+    restart = torch.cat([torch.arange(first_len), torch.arange(second_len)]).unsqueeze(0).to(device)  # [1, n]
+
+    def alone(seq: torch.Tensor) -> torch.Tensor:
+        return compute_packed_token_logprobs(model, seq.unsqueeze(0), torch.arange(seq.shape[0], device=device)
+                                             .unsqueeze(0), with_entropy=False)[0]  # [1, n_i]
+
+    def next_token(row: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        logits = model(input_ids=row, position_ids=positions, attention_mask=mask).logits.float()  # [1, n, V]
+        return torch.log_softmax(logits[:, :-1], -1).gather(-1, row[:, 1:, None])[..., 0]  # [1, n - 1]
+
+    with torch.no_grad():
+        packed, _ = compute_packed_token_logprobs(model, ids, restart, with_entropy=False)  # [1, n]
+        separate = torch.cat([alone(first), alone(second)], dim=1)  # [1, n]
+        leak = next_token(ids, restart, torch.ones_like(ids))[:, first_len:]  # [1, n2 - 1]: second[1:]
+        clean = next_token(second.unsqueeze(0), restart[:, first_len:], None)  # [1, n2 - 1]
+    return {"packed_vs_alone": float((packed - separate).abs().max()),
+            "leak_vs_alone": float((leak - clean).abs().max())}
+
+
+def phase_packed(ctx: Context) -> dict[str, Any]:
+    """Padded, then packed: one update on ragged batch 3 (same weights: must agree), one timed on batch 4."""
+    from transformers import AutoModelForCausalLM
+
+    from flashrl.learners.learner import Learner
+
+    opts = ctx.opts
+    probe: dict[str, dict[str, float]] = {}
+    for dtype in ("bfloat16", "float32"):
+        model = AutoModelForCausalLM.from_pretrained(ctx.model, dtype=getattr(torch, dtype),
+                                                     attn_implementation="sdpa").to(opts.device).eval()
+        for n1, n2 in ((5, 4), (64, 48)):
+            probe[f"{dtype} {n1}+{n2}"] = packing_probe(model, n1, n2)
+        del model
+        _free(opts)
+    base = _learner_spec(ctx, opts.max_tokens_per_micro_batch)
+    out: dict[str, Any] = {"probe": probe}
+    for name, pack in (("padded", False), ("packed", True)):
+        learner = Learner(replace(base, pack_sequences=pack))
+        if learner.pack_sequences != pack:
+            raise RuntimeError(f"asked for pack_sequences={pack}, the learner resolved {learner.pack_sequences}")
+        vocab = int(learner.model.config.vocab_size)
+        first = _timed_update(learner, make_ragged_batch(opts, vocab, seed=3), opts.device)
+        batch = make_ragged_batch(opts, vocab, seed=4)
+        timed = _timed_update(learner, batch, opts.device)
+        real = int(batch.attention_mask.sum())
+        out[name] = {"attention": str(getattr(learner.model.config, "_attn_implementation", "")),
+                     "first_update": first, "update": timed, "real_tokens": real,
+                     "real_tokens_per_s": real / timed["seconds"]}
+        del learner
+        _free(opts)
+    padded, packed = out["padded"]["first_update"], out["packed"]["first_update"]
+    # The loss is compared absolutely: with advantages of mean zero (+-0.5 here) and ratios near 1 it is
+    # itself near 0, where a relative difference means nothing (the first H200 run: 1.33 "relative").
+    loss_diff = abs(packed["loss"] - padded["loss"])
+    grad_diff = abs(packed["grad_norm"] - padded["grad_norm"]) / max(padded["grad_norm"], 1e-12)
+    out.update(loss_abs_diff=loss_diff, grad_norm_relative_diff=grad_diff,
+               time_ratio_packed_over_padded=out["packed"]["update"]["seconds"] / out["padded"]["update"]["seconds"])
+    if opts.device == "cuda":
+        out["peak_ratio_packed_over_padded"] = out["packed"]["update"]["peak_bytes"] / out["padded"]["update"]["peak_bytes"]
+    tol = 1e-4 if opts.dtype == "float32" else 5e-2  # bf16: attention kernels and sums differ by path
+    if not (loss_diff < tol and grad_diff < tol):
+        raise PhaseCheckFailed(f"packed and padded updates disagree on one batch: loss {loss_diff:.3g} apart, "
+                               f"grad norm {grad_diff:.3g} relative (expected < {tol})", out)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- push
 PUSH_BATCH = 8
 """Trajectories per iteration of the push phase: 4 prompts x 2 rollouts (``sync_group``, so lag must be 0).
@@ -786,6 +908,7 @@ def run(opts: Options) -> dict[str, Any]:
             "logprobs": lambda: phase_logprobs(ctx),
             "engine": lambda: phase_engine(ctx),
             "fsdp": lambda: phase_fsdp(ctx),
+            "packed": lambda: phase_packed(ctx),
             "push": lambda: phase_push(ctx),
         }
         for name in PHASES:
@@ -804,7 +927,8 @@ def run(opts: Options) -> dict[str, Any]:
                 phases[name] = {"status": "ok", **steps[name]()}
             except Exception as exc:  # noqa: BLE001 - a failure is this phase's result; the others still run
                 phases[name] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                                "traceback": traceback.format_exc(limit=8)[-4000:]}
+                                "traceback": traceback.format_exc(limit=8)[-4000:],
+                                **getattr(exc, "measured", {})}
             phases[name]["phase_s"] = time.perf_counter() - t0
             _free(opts)
             print(f"[gpu_check] {name}: {phases[name]['status']} in {phases[name]['phase_s']:.1f} s", flush=True)
@@ -872,6 +996,14 @@ def table(result: dict[str, Any]) -> str:
             if "vs_local" in p:
                 text += (f"; vs local: loss {p['vs_local']['loss_relative_diff']:.1e}, "
                          f"grad norm {p['vs_local']['grad_norm_relative_diff']:.1e}")
+        elif name == "packed":
+            text = (f"{p['packed']['real_tokens']} real tokens: {p['padded']['update']['seconds']:.2f} s padded, "
+                    f"{p['packed']['update']['seconds']:.2f} s packed ({p['time_ratio_packed_over_padded']:.2f}x)")
+            if "peak_ratio_packed_over_padded" in p:
+                text += f", peak {p['peak_ratio_packed_over_padded']:.2f}x"
+            text += (f"; loss {p['loss_abs_diff']:.1e}, grad norm {p['grad_norm_relative_diff']:.1e} apart; "
+                     "packed vs alone (leak vs alone): " + ", ".join(
+                         f"{k} {v['packed_vs_alone']:.1e} ({v['leak_vs_alone']:.2f})" for k, v in p["probe"].items()))
         else:
             its = p["iterations"]
             text = (f"weight_sync {p['route']}: versions {[it['learner_version'] for it in its]}, "

@@ -39,6 +39,7 @@ Metrics are the loss's (combined over micro-batches and ranks, ``LossMetrics``) 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -143,13 +144,15 @@ class Learner:
 
     def _resolve_packing(self) -> bool:
         """Pack when asked (or, for None, when attention is a varlen flash kernel), after a probe."""
-        from flashrl.models import verify_packed_attention
+        from flashrl.models import packing_tolerance, verify_packed_attention
 
         implementation = str(getattr(self.model.config, "_attn_implementation", ""))
         pack = self.spec.pack_sequences if self.spec.pack_sequences is not None else "flash" in implementation
         if pack:
-            # Refuses (with the fix) a model whose mask code would let packed sequences see each other.
-            self.policy.run(verify_packed_attention, self.model)
+            # Refuses (with the fix) a model whose mask code would let packed sequences see each other; the
+            # tolerance is the compute dtype's (the parameters are float32 under FSDP2 mixed precision).
+            tolerance = packing_tolerance(self.spec.torch_dtype)
+            self.policy.run(functools.partial(verify_packed_attention, atol=tolerance), self.model)
         return bool(pack)
 
     # ------------------------------------------------------------------------------------------

@@ -1,7 +1,11 @@
 """Models: obtaining them (offline built-ins, local folders, hub ids) and learner-side log-probs."""
 
 from flashrl.models.logprobs import compute_token_logprobs
-from flashrl.models.packed_logprobs import compute_packed_token_logprobs, verify_packed_attention
+from flashrl.models.packed_logprobs import (
+    compute_packed_token_logprobs,
+    packing_tolerance,
+    verify_packed_attention,
+)
 from flashrl.models.resolve import (
     BUILTIN_MODELS,
     BUILTIN_TOKENIZERS,
@@ -21,6 +25,7 @@ __all__ = [
     "compute_packed_token_logprobs",
     "compute_token_logprobs",
     "dequantize_gguf",
+    "packing_tolerance",
     "resolve_model",
     "resolve_tokenizer",
     "verify_packed_attention",

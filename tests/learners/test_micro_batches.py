@@ -85,3 +85,15 @@ def test_a_trajectory_over_the_budget_runs_alone_and_still_trains(make_spec, bat
 def test_the_micro_batch_budget_is_checked(make_spec):
     with pytest.raises(ValueError, match=r"Invalid LearnerSpec:\n  - max_tokens_per_micro_batch: expected None .+, got 0\. Fix:"):
         make_spec(max_tokens_per_micro_batch=0)
+
+
+def test_the_learner_probes_with_its_compute_dtypes_tolerance(make_spec, monkeypatch) -> None:
+    """FSDP2 keeps float32 parameters under bfloat16 compute: the tolerance comes from the spec's dtype."""
+    import flashrl.models
+
+    seen: list[float] = []
+    monkeypatch.setattr(flashrl.models, "verify_packed_attention",
+                        lambda model, *, atol=None: seen.append(atol) or 0.0)
+    for dtype in ("float32", "bfloat16"):
+        Learner(make_spec(dtype=dtype, pack_sequences=True))
+    assert seen == [1e-4, 0.2]

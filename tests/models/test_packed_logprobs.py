@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from flashrl.learners.packing import pack_rows, unpack_rows
-from flashrl.models import compute_packed_token_logprobs, compute_token_logprobs, verify_packed_attention
+from flashrl.models import (
+    compute_packed_token_logprobs,
+    compute_token_logprobs,
+    packing_tolerance,
+    verify_packed_attention,
+)
 
 LENGTHS = [2, 37, 5, 64, 1, 9]
 """Very different lengths: one prompt token + one generated token, a lone prompt token, 64 tokens."""
@@ -191,6 +196,23 @@ def test_verify_packed_attention_passes_and_catches_leaks(tiny_llama_path: str, 
     monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
     with pytest.raises(RuntimeError, match="attend to each other"):
         verify_packed_attention(model)
+
+
+def test_packing_tolerance_is_the_compute_dtypes() -> None:
+    assert packing_tolerance(torch.float32) == packing_tolerance(torch.float64) == 1e-4
+    assert packing_tolerance(torch.bfloat16) == packing_tolerance(torch.float16) == 0.2
+
+
+def test_a_bfloat16_model_passes_the_probe_and_its_leaks_are_still_caught(tiny_llama_path: str, monkeypatch) -> None:
+    """16-bit rounding must not refuse a working mask (it did on a GPU: 0.033 apart, sdpa, bfloat16)."""
+    model = _model("llama", "sdpa", torch.bfloat16, tiny_llama_path)
+    assert verify_packed_attention(model) <= packing_tolerance(torch.bfloat16)
+    from transformers import masking_utils
+
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
+    with pytest.raises(RuntimeError, match=r"attend to each other: packed and separate log-probs differ by .* "
+                                           r"\(expected <= 0.2\)"):
+        verify_packed_attention(model)  # a leak moves this model's probe by about 3.9
 
 
 def test_unsupported_attention_is_refused() -> None:

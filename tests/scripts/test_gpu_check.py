@@ -54,7 +54,7 @@ def test_full_mode_has_the_checks_sizes() -> None:
 def test_small_mode_defaults_phases_and_the_dry_run_alias() -> None:
     opts = gpu_check.parse_args(["--dry-run"])
     assert opts.small and opts.device == "cpu" and opts.dtype == "float32" and opts.engine == "torch"
-    assert opts.phases == ("matmul", "learner", "logprobs", "engine", "fsdp", "push")
+    assert opts.phases == ("matmul", "learner", "logprobs", "engine", "fsdp", "packed", "push")
     assert opts.batch_size * opts.length == 2 * opts.max_tokens_per_micro_batch  # two passes per update
     # phases run in their fixed order whatever order they are named in
     assert gpu_check.parse_args(["--small", "--phase", "fsdp", "learner"]).phases == ("learner", "fsdp")
@@ -159,7 +159,8 @@ def test_small_run_on_a_simulated_gpu_machine(tmp_path: Path) -> None:
     phases = result["phases"]
     assert list(phases) == list(gpu_check.PHASES) and result["ok"] and result["mode"] == "small"
     assert {name: p["status"] for name, p in phases.items()} == {
-        "matmul": "ok", "learner": "ok", "logprobs": "ok", "engine": "ok", "fsdp": "ok", "push": "skipped",
+        "matmul": "ok", "learner": "ok", "logprobs": "ok", "engine": "ok", "fsdp": "ok", "packed": "ok",
+        "push": "skipped",
     }
     assert phases["push"]["reason"].startswith("needs ray, gymnasium, math_verify, not importable here")
 
@@ -183,6 +184,14 @@ def test_small_run_on_a_simulated_gpu_machine(tmp_path: Path) -> None:
     assert (fsdp["backend"], fsdp["fsdp_units"], fsdp["checkpoint_wrapped_layers"]) == ("gloo", 3, 2)
     assert fsdp["master_dtype"] == "torch.float32" and fsdp["update"]["applied"] == 1.0
     assert fsdp["vs_local"]["loss_relative_diff"] < 1e-4 and fsdp["vs_local"]["grad_norm_relative_diff"] < 1e-4
+
+    packed = phases["packed"]
+    assert (packed["padded"]["attention"], packed["packed"]["attention"]) == ("sdpa", "sdpa")
+    assert packed["padded"]["real_tokens"] == packed["packed"]["real_tokens"] == 8 + 27 + 45 + 64  # 4 ragged rows
+    assert packed["loss_abs_diff"] < 1e-4 and packed["grad_norm_relative_diff"] < 1e-4
+    assert set(packed["probe"]) == {"bfloat16 5+4", "bfloat16 64+48", "float32 5+4", "float32 64+48"}
+    for probe in packed["probe"].values():  # a working mask: rounding apart; a leak: far apart
+        assert probe["packed_vs_alone"] < 0.05 and probe["leak_vs_alone"] > 0.1
     verdict = next(line for line in proc.stdout.splitlines() if line.startswith("verdict"))
     assert verdict.split()[-1] == "OK"
 
