@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -201,9 +202,16 @@ def arm_summary(runs: Sequence[Mapping[str, Any]], task: Task, *, sealed: bool =
             out[arm]["wall_s"] = sum(walls) / len(walls) if walls else None
             continue
         for key in ("area", "accuracy_at_budget", "initial_accuracy", "tool_calls_initial", "tool_calls_final",
-                    "turns_final", "trained_over_generated", "policy_lag_mean", "wall_s", "iteration_s_mean"):
+                    "turns_final", "trained_over_generated", "policy_lag_mean", "accepted_fraction_mean",
+                    "drift_mean", "wall_s", "iteration_s_mean"):
             values = [m[key] for m in mine if m.get(key) is not None]
             out[arm][key] = sum(values) / len(values) if values else None
+        drift_max = [m["drift_max"] for m in mine if m.get("drift_max") is not None]
+        out[arm]["drift_max"] = max(drift_max) if drift_max else None  # the largest over every run
+        # rollouts to first reach TARGET: how many runs did, and their mean (a run that never did has none)
+        reached = [m["generated_to_target"] for m in mine if m.get("generated_to_target") is not None]
+        out[arm]["reached_target"] = len(reached)
+        out[arm]["generated_to_target_mean"] = sum(reached) / len(reached) if reached else None
     return out
 
 
@@ -235,19 +243,31 @@ def render_pilots(pilots: Mapping[str, Any]) -> str:
 
 
 def plot(runs: Sequence[Mapping[str, Any]], task: Task, path: str, *, title: str) -> str:
-    """Held-out accuracy (and, for the tool task, tool calls and turns) vs generated rollouts, each run a line."""
+    """Held-out accuracy (and, for the tool task, tool calls and turns) vs generated rollouts.
+
+    Each run is a thin line; each arm's mean over its runs a thick one, the runs' curves interpolated
+    linearly at 61 points of [0, budget] (the asynchronous arm evaluates at its own generated counts).
+    """
+    import numpy as np
+
     plt = _pyplot()
     agentic = any(p.get("tool_calls_mean") is not None for r in runs for p in r["curve"])
     keys = ["accuracy"] + (["tool_calls_mean", "turns_mean"] if agentic else [])
-    labels = {"accuracy": "held-out success", "tool_calls_mean": "tool calls per held-out episode",
-              "turns_mean": "model turns per held-out episode"}
+    labels = {"accuracy": "held-out success" if agentic else "held-out accuracy",
+              "tool_calls_mean": "tool calls per held-out episode", "turns_mean": "model turns per held-out episode"}
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4), squeeze=False)
     colors = dict(zip(task.arms, ("tab:blue", "tab:orange", "tab:green"), strict=False))
+    grid = np.linspace(0.0, task.budget, 61)  # [61]
     for ax, key in zip(axes[0], keys, strict=True):
-        for run in runs:
-            points = [(p["generated"], p[key]) for p in run["curve"] if p.get(key) is not None]
-            ax.plot(*zip(*points, strict=True), color=colors[run["arm"]], alpha=0.5,
-                    label=run["arm"] if run["seed"] == min(r["seed"] for r in runs if r["arm"] == run["arm"]) else None)
+        for arm in task.arms:
+            curves = []
+            for run in (r for r in runs if r["arm"] == arm):
+                xs, ys = zip(*[(p["generated"], p[key]) for p in run["curve"] if p.get(key) is not None], strict=True)
+                ax.plot(xs, ys, color=colors[arm], alpha=0.25, linewidth=0.8)
+                curves.append(np.interp(grid, xs, ys))  # [61]
+            if curves:
+                ax.plot(grid, np.mean(curves, axis=0), color=colors[arm], linewidth=2.5,
+                        label=f"{arm} (mean of {len(curves)})")
         ax.axvline(task.budget, color="grey", linestyle=":")
         ax.set_xlabel("generated rollouts")
         ax.set_ylabel(labels[key])
@@ -346,6 +366,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def previous_configs(path: str) -> dict[str, Any]:
+    """The ``configs`` of the report at ``path`` ({} when there is none, or it cannot be read)."""
+    try:
+        with open(path) as f:
+            configs = json.load(f).get("configs")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return configs if isinstance(configs, dict) else {}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     task = TASKS[args.task]
@@ -398,6 +428,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             import ray
 
             ray.shutdown()
+    # The arms' configs are recorded when a run is made; a report written from the log alone (--report-only,
+    # or a --resume with nothing left to run for an arm) keeps those of the report it rewrites.
+    configs = {**(previous_configs(args.output) if args.resume else {}), **configs}
     runs = log.runs()
     pilots = [r for r in runs if r["phase"] == "pilot"]  # with the runs this call made
     counted = [r for r in runs if r["phase"] == "counted"]

@@ -171,10 +171,35 @@ def test_a_report_short_of_its_registered_seeds_is_sealed_until_final(bench, tmp
     assert early["arms"]["flash_async"]["area"] == pytest.approx(0.55)
     for arm, seed, area in (("grpo", 1, 0.5), ("flash_async", 2, 0.7), ("grpo", 2, 0.5)):
         log.add(_counted_run(arm, seed, area))
+    recorded = json.loads(out.read_text())
+    recorded["configs"] = {"grpo": {"lr": 3e-6}}  # as a call that ran grpo recorded it
+    out.write_text(json.dumps(recorded))
     complete = module.main(args)
     assert complete["seal"] == {"sealed": False, "missing_seeds": {"flash_async": [], "grpo": []},
                                 "unsealed_early": False}
+    assert complete["configs"] == {"grpo": {"lr": 3e-6}}  # a report written from the log keeps the configs
     assert complete["comparisons"]["flash_async - grpo"]["area_differences"] == pytest.approx([0.1, 0.1, 0.2])
+
+
+def test_arm_summary_reports_every_registered_secondary(bench):
+    """Means over an arm's seeds; the largest drift of any run; rollouts to the target over the runs that reached it."""
+    module = bench("paired_comparison")
+    task = module.TASKS["sums"]
+    runs = [{"arm": "grpo", "seed": seed, "metrics": {
+        "area": area, "accepted_fraction_mean": accepted, "drift_mean": drift, "drift_max": 10 * drift,
+        "generated_to_target": to_target, "wall_s": 100.0}}
+        for seed, area, accepted, drift, to_target in ((0, 0.5, 1.0, 0.01, 160.0), (1, 0.7, 0.5, 0.03, None),
+                                                       (2, 0.6, 0.75, 0.02, 80.0))]
+    grpo = module.arm_summary(runs, task)["grpo"]
+    assert grpo["n"] == 3 and grpo["area"] == pytest.approx(0.6)
+    assert grpo["accepted_fraction_mean"] == pytest.approx(0.75) and grpo["drift_mean"] == pytest.approx(0.02)
+    assert grpo["drift_max"] == pytest.approx(0.3)
+    assert (grpo["reached_target"], grpo["generated_to_target_mean"]) == (2, 120.0)
+    assert module.arm_summary([], task)["grpo"] == {
+        "n": 0, **dict.fromkeys(("area", "accuracy_at_budget", "initial_accuracy", "tool_calls_initial",
+                                 "tool_calls_final", "turns_final", "trained_over_generated", "policy_lag_mean",
+                                 "accepted_fraction_mean", "drift_mean", "wall_s", "iteration_s_mean",
+                                 "drift_max", "generated_to_target_mean")), "reached_target": 0}
 
 
 def test_tool_task_dtype_reaches_the_learner_and_only_the_tool_task_takes_it(bench):
@@ -209,5 +234,23 @@ def test_tool_report_means_and_plots_tool_calls_and_turns_over_training(bench, m
     axes = saved["fig"].axes
     assert [ax.get_ylabel() for ax in axes] == ["held-out success", "tool calls per held-out episode",
                                                 "model turns per held-out episode"]
-    grpo_calls = [line for line in axes[1].lines if line.get_label() == "grpo"]
-    assert list(grpo_calls[0].get_ydata()) == [1.0, 0.5]
+    grpo_calls = [line for line in axes[1].lines if line.get_label() == "grpo (mean of 1)"]
+    assert grpo_calls[0].get_ydata()[0] == 1.0 and grpo_calls[0].get_ydata()[-1] == 0.5  # interpolated to 320
+    assert grpo_calls[0].get_ydata()[30] == pytest.approx(0.75)
+
+
+def test_sums_figure_draws_each_arms_mean_over_runs_evaluated_at_different_counts(bench, monkeypatch):
+    """The asynchronous arm evaluates at its own generated counts: its mean is taken on a common grid."""
+    module = bench("paired_comparison")
+    task = module.TASKS["sums"]
+    runs = [{"arm": "flash_async", "seed": seed, "curve": [{"generated": g, "accuracy": a} for g, a in points]}
+            for seed, points in ((0, ((0, 0.3), (480, 0.7))), (1, ((0, 0.3), (240, 0.5), (500, 0.8))))]
+    saved = {}
+    monkeypatch.setattr(module, "_save", lambda plt, fig, path, title: saved.setdefault("fig", fig) and path)
+    module.plot(runs, task, "unused.png", title="t")
+    (ax,) = saved["fig"].axes
+    assert ax.get_ylabel() == "held-out accuracy"
+    (mean,) = [line for line in ax.lines if line.get_label() == "flash_async (mean of 2)"]
+    assert list(mean.get_xdata()[[0, 30, 60]]) == [0.0, 240.0, 480.0]
+    assert mean.get_ydata()[30] == pytest.approx((0.5 + 0.5) / 2)
+    assert mean.get_ydata()[60] == pytest.approx((0.7 + 0.5 + 0.3 * 240 / 260) / 2)
