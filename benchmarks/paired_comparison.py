@@ -1,7 +1,8 @@
-"""The pre-registered, paired and tuned comparison of FlashREINFORCE and GRPO (docs/benchmarks.md).
+"""The pre-registered, paired and tuned comparison of FlashREINFORCE and GRPO (benchmarks/paired_comparison.md).
 
-Everything this script does is fixed by the pre-registration ("Pre-registered: a paired, tuned
-comparison of FlashREINFORCE and GRPO" in docs/benchmarks.md), which was committed before any counted
+Everything this script does is fixed by the pre-registration ("Evidence-2: a paired, tuned comparison
+of FlashREINFORCE and GRPO" in benchmarks/paired_comparison.md, next to this file; the results are in
+docs/benchmarks.md), which was committed before any counted
 run: the arms, the budget in GENERATED rollouts, the learning-rate pilots, the seeds, the primary
 metric and the paired test. Read it before changing a constant here.
 
@@ -442,7 +443,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     arms = arm_summary(counted, task, sealed=sealed)
     report = {
         "benchmark": NAME,
-        "preregistration": "docs/benchmarks.md#pre-registered-a-paired-tuned-comparison-of-flashreinforce-and-grpo",
+        "preregistration": "benchmarks/paired_comparison.md#evidence-2-a-paired-tuned-comparison-of-flashreinforce-and-grpo",
         "command": ["python", "benchmarks/paired_comparison.py", *(argv if argv is not None else sys.argv[1:])],
         "settings": {**settings, "quick": args.quick,
                      "held_out": task.held_out, "learning_rates": LEARNING_RATES, "pilot_seeds": PILOT_SEEDS,
