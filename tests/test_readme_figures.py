@@ -4,7 +4,9 @@ A README paragraph (or table row) that names a JSON file (`benchmarks/results/x.
 quotes figures from it: every number in it outside backticks must be one of the file's numbers,
 rounded to the digits the paragraph gives (`0.562` for 0.5625, `11.9` for 11.92; `45%` is read as
 0.45). Each main job's expected result must be such a paragraph, so a figure with no file cannot stand
-in for one.
+in for one. A paragraph or row that cites no file quotes no figure at all: a setting's value or a
+version is written in backticks (`0.55`, `3.11`), which marks it as typed, not measured. The README
+stays an entry page: at most `MAX_LINES` lines, the results in one table.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ BACKTICKED = re.compile(r"`[^`]*`")
 LINK_TARGET = re.compile(r"\]\([^)]*\)")
 NUMBER = re.compile(r"(?<![\w.])(\d+(?:,\d{3})*(?:\.(\d+))?(?:e([-+]?\d+))?)(%?)(?=x\b|(?![\w.]*\w))")
 """A figure: 0.562, 1,440, 5.2e-4, 45%, or a ratio's number (1.64x); not a name such as x86 or 2nd."""
+
+MAX_LINES = 130
+"""The README's length limit: what it is, the two commands, the builder, the agent snippet, one table of
+results, the docs map and the layout; everything else lives in docs/."""
 
 MAIN_JOBS = {
     "tuned_examples/smollm2_arithmetic_cpu.py": "benchmarks/results/learning_efficiency.json",
@@ -174,3 +180,33 @@ def test_layout_names_every_tests_folder() -> None:
     assert not missing, f"tests/ folders the README's Layout does not name: {missing}"
     extra = [name for name in named if name.isidentifier() and not (ROOT / "tests" / name).is_dir()]
     assert not extra, f"the README's Layout names tests/ folders that do not exist: {extra}"
+
+
+def uncited_figures(text: str) -> list[tuple[int, list[str]]]:
+    """(line, figures) of each paragraph or table row that quotes a figure but cites no JSON file."""
+    out = []
+    for number, block in blocks(text):
+        if CITED_JSON.search(block):
+            continue
+        figures = [written for written, _, _ in quoted_numbers(block)]
+        if figures:
+            out.append((number, figures))
+    return out
+
+
+def test_every_figure_cites_its_file() -> None:
+    problems = uncited_figures(README.read_text())
+    assert not problems, (
+        f"README figures in paragraphs or rows that cite no benchmarks/results JSON: {problems}. Fix: cite the "
+        "file the figure comes from, or write a setting's value in backticks"
+    )
+
+
+def test_the_uncited_check_finds_a_bare_figure() -> None:
+    text = "stops at `0.55` after `60` updates\n\nruns 1.64x faster\n\n| a | 0.3 | `benchmarks/results/a.json` |\n"
+    assert uncited_figures(text) == [(3, ["1.64"])]
+
+
+def test_the_readme_is_an_entry_page() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= MAX_LINES, f"README has {len(lines)} lines, expected at most {MAX_LINES}: move detail to docs/"
