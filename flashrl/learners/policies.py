@@ -32,6 +32,7 @@ from flashrl.checkpoints.export import export_hf, save_pretrained
 from flashrl.checkpoints.learner_state import (
     load_sharded_state,
     read_full_state,
+    read_state_file,
     save_sharded_state,
     state_layout,
     write_state_file,
@@ -327,9 +328,9 @@ class ShardedPolicy:
         """
         folder = Path(path).resolve()
         if state_layout(folder, layout, default=DCP_LAYOUT) == SINGLE_FILE_LAYOUT:
-            state = read_full_state(folder, SINGLE_FILE_LAYOUT)
-            self.load_train_state(state.model, state.optimizer)
-            return state.extra
+            model, optimizer, extra = read_state_file(folder)
+            self.load_train_state(model, optimizer)
+            return extra
         return load_sharded_state(folder, self.model, self.optimizer)
 
     def save_policy(self, path: str | os.PathLike[str]) -> str:
