@@ -53,7 +53,7 @@ are sharded, the optimizer objects); every file is written, hashed, verified and
 - ``export``: the policy as a Hugging Face folder (streamed from shards, or ``save_pretrained``).
 
 ``dcp``, ``learner_state`` and ``export`` are imported on use (``from flashrl.checkpoints import dcp``):
-they load torch's distributed checkpointing, which reading a checkpoint's config does not need.
+they load ``torch.distributed`` (and DCP), which reading a checkpoint's config does not need.
 """
 
 from flashrl.checkpoints.files import (

@@ -43,10 +43,10 @@ def export_hf(
     every state-dict entry once under its Hugging Face name (sharded where sharded; a tied weight once,
     under its first name), and ``gather(tensor, dtype=..., device="cpu")``, one entry as a full CPU
     tensor cast to ``dtype`` (floating point only); ``flashrl.learners.fsdp`` gives both
-    (``unique_state_items``, ``gather_full``). The full tensors are gathered one by one (a collective,
-    every rank takes part and keeps only its shard) and packed into buckets of about ``bucket_bytes``; a decoder layer
-    is never split over two buckets (transformers' weight conversions, e.g. fused MoE experts, work
-    within a layer). Rank 0 writes each bucket as one safetensors file (``model-0000k-of-0000n``, with
+    (``unique_state_items``, ``gather_full``). The full tensors are gathered one by one (a
+    collective, every rank takes part and keeps only its shard) and packed into buckets of about
+    ``bucket_bytes``; a decoder layer is never split over two buckets (transformers' weight
+    conversions, e.g. fused MoE experts, work within a layer). Rank 0 writes each bucket as one safetensors file (``model-0000k-of-0000n``, with
     ``model.safetensors.index.json``; a single ``model.safetensors`` when one bucket holds everything),
     reverting transformers' load-time weight conversions per bucket as ``save_pretrained`` does, and
     drops it before the next: rank 0 holds one bucket beyond its shards, never the whole model. Tied
