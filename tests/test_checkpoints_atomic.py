@@ -108,10 +108,10 @@ def test_an_older_format_is_a_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two_renames"])
 def test_a_save_over_a_checkpoint_replaces_it_whole(tmp_path: Path, monkeypatch, exchange: bool) -> None:
-    from flashrl import checkpoints
+    from flashrl.checkpoints import ownership
 
     if not exchange:  # a filesystem without RENAME_EXCHANGE
-        monkeypatch.setattr(checkpoints, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(ownership, "_exchange", lambda a, b: False)
     _write(tmp_path / "ckpt", 1.0, iteration=10)
     path = _write(tmp_path / "ckpt", 2.0, iteration=3)
     checkpoint = read_checkpoint(path)

@@ -22,17 +22,18 @@ import pytest
 import torch
 
 from flashrl.checkpoints import (
+    FRESH_OPTIMIZER_FILE,
     LATEST_FILE,
     MARKER,
     SAVE_MARKER,
+    STATE_FILE,
     CheckpointError,
+    dcp,
     latest_checkpoint,
     read_checkpoint,
     record_checkpoint,
     write_checkpoint,
 )
-from flashrl.learners import fsdp
-from flashrl.learners.policies import FRESH_OPTIMIZER_FILE, STATE_FILE
 
 TIMEOUT_S = 120
 """For each child process that runs a read which used to block forever (imports torch: a few seconds)."""
@@ -70,7 +71,7 @@ class _DcpGroup:
     def save_state(self, path: str) -> str:
         with warnings.catch_warnings():  # DCP warns that no process group is initialised: intended here
             warnings.simplefilter("ignore")
-            fsdp.save_sharded(path, self.model, extra_state={"version": 1})
+            dcp.save_sharded(path, self.model, extra_state={"version": 1})
         Path(path, FRESH_OPTIMIZER_FILE).touch()
         return path
 
@@ -156,7 +157,7 @@ def test_checkpoint_a_never_restores_bs_weights_through_the_learner_group(tmp_pa
             p.fill_(7.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fsdp.save_sharded(tmp_path / "b", other.model, extra_state=other._extra_state())
+        dcp.save_sharded(tmp_path / "b", other.model, extra_state=other._extra_state())
     for name in (".metadata", "__0_0.distcp"):
         shutil.copy(tmp_path / "b" / name, a / "learner" / name)
 
@@ -246,7 +247,7 @@ def _dcp(folder: Path, value: float) -> torch.nn.Module:
         model.weight.fill_(value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fsdp.save_sharded(folder, model, extra_state={"version": 1})
+        dcp.save_sharded(folder, model, extra_state={"version": 1})
     return model
 
 
@@ -264,10 +265,10 @@ def test_dcp_storage_paths_leading_out_of_the_folder_are_refused(tmp_path: Path,
     refused = f"a shard's storage path is {target!r}; expected a file name inside"
     with pytest.raises(CheckpointError, match=refused), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fsdp.load_sharded_full(tmp_path / "a")
+        dcp.load_sharded_full(tmp_path / "a")
     with pytest.raises(CheckpointError, match=refused), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fsdp.load_sharded(tmp_path / "a", torch.nn.Linear(3, 2))
+        dcp.load_sharded(tmp_path / "a", torch.nn.Linear(3, 2))
 
 
 def test_a_dcp_shard_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
@@ -276,8 +277,8 @@ def test_a_dcp_shard_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path) 
     shard.unlink()
     os.mkfifo(shard)
     out = _in_child(
-        "import warnings\nwarnings.simplefilter('ignore')\nfrom flashrl.learners import fsdp\n"
-        f"result = fsdp.load_sharded_full({str(tmp_path / 'a')!r})"
+        "import warnings\nwarnings.simplefilter('ignore')\nfrom flashrl.checkpoints import dcp\n"
+        f"result = dcp.load_sharded_full({str(tmp_path / 'a')!r})"
     )
     assert out.get("raised") == "CheckpointError", out
     assert f"{shard} is a FIFO; expected a DCP shard as a regular file" in out["message"]

@@ -17,14 +17,17 @@ import pytest
 import torch
 
 from flashrl.checkpoints import (
+    STATE_FILE,
     Checkpoint,
     CheckpointError,
+    dcp,
     load_tensor_file,
     read_checkpoint,
+    safe_load,
     write_checkpoint,
 )
+from flashrl.checkpoints.learner_state import read_state_file as _read_state_file
 from flashrl.learners import fsdp
-from flashrl.learners.policies import STATE_FILE, _read_state_file
 
 
 class _Payload:
@@ -131,7 +134,7 @@ def dcp_folder(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
     optimizer.step()
     with warnings.catch_warnings():  # DCP warns that no process group is initialised: intended here
         warnings.simplefilter("ignore")
-        fsdp.save_sharded(tmp_path / "dcp", model, optimizer, extra_state={"version": 4, "rng": (1, [2], None)})
+        dcp.save_sharded(tmp_path / "dcp", model, optimizer, extra_state={"version": 4, "rng": (1, [2], None)})
     return tmp_path / "dcp", model
 
 
@@ -139,7 +142,7 @@ def _load(folder: Path) -> tuple[dict, torch.nn.Module]:
     model = torch.nn.Linear(3, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        extra = fsdp.load_sharded(folder, model, torch.optim.AdamW(model.parameters()))
+        extra = dcp.load_sharded(folder, model, torch.optim.AdamW(model.parameters()))
     return extra, model
 
 
@@ -152,22 +155,22 @@ def test_a_dcp_checkpoint_round_trips_through_the_safe_loader(dcp_folder) -> Non
 
 def test_one_process_reads_a_whole_dcp_checkpoint_through_the_safe_loader(dcp_folder, tmp_path: Path) -> None:
     folder, saved = dcp_folder
-    state = fsdp.load_sharded_full(folder)  # what a single learner restores from sharded ones
+    state = dcp.load_sharded_full(folder)  # what a single learner restores from sharded ones
     assert state["extra_state"] == {"version": 4, "rng": (1, [2], None)}
     assert torch.equal(state["model"]["weight"], saved.weight)
     assert sorted(state["optimizer"]["state"]["weight"]) == ["exp_avg", "exp_avg_sq", "step"]
     assert state["optimizer"]["param_groups"][0]["params"] == ["weight", "bias"]
     marker = tmp_path / "ran"
-    (folder / fsdp.DCP_METADATA_FILE).write_bytes(pickle.dumps(_Payload(marker)))
+    (folder / dcp.DCP_METADATA_FILE).write_bytes(pickle.dumps(_Payload(marker)))
     with pytest.raises(CheckpointError, match=r"\.metadata is not readable DCP metadata.*is not allowed"):
-        fsdp.load_sharded_full(folder)
+        dcp.load_sharded_full(folder)
     assert not marker.exists()
 
 
 def test_a_payload_in_the_dcp_metadata_runs_nothing(dcp_folder, tmp_path: Path) -> None:
     folder, _ = dcp_folder
     marker = tmp_path / "ran"
-    (folder / fsdp.DCP_METADATA_FILE).write_bytes(pickle.dumps(_Payload(marker)))
+    (folder / dcp.DCP_METADATA_FILE).write_bytes(pickle.dumps(_Payload(marker)))
     with pytest.raises(CheckpointError, match=r"\.metadata is not readable DCP metadata.*is not allowed"):
         _load(folder)
     assert not marker.exists()
@@ -175,7 +178,7 @@ def test_a_payload_in_the_dcp_metadata_runs_nothing(dcp_folder, tmp_path: Path) 
 
 def test_a_truncated_dcp_metadata_is_a_checkpoint_error(dcp_folder) -> None:
     folder, _ = dcp_folder
-    _truncate(folder / fsdp.DCP_METADATA_FILE)
+    _truncate(folder / dcp.DCP_METADATA_FILE)
     with pytest.raises(CheckpointError, match=r"\.metadata is not readable DCP metadata"):
         _load(folder)
 
@@ -185,14 +188,14 @@ def test_a_payload_in_the_dcp_extra_state_runs_nothing(tmp_path: Path) -> None:
     model = torch.nn.Linear(3, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fsdp.save_sharded(tmp_path / "dcp", model, extra_state={"x": _Payload(marker)})
+        dcp.save_sharded(tmp_path / "dcp", model, extra_state={"x": _Payload(marker)})
     assert not marker.exists()
     with (
         pytest.raises(CheckpointError, match=r"dcp: the entry 'extra_state' .* not plain data.*Unsupported global"),
         warnings.catch_warnings(),
     ):
         warnings.simplefilter("ignore")
-        fsdp.load_sharded(tmp_path / "dcp", torch.nn.Linear(3, 2))
+        dcp.load_sharded(tmp_path / "dcp", torch.nn.Linear(3, 2))
     assert not marker.exists()
 
 
@@ -216,4 +219,4 @@ def test_dcp_metadata_allow_list_refuses_a_torch_function() -> None:
     # torch is allowed for Size and dtypes only: torch.load itself must not be reachable.
     payload = b"ctorch\nload\n."  # protocol 0: the global torch.load
     with pytest.raises(pickle.UnpicklingError, match="global torch.load is not allowed"):
-        fsdp._MetadataUnpickler(io.BytesIO(payload)).load()
+        safe_load.MetadataUnpickler(io.BytesIO(payload)).load()

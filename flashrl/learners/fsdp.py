@@ -1,8 +1,11 @@
-"""Fully sharded data parallelism (torch FSDP2) for the policy, with sharded checkpoints (torch DCP).
+"""Fully sharded data parallelism (torch FSDP2) for the policy: sharding, the root call, full tensors.
 
-Today every learner holds a full float32 copy of the policy and its AdamW state, and sums gradients
-by hand (``flashrl.learners.distributed``). This module is the building block that shards them
-instead, with torch's own engines and nothing home-made where those serve:
+With two or more learners every rank holds dim-0 shards of the policy, its gradients and its optimizer
+state (``flashrl.learners.policies.ShardedPolicy``); one learner holds the whole model and needs no
+collective (``LocalPolicy``). Nothing replicates the model and sums gradients by hand: FSDP2's backward
+reduce-scatters them (``flashrl.learners.distributed`` only sets up the process group and reduces the
+update's metrics). This module is the building block, with torch's own engines and nothing home-made
+where those serve:
 
 - ``load_pretrained_sharded``: build a Hugging Face model on the meta device, shard it, and fill the
   shards from rank 0's copy of the weights, so only rank 0 ever holds the whole model.
@@ -11,60 +14,38 @@ instead, with torch's own engines and nothing home-made where those serve:
   (``MixedPrecisionPolicy``), activation checkpointing per decoder layer, CPU offload
   (``CPUOffloadPolicy``). Gradients are reduce-scattered as a SUM, not FSDP's default mean: the
   learner's loss is already normalised by the GLOBAL batch (``-(1/B) sum_{i in shard} ...``, see
-  ``docs/design.md`` section 1), so the summed shard gradients are exactly the global gradient, as with
-  today's all-reduce.
+  ``docs/design.md`` section 1), so the summed shard gradients are exactly the global gradient.
 - The optimizer is a plain ``torch.optim.AdamW`` over the sharded parameters (it steps ``DTensor`` s
   shard by shard), built by the learner (``flashrl/learners/spec.py``: one group).
 - ``clip_grad_norm``: the global gradient norm across shards (``torch.nn.utils`` on ``DTensor``
   gradients reduces the per-shard norms), optional clipping.
-- ``save_sharded`` / ``load_sharded``: a DCP checkpoint folder; every rank writes its own shards, and
-  a load may use another world size (DCP reshards).
-- ``load_sharded_full``: the whole DCP checkpoint as full tensors in one process, no process group
-  (a single learner resuming from sharded ones).
-- ``export_hf``: the full weights streamed to rank 0 bucket by bucket, written as a Hugging Face
-  safetensors folder (transformers and vLLM load it; tied embeddings are stored once).
-- ``iter_full_tensors``: the full tensors one at a time, for streaming weights into inference engines
-  without materialising the whole model.
+- ``iter_full_tensors`` (``unique_state_items`` gathered by ``gather_full``): the full tensors one at
+  a time, for streaming weights into inference engines and for the Hugging Face export without
+  materialising the whole model.
 
-Every function that gathers or saves is a collective: call it on every rank, in the same order.
+Checkpoints of a sharded policy (DCP shards, the Hugging Face export) are written and read by
+``flashrl.checkpoints`` (``dcp``, ``export``); the policy hands it the model, the optimizer and these
+full-tensor helpers.
+
+Every function that gathers is a collective: call it on every rank, in the same order.
 """
 
 from __future__ import annotations
 
-import copy
-import importlib
-import io
-import json
 import os
-import pickle
-import re
-import shutil
-import tempfile
 import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     _CHECKPOINT_PREFIX,
     CheckpointImpl,
     checkpoint_wrapper,
 )
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
@@ -76,7 +57,6 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from flashrl.checkpoint_files import CheckpointError, load_error_reason, open_regular
 from flashrl.learners.distributed import check_collective_device
 
 __all__ = [
@@ -84,20 +64,14 @@ __all__ = [
     "clean_name",
     "clip_grad_norm",
     "decoder_layers",
-    "export_hf",
+    "gather_full",
     "iter_full_tensors",
     "load_pretrained_sharded",
-    "load_sharded",
-    "load_sharded_full",
-    "save_sharded",
     "shard_model",
+    "tied_aliases",
+    "unique_state_items",
 ]
 
-EXPORT_BUCKET_BYTES = 1 << 30
-"""``export_hf``: the bytes rank 0 gathers before writing them (one safetensors file per bucket)."""
-DCP_METADATA_FILE = ".metadata"
-"""DCP writes this file last (rank 0, after every shard): a folder without it is an interrupted save."""
-_EXTRA_KEY = "extra_state"
 _ROOT_CALL = "_flashrl_call_through_root"
 _T = TypeVar("_T")
 
@@ -331,387 +305,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------------
-# Sharded checkpoints (DCP)
-def save_sharded(
-    path: str | os.PathLike[str],
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
-    extra_state: dict[str, Any] | None = None,
-) -> str:
-    """Write a DCP checkpoint folder: every rank writes its shards of the model and optimizer state.
-
-    ``extra_state`` (version, counters, RNG, data cursors: anything picklable) is stored once, from
-    rank 0, as in a replicated learner. The folder must be on storage every rank can reach (one
-    node's disk, or a shared filesystem across nodes). Returns the absolute path.
-    """
-    path = os.path.abspath(os.fspath(path))
-    state: dict[str, Any] = {}
-    if optimizer is None:
-        state["model"] = get_model_state_dict(model)
-    else:
-        state["model"], state["optimizer"] = get_state_dict(model, optimizer)
-    # One opaque leaf (a pickled blob), not a nested dict: DCP loads only the keys the target already
-    # has, and the caller of load_sharded does not know them in advance.
-    blob = io.BytesIO()
-    torch.save(extra_state or {}, blob)
-    blob.seek(0)
-    state[_EXTRA_KEY] = blob
-    dcp.save(state, checkpoint_id=path)
-    return path
-
-
-def load_sharded(
-    path: str | os.PathLike[str],
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
-) -> dict[str, Any]:
-    """Load what ``save_sharded`` wrote into a sharded ``model`` (and ``optimizer``), in place.
-
-    The model must be sharded (and the optimizer built) the same way as before saving, on any number of
-    ranks. Returns the ``extra_state`` that was saved.
-    """
-    path = _complete_folder(path)
-    state: dict[str, Any] = {}
-    if optimizer is None:
-        state["model"] = get_model_state_dict(model)
-    else:
-        state["model"], state["optimizer"] = get_state_dict(model, optimizer)
-    state[_EXTRA_KEY] = io.BytesIO()
-    _load_or_refuse(path, state, _SafeReader(path), _SafeLoadPlanner())
-    set_state_dict(model, optimizer if optimizer is not None else (),
-                   model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
-    return state[_EXTRA_KEY]
-
-
-def load_sharded_full(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Everything ``save_sharded`` wrote, as full CPU tensors in this process (no process group needed).
-
-    ``{"model": {name: tensor}, "optimizer": {"state": {name: {...}}, "param_groups": [...]},
-    "extra_state": {...}}`` (no ``optimizer`` when none was saved), names as ``get_state_dict`` spells
-    them (Hugging Face names). What one learner loads from the shards of several: DCP reads every
-    shard of every tensor (``_EmptyStateDictLoadPlanner``, as ``format_utils.dcp_to_torch_save``),
-    through the same allow-listed readers as ``load_sharded``.
-    """
-    path = _complete_folder(path)
-    state: dict[str, Any] = {}
-    # dcp.load copies back only the keys the target already has; torch's own converter
-    # (format_utils.dcp_to_torch_save) calls the loader underneath for the same reason.
-    _load_or_refuse(path, state, _SafeReader(path), _SafeFullLoadPlanner(), load=_load_state_dict, no_dist=True)
-    return state
-
-
-def _complete_folder(path: str | os.PathLike[str]) -> str:
-    """The absolute path of a DCP folder whose ``.metadata`` (written last) exists."""
-    path = os.path.abspath(os.fspath(path))
-    if not os.path.isfile(os.path.join(path, DCP_METADATA_FILE)):
-        raise FileNotFoundError(
-            f"{path} is not a complete sharded checkpoint: {DCP_METADATA_FILE} is missing (expected a folder "
-            "written by save_sharded; an interrupted save has shard files but no metadata)."
-        )
-    return path
-
-
-def _load_or_refuse(path: str, state: dict[str, Any], reader: _SafeReader, planner: Any, *,
-                    load: Callable[..., Any] = dcp.load, **kwargs: Any) -> None:
-    try:
-        load(state, storage_reader=reader, planner=planner, **kwargs)
-    except (Exception, CheckpointException) as error:  # CheckpointException derives from BaseException
-        # DCP gathers a rank's failure into its own exception (AssertionError, CheckpointException);
-        # the refusal itself is kept by whichever of the two raised it.
-        if reader.refused is not None:  # names the metadata file
-            raise reader.refused from error
-        if planner.refused is not None:
-            raise CheckpointError(f"{path}: {planner.refused}") from error
-        raise
-
-
-# DCP's own loader unpickles two things a copied checkpoint controls: the ``.metadata`` file (plain
-# ``pickle.load`` in ``FileSystemReader.read_metadata``) and every bytes entry (a full, not weights-only,
-# ``torch.load`` in ``DefaultLoadPlanner.load_bytes``; torch 2.13). Either runs any code the file asks
-# for. The two classes below read the same data with allow-lists instead.
-_METADATA_GLOBALS = {
-    "torch.distributed.checkpoint.metadata": None,  # None: every class of the module (plain dataclasses)
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},
-    "torch": {"Size"},
-    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath", "Path"},
-    "collections": {"OrderedDict"},
-    "builtins": {"set", "frozenset", "slice"},
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles a DCP ``.metadata`` file, refusing every global outside ``_METADATA_GLOBALS``."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = _METADATA_GLOBALS.get(module, set())
-        if allowed is None:  # a class defined in DCP's metadata module, not one it imports
-            found = getattr(importlib.import_module(module), name, None)
-            if isinstance(found, type) and found.__module__ == module:
-                return found
-        elif name in allowed:
-            return super().find_class(module, name)
-        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(
-            f"global {module}.{name} is not allowed in DCP metadata (expected only DCP's metadata classes, "
-            "torch.Size and dtypes)"
-        )
-
-
-class _SafeReader(dcp.FileSystemReader):
-    refused: CheckpointError | None = None
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        file = self._get_metadata_path(kwargs.get("rank"))
-        try:
-            # A regular file inside the folder, opened without blocking (never a FIFO or a device).
-            fd = open_regular(file, root=self.path, what="DCP metadata")
-            with os.fdopen(fd, "rb") as stream:
-                metadata = _MetadataUnpickler(stream).load()
-        except FileNotFoundError:
-            raise  # DCP probes for per-rank metadata files that a plain save does not write
-        except CheckpointError as error:
-            self.refused = error
-            raise
-        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError, TypeError) as error:
-            self.refused = CheckpointError(
-                f"{file} is not readable DCP metadata ({type(error).__name__}: {error}). The checkpoint is "
-                "truncated, corrupt or was altered; nothing in it was run. Restore it from an intact copy."
-            )
-            raise self.refused from error
-        if getattr(metadata, "storage_meta", None) is None:  # as FileSystemReader.read_metadata does
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        self._check_storage(file, metadata)
-        return metadata
-
-    def _check_storage(self, file: Any, metadata: Any) -> None:
-        """Every shard file the metadata names is a plain name in this folder, and a regular file.
-
-        DCP reads ``folder / relative_path`` as written in the metadata: ``../other/__0_0.distcp`` or an
-        absolute path would load another checkpoint's shards (or any file) unverified.
-        """
-        storage = getattr(metadata, "storage_data", None) or {}
-        names = {getattr(info, "relative_path", None) for info in storage.values()}
-        for name in sorted(names, key=repr):
-            if not _plain_name(name):
-                self.refused = CheckpointError(
-                    f"{file}: a shard's storage path is {name!r}; expected a file name inside {self.path} (as "
-                    "save_sharded writes, e.g. '__0_0.distcp'). The metadata points outside its folder, so the "
-                    "checkpoint was altered; nothing was loaded. Restore it from an intact copy."
-                )
-                raise self.refused
-            try:
-                os.close(open_regular(os.path.join(self.path, name), root=self.path, what="a DCP shard"))
-            except FileNotFoundError:
-                continue  # DCP names the missing shard itself
-            except CheckpointError as error:
-                self.refused = error
-                raise
-
-
-def _plain_name(name: Any) -> bool:
-    """A file name with no folder part (no separator, not ``.`` or ``..``, not absolute)."""
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
-
-
-class _SafeLoadPlanner(DefaultLoadPlanner):
-    refused: CheckpointError | None = None
-
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        try:
-            # DCP stored the BytesIO object itself (torch.save of it), so the outer load must allow
-            # that one class; the blob inside is what save_sharded wrote, loaded weights-only too.
-            with torch.serialization.safe_globals([io.BytesIO]):
-                loaded = torch.load(value, map_location="cpu", weights_only=True)
-            if isinstance(loaded, io.BytesIO):
-                loaded.seek(0)
-                loaded = torch.load(loaded, map_location="cpu", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as error:
-            self.refused = CheckpointError(
-                f"the entry {read_item.dest_index.fqn!r} of the DCP checkpoint is not plain data (expected "
-                f"tensors and Python values; {load_error_reason(error)}); nothing in it was run. Restore the "
-                "checkpoint from an intact copy."
-            )
-            raise self.refused from error
-        if self.flatten_state_dict:  # the same placement as DefaultLoadPlanner.load_bytes
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = loaded
-
-
-class _SafeFullLoadPlanner(_SafeLoadPlanner, _EmptyStateDictLoadPlanner):
-    """Rebuilds the whole state dict from the metadata (full tensors), bytes entries loaded safely."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Full weights: the Hugging Face export and the bucketed gather for weight sync
-def export_hf(
-    model: nn.Module,
-    path: str | os.PathLike[str],
-    *,
-    tokenizer_source: str | os.PathLike[str] | None = None,
-    dtype: torch.dtype | None = None,
-    bucket_bytes: int = EXPORT_BUCKET_BYTES,
-) -> str:
-    """Write the policy as a Hugging Face folder on rank 0, streamed: one bucket at a time; returns the path.
-
-    The full tensors are gathered one by one (``iter_full_tensors``: a collective, every rank takes
-    part and keeps only its shard) and packed into buckets of about ``bucket_bytes``; a decoder layer
-    is never split over two buckets (transformers' weight conversions, e.g. fused MoE experts, work
-    within a layer). Rank 0 writes each bucket as one safetensors file (``model-0000k-of-0000n``, with
-    ``model.safetensors.index.json``; a single ``model.safetensors`` when one bucket holds everything),
-    reverting transformers' load-time weight conversions per bucket as ``save_pretrained`` does, and
-    drops it before the next: rank 0 holds one bucket beyond its shards, never the whole model. Tied
-    weights are stored once (under the embedding's name). The config (the architecture without
-    FSDP's class prefix, ``dtype``), the generation config and, from ``tokenizer_source``, the
-    tokenizer complete the folder, which is written beside the target and renamed into place.
-    ``dtype`` casts floating-point weights (e.g. ``torch.bfloat16`` for serving). Every rank calls this.
-    """
-    if not hasattr(model, "save_pretrained"):
-        raise TypeError(f"export_hf needs a transformers PreTrainedModel; got {type(model).__name__}.")
-    target = Path(path).resolve()
-    plan = _export_plan(model, dtype=dtype, bucket_bytes=bucket_bytes)
-    buckets = _GatheredBuckets(model, plan, dtype=dtype)
-    if _rank() == 0:
-        replace_folder(target, lambda tmp: _write_hf_folder(model, buckets, len(plan), tmp,
-                                                            tokenizer_source=tokenizer_source, dtype=dtype))
-    for _ in buckets:  # the other ranks join the same gathers (rank 0 consumed them while writing)
-        pass
-    if dist.is_initialized():
-        dist.barrier()
-    return str(target)
-
-
-_LAYER_PREFIX = re.compile(r"^(.*?\.layers\.\d+)\.")
-
-
-def _export_plan(model: nn.Module, *, dtype: torch.dtype | None, bucket_bytes: int) -> list[list[str]]:
-    """The export's buckets (state-dict names, in order): whole layers, about ``bucket_bytes`` each."""
-    ignored = set(getattr(model, "_keys_to_ignore_on_save", None) or ())
-    groups: list[tuple[str, list[str], int]] = []  # (layer key or name, names, bytes)
-    for name, tensor in _unique_state_items(model):
-        if name in ignored:
-            continue
-        key = m.group(1) if (m := _LAYER_PREFIX.match(name)) else name
-        size = tensor.numel() * _out_dtype(tensor, dtype).itemsize
-        if groups and groups[-1][0] == key:
-            groups[-1][1].append(name)
-            groups[-1] = (key, groups[-1][1], groups[-1][2] + size)
-        else:
-            groups.append((key, [name], size))
-    buckets: list[list[str]] = []
-    filled = 0
-    for _, names, size in groups:
-        if not buckets or filled + size > bucket_bytes:
-            buckets.append([])
-            filled = 0
-        buckets[-1].extend(names)
-        filled += size
-    return buckets
-
-
-class _GatheredBuckets:
-    """Iterates the buckets of a plan as ``{name: full CPU tensor}`` on rank 0 ({} elsewhere), gathering
-    each tensor when its bucket is reached; a second iteration resumes where the first stopped."""
-
-    def __init__(self, model: nn.Module, plan: list[list[str]], *, dtype: torch.dtype | None) -> None:
-        self._tensors = dict(_unique_state_items(model))
-        self._plan = iter(plan)
-        self._dtype = dtype
-
-    def __iter__(self) -> _GatheredBuckets:
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        names = next(self._plan)
-        bucket = {}
-        for name in names:
-            full = _gather(self._tensors[name], dtype=self._dtype, device="cpu")
-            if _rank() == 0:
-                bucket[name] = full.contiguous()
-            del full
-        return bucket
-
-
-def _write_hf_folder(
-    model: nn.Module,
-    buckets: Iterable[dict[str, torch.Tensor]],
-    num_buckets: int,
-    folder: Path,
-    *,
-    tokenizer_source: str | os.PathLike[str] | None,
-    dtype: torch.dtype | None,
-) -> None:
-    """Rank 0: the safetensors files of ``buckets`` (one file each), the index, configs, tokenizer."""
-    from safetensors.torch import save_file
-    from transformers.core_model_loading import revert_weight_conversion
-
-    weight_map: dict[str, str] = {}
-    total = 0
-    for k, bucket in enumerate(buckets):
-        bucket = revert_weight_conversion(model, bucket)
-        file = "model.safetensors" if num_buckets == 1 else f"model-{k + 1:05d}-of-{num_buckets:05d}.safetensors"
-        save_file({n: t.contiguous() for n, t in bucket.items()}, str(folder / file), metadata={"format": "pt"})
-        total += sum(t.numel() * t.element_size() for t in bucket.values())
-        weight_map.update(dict.fromkeys(bucket, file))
-        del bucket
-    if num_buckets > 1:
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    config = copy.deepcopy(model.config)
-    config.architectures = [type(model).__name__.removeprefix("FSDP")]
-    master = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    config.dtype = str(dtype or master).removeprefix("torch.")
-    config.save_pretrained(folder)
-    generation = getattr(model, "generation_config", None)
-    if generation is not None and model.can_generate():
-        generation.save_pretrained(folder)
-    if tokenizer_source is not None:
-        from transformers import AutoTokenizer
-
-        AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(folder)
-
-
-def replace_folder(path: str | os.PathLike[str], write: Callable[[Path], None]) -> str:
-    """Write a model folder beside ``path`` with ``write(tmp)`` and rename it into place; returns it.
-
-    Readers (inference engines in other processes) never see a half-written folder. A non-empty
-    folder that is not a model folder (no ``config.json``) is never replaced.
-    """
-    target = Path(path).resolve()
-    for folder in (target, *target.parents):
-        if folder.exists() and not folder.is_dir():
-            raise FileExistsError(
-                f"{folder} is a file, expected a folder (or nothing) there to write the model folder {target}. "
-                "Fix: pass a path whose folders are folders, or move the file away."
-            )
-    if target.exists() and any(target.iterdir()) and not (target / "config.json").is_file():
-        raise FileExistsError(
-            f"{target} exists and is not a Hugging Face model folder (no config.json); not replacing it. "
-            "Pass a new or empty folder."
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; inference engines in other processes read it
-    try:
-        write(tmp)
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(target)
-
-
+# Full weights: gathered one tensor at a time (weight sync, the Hugging Face export, get_state)
 def tied_aliases(model: nn.Module) -> dict[str, str]:
     """``{alias: primary}`` for parameters registered under several names (tied embeddings)."""
     first: dict[int, str] = {}
@@ -739,11 +333,11 @@ def iter_full_tensors(
     the end), cast to ``dtype`` if given (floating point only) and moved to ``device`` (None: where it
     was gathered). The caller holds one full tensor at a time beyond the sharded model.
     """
-    for name, tensor in _unique_state_items(model):
-        yield name, _gather(tensor, dtype=dtype, device=device)
+    for name, tensor in unique_state_items(model):
+        yield name, gather_full(tensor, dtype=dtype, device=device)
 
 
-def _unique_state_items(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def unique_state_items(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The model's state dict entries (sharded where sharded), each tensor object once."""
     seen: set[int] = set()
     # keep_vars: the registered parameters themselves, so a tied weight is one object under two names
@@ -759,9 +353,11 @@ def _out_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
 
 
-def _gather(
+def gather_full(
     tensor: torch.Tensor, *, dtype: torch.dtype | None, device: torch.device | str | None
 ) -> torch.Tensor:
+    """The full tensor of one state-dict entry (a collective for a sharded one), cast to ``dtype`` if
+    given (floating point only) and moved to ``device`` (None: where it was gathered)."""
     tensor = tensor.to(dtype=_out_dtype(tensor, dtype))  # cast the shard first: fewer bytes on the wire
     if isinstance(tensor, DTensor):
         local = tensor.to_local()

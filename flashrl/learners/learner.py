@@ -13,7 +13,7 @@ of B trajectories (``docs/design.md`` §1, step 6: exactly one optimizer step pe
 3. For each of this rank's micro-batches: the current log-probs and entropies (packed into one row
    without padding, or right-padded), ``loss.compute_loss``, backward at once. Gradients accumulate;
    the shares add up to the whole batch's gradient because the loss divides by global normalisers.
-   With several learners (FSDP2, ``parallel.ShardedPolicy``) every backward reduce-scatters its shard
+   With several learners (FSDP2, ``policies.ShardedPolicy``) every backward reduce-scatters its shard
    gradients as a SUM, and every rank runs as many passes as the busiest one (an idle rank runs a pass
    that contributes zero), because each pass is a collective. Nothing is read back to the host in this
    loop (except, for episodes of several segments, their segment lengths once per pass: ``_logprobs``):

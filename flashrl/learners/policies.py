@@ -11,8 +11,10 @@
 Both expose the same small surface to ``Learner``: ``run`` (a computation on the model),
 ``zero_grad``, ``clip_and_step``, ``full_weights``, ``sync_model`` (the module weight sync sends,
 at ``LearnerSpec.weight_sync_dtype``), ``train_state`` / ``load_train_state`` (full tensors, parameter
-names as keys, so a state moves between the two) and ``save_policy``. Every method
-of ``ShardedPolicy`` is a collective: call it on every rank, in the same order.
+names as keys, so a state moves between the two), ``save_state`` / ``load_state`` and ``save_policy``.
+The last three hand the state to ``flashrl.checkpoints`` (``learner_state``, ``export``), which writes,
+reads and unpickles every file. Every method of ``ShardedPolicy`` is a collective: call it on every
+rank, in the same order.
 """
 
 from __future__ import annotations
@@ -25,24 +27,21 @@ from typing import Any
 
 import torch
 
-from flashrl.checkpoints import (
-    DCP_LAYOUT,
-    LAYOUT_FILES,
-    SINGLE_FILE_LAYOUT,
-    CheckpointError,
-    load_tensor_file,
+from flashrl.checkpoints import DCP_LAYOUT, SINGLE_FILE_LAYOUT
+from flashrl.checkpoints.export import export_hf, save_pretrained
+from flashrl.checkpoints.learner_state import (
+    load_sharded_state,
+    read_full_state,
+    read_state_file,
+    save_sharded_state,
+    state_layout,
+    write_state_file,
 )
 from flashrl.learners.freeze import freeze_moe_router
-from flashrl.learners.fsdp import replace_folder, tied_aliases
+from flashrl.learners.fsdp import tied_aliases
 from flashrl.learners.spec import OPTIMIZERS, LearnerSpec
 
-__all__ = ["STATE_FILE", "LocalPolicy", "ShardedPolicy", "attention_implementation"]
-
-STATE_FILE = LAYOUT_FILES[SINGLE_FILE_LAYOUT]
-"""A single learner's ``save_state`` folder holds this one file (sharded learners write DCP shards)."""
-DCP_METADATA_FILE = LAYOUT_FILES[DCP_LAYOUT]
-FRESH_OPTIMIZER_FILE = "optimizer_not_started"
-"""In a sharded ``save_state`` folder: the optimizer had not stepped, so only the weights were saved."""
+__all__ = ["LocalPolicy", "ShardedPolicy", "attention_implementation"]
 
 
 def attention_implementation(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -176,39 +175,20 @@ class LocalPolicy:
 
     def save_state(self, path: str | os.PathLike[str], extra: dict[str, Any]) -> str:
         """One file in the folder ``path``: the full weights and optimizer state, and ``extra``."""
-        folder = Path(path).resolve()
-        folder.mkdir(parents=True, exist_ok=True)
         model, optimizer = self.train_state()
-        tmp = folder / (STATE_FILE + ".tmp")
-        torch.save({"model": model, "optimizer": optimizer, "extra_state": extra}, tmp)
-        tmp.replace(folder / STATE_FILE)
-        return str(folder)
+        return write_state_file(path, model, optimizer, extra)
 
     def load_state(self, path: str | os.PathLike[str], layout: str | None = None) -> dict[str, Any]:
         """Load a single learner's state file, or the DCP shards of sharded learners (every shard, in full).
 
         ``layout`` (a checkpoint manifest's ``learner_layout``) says which; None: the one present.
         """
-        folder = Path(path).resolve()
-        if state_layout(folder, layout, default=SINGLE_FILE_LAYOUT) == DCP_LAYOUT:
-            from flashrl.learners import fsdp
-
-            state = fsdp.load_sharded_full(folder)
-            fresh = (folder / FRESH_OPTIMIZER_FILE).is_file()
-            self.load_train_state(state["model"], None if fresh else state["optimizer"])
-            return state["extra_state"]
-        model, optimizer, extra = _read_state_file(folder)
-        self.load_train_state(model, optimizer)
-        return extra
+        state = read_full_state(path, layout)
+        self.load_train_state(state.model, state.optimizer)
+        return state.extra
 
     def save_policy(self, path: str | os.PathLike[str]) -> str:
-        from transformers import AutoTokenizer
-
-        def write(tmp: Path) -> None:
-            self.model.save_pretrained(tmp, safe_serialization=True)
-            AutoTokenizer.from_pretrained(self.spec.model).save_pretrained(tmp)
-
-        return replace_folder(path, write)
+        return save_pretrained(self.model, path, tokenizer_source=self.spec.model)
 
 
 class ShardedPolicy:
@@ -297,7 +277,7 @@ class ShardedPolicy:
         names = [fsdp.clean_name(n) for n, p in self.model.named_parameters() if p.requires_grad]
         saved = self.optimizer.state_dict()  # keyed by position in the parameter list, shards as DTensors
         state = {
-            names[i]: {k: fsdp._gather(v, dtype=None, device="cpu") if isinstance(v, torch.Tensor) else v
+            names[i]: {k: fsdp.gather_full(v, dtype=None, device="cpu") if isinstance(v, torch.Tensor) else v
                        for k, v in entry.items()}
             for i, entry in sorted(saved["state"].items())  # the same order on every rank: each is a gather
         }
@@ -339,36 +319,26 @@ class ShardedPolicy:
         An optimizer that has not stepped yet is not saved (``get_state_dict`` would first give it a
         zero step, one step ahead of a fresh one); a marker file says so.
         """
-        from flashrl.learners import fsdp
-
-        started = bool(self.optimizer.state)
-        folder = fsdp.save_sharded(path, self.model, self.optimizer if started else None, extra_state=extra)
-        if not started and self.rank == 0:
-            (Path(folder) / FRESH_OPTIMIZER_FILE).touch()
-        return folder
+        return save_sharded_state(path, self.model, self.optimizer, extra, rank=self.rank)
 
     def load_state(self, path: str | os.PathLike[str], layout: str | None = None) -> dict[str, Any]:
         """Load a DCP folder (from any number of sharded ranks) or a single learner's state file.
 
         ``layout`` (a checkpoint manifest's ``learner_layout``) says which; None: the one present.
         """
-        from flashrl.learners import fsdp
-
         folder = Path(path).resolve()
         if state_layout(folder, layout, default=DCP_LAYOUT) == SINGLE_FILE_LAYOUT:
-            model, optimizer, extra = _read_state_file(folder)
+            model, optimizer, extra = read_state_file(folder)
             self.load_train_state(model, optimizer)
             return extra
-        if (folder / FRESH_OPTIMIZER_FILE).is_file():
-            self.optimizer.state.clear()  # as saved: not stepped yet
-            return fsdp.load_sharded(folder, self.model)
-        return fsdp.load_sharded(folder, self.model, self.optimizer)
+        return load_sharded_state(folder, self.model, self.optimizer)
 
     def save_policy(self, path: str | os.PathLike[str]) -> str:
         from flashrl.learners import fsdp
 
         dtype = None if self.spec.torch_dtype == torch.float32 else self.spec.torch_dtype
-        return fsdp.export_hf(self.model, path, tokenizer_source=self.spec.model, dtype=dtype)
+        return export_hf(self.model, path, tensors=fsdp.unique_state_items(self.model), gather=fsdp.gather_full,
+                         tokenizer_source=self.spec.model, dtype=dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -381,34 +351,6 @@ def _enable_hf_checkpointing(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
             module.training = True
-
-
-def state_layout(folder: Path, layout: str | None, *, default: str) -> str:
-    """How to read the ``save_state`` folder ``folder``: ``layout`` when given (a checkpoint's manifest
-    says), else by the file present (``default`` when neither is); both present is refused."""
-    if layout is not None:
-        if layout not in LAYOUT_FILES:
-            raise ValueError(f"layout must be one of {sorted(LAYOUT_FILES)}; got {layout!r}.")
-        return layout
-    present = [kind for kind, name in LAYOUT_FILES.items() if os.path.lexists(folder / name)]
-    if len(present) > 1:
-        raise CheckpointError(
-            f"{folder} holds both {STATE_FILE} (one learner's state) and {DCP_METADATA_FILE} (sharded learners' "
-            "DCP shards); a save writes one of them. Pass layout= (the checkpoint's learner_layout, which "
-            "read_checkpoint returns), or remove the file that does not belong."
-        )
-    return present[0] if present else default
-
-
-def _read_state_file(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
-    file = folder / STATE_FILE
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"{folder} is not a learner state folder: expected {STATE_FILE} (one learner) or DCP shards with "
-            f"{DCP_METADATA_FILE} (sharded learners). Pass the folder that save_state() wrote."
-        )
-    state = load_tensor_file(file)  # tensors and plain values only: a tampered file runs nothing
-    return state["model"], state["optimizer"], state["extra_state"]
 
 
 def _to_cpu(value: Any) -> Any:

@@ -205,8 +205,7 @@ def find_checkpoint(resume: str, output: str | None, name: str) -> tuple[Path, P
 
 def _checkpoint_iteration(path: Path) -> int | None:
     """The iteration a complete checkpoint folder was saved at; None for anything else."""
-    from flashrl.checkpoint_files import open_regular
-    from flashrl.checkpoints import ALGORITHM_STATE_FILE, MARKER, CheckpointError
+    from flashrl.checkpoints import ALGORITHM_STATE_FILE, MARKER, CheckpointError, open_regular
 
     if not (path / MARKER).is_file():
         return None

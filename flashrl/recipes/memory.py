@@ -78,7 +78,7 @@ it over-predicts where phases do not overlap (the tied embedding's gradient sum 
 backward pass comes after the layers' activations are freed) and under-predicts the accumulation's
 temporary of a second pass by about 8.5% (B = 8..64 under the budget).
 
-Checkpoint save, host memory (``flashrl/checkpoints.py``; V x H the embedding, P_l one layer)::
+Checkpoint save, host memory (``flashrl/checkpoints/``; V x H the embedding, P_l one layer)::
 
     W >= 2 learners: sharded DCP (torch.distributed.checkpoint), every rank writes its own shard
       per rank    = P / W x (4 + 4 x m)   m = AdamW's 2 moments (SGD: 0): the master and optimizer
@@ -141,7 +141,7 @@ __all__ = [
 
 GIB = 1024**3
 EXPORT_BUCKET_BYTES = GIB
-"""X of the module docstring: ``flashrl.learners.fsdp.EXPORT_BUCKET_BYTES`` (not imported: no torch here)."""
+"""X of the module docstring: ``flashrl.checkpoints.export.EXPORT_BUCKET_BYTES`` (not imported: no torch here)."""
 
 
 @dataclass(frozen=True)

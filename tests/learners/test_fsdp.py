@@ -102,6 +102,8 @@ def _join() -> tuple[int, int]:
 def _worker(out_dir: Path, model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
+    from flashrl.checkpoints import dcp
+    from flashrl.checkpoints.export import export_hf
     from flashrl.learners import fsdp
 
     rank, world = _join()
@@ -144,17 +146,17 @@ def _worker(out_dir: Path, model_dir: Path) -> None:
         result["layer_calls"] = layer_calls[0]
         result["step1"] = dict(fsdp.iter_full_tensors(model))
         ckpt = out_dir / f"{scenario}-dcp"
-        fsdp.save_sharded(ckpt, model, optimizer, extra_state={"version": 1, "norm1": result["norm1"]})
+        dcp.save_sharded(ckpt, model, optimizer, extra_state={"version": 1, "norm1": result["norm1"]})
         if scenario == "plain":
-            fsdp.export_hf(model, out_dir / "hf")
-            fsdp.export_hf(model, out_dir / "hf_bf16", dtype=torch.bfloat16,
-                           tokenizer_source=os.environ["TOKENIZER_SOURCE"])
+            export_hf(model, out_dir / "hf", tensors=fsdp.unique_state_items(model), gather=fsdp.gather_full)
+            export_hf(model, out_dir / "hf_bf16", tensors=fsdp.unique_state_items(model), gather=fsdp.gather_full,
+                      dtype=torch.bfloat16, tokenizer_source=os.environ["TOKENIZER_SOURCE"])
         result["norm2"] = _step(model, optimizer, batches[1], rows, fsdp.clip_grad_norm, kernel)
         result["step2"] = dict(fsdp.iter_full_tensors(model))
         del model, optimizer
 
         resumed, resumed_optimizer = build(scenario, options)
-        result["extra"] = fsdp.load_sharded(ckpt, resumed, resumed_optimizer)
+        result["extra"] = dcp.load_sharded(ckpt, resumed, resumed_optimizer)
         result["resumed_norm2"] = _step(resumed, resumed_optimizer, batches[1], rows, fsdp.clip_grad_norm,
                                         kernel)
         result["resumed_step2"] = dict(fsdp.iter_full_tensors(resumed))
@@ -167,12 +169,13 @@ def _worker(out_dir: Path, model_dir: Path) -> None:
 
 def _resume_worker(out_dir: Path, model_dir: Path) -> None:
     """Load the 2-rank checkpoint of the plain scenario on this many ranks and take the second step."""
+    from flashrl.checkpoints import dcp
     from flashrl.learners import fsdp
 
     rank, world = _join()
     model = fsdp.load_pretrained_sharded(model_dir, dtype=DTYPE)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    fsdp.load_sharded(out_dir / "plain-dcp", model, optimizer)
+    dcp.load_sharded(out_dir / "plain-dcp", model, optimizer)
     rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     result = {"norm2": _step(model, optimizer, _batch(2), rows, fsdp.clip_grad_norm)}
     result["step2"] = dict(fsdp.iter_full_tensors(model))
@@ -340,7 +343,7 @@ def test_shard_model_without_a_process_group_says_how_to_start_one() -> None:
 
 
 def test_load_sharded_rejects_an_incomplete_folder(tmp_path: Path) -> None:
-    from flashrl.learners.fsdp import load_sharded
+    from flashrl.checkpoints.dcp import load_sharded
 
     (tmp_path / "__0_0.distcp").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match=r"\.metadata is missing"):
@@ -389,7 +392,7 @@ if __name__ == "__main__":
 
 
 def test_replace_folder_refuses_a_file_in_the_way_and_leaves_it(tmp_path):
-    from flashrl.learners.fsdp import replace_folder
+    from flashrl.checkpoints.export import replace_folder
 
     def write(folder):
         (folder / "config.json").write_text("{}")

@@ -150,11 +150,13 @@ def test_the_hf_export_streams_whole_layers_per_file(tmp_path, layered_model):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
+    from flashrl.checkpoints.export import export_hf
     from flashrl.learners import fsdp
 
     model = AutoModelForCausalLM.from_pretrained(layered_model, dtype=torch.float32)
     layer_bytes = sum(p.numel() * 4 for p in model.model.layers[0].parameters())
-    folder = Path(fsdp.export_hf(model, tmp_path / "hf", bucket_bytes=2 * layer_bytes))
+    folder = Path(export_hf(model, tmp_path / "hf", tensors=fsdp.unique_state_items(model), gather=fsdp.gather_full,
+                            bucket_bytes=2 * layer_bytes))
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))
     assert len(files) >= 4 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"

@@ -182,7 +182,7 @@ def test_checkpoint_host_memory_per_save_path(monkeypatch) -> None:
 
 
 def test_the_plan_uses_the_export_bucket_of_the_learners() -> None:
-    from flashrl.learners.fsdp import EXPORT_BUCKET_BYTES
+    from flashrl.checkpoints.export import EXPORT_BUCKET_BYTES
     from flashrl.recipes.memory import EXPORT_BUCKET_BYTES as PLANNED
 
     assert PLANNED == EXPORT_BUCKET_BYTES

@@ -24,8 +24,8 @@ FILL = 7.0
 
 def _dcp_state_of_another_run(folder: Path, model: str) -> None:
     from flashrl.algorithms.flash_reinforce.learner_loss import FlashReinforceLossSpec
-    from flashrl.learners import Learner, LearnerSpec, fsdp
-    from flashrl.learners.policies import FRESH_OPTIMIZER_FILE
+    from flashrl.checkpoints import FRESH_OPTIMIZER_FILE, dcp
+    from flashrl.learners import Learner, LearnerSpec
 
     other = Learner(LearnerSpec(model=model, device="cpu", optimizer="sgd", loss=FlashReinforceLossSpec(delta=1.0)))
     with torch.no_grad():
@@ -33,7 +33,7 @@ def _dcp_state_of_another_run(folder: Path, model: str) -> None:
             p.fill_(FILL)
     with warnings.catch_warnings():  # one process, no process group: DCP warns, as intended here
         warnings.simplefilter("ignore")
-        fsdp.save_sharded(folder, other.model, extra_state=other._extra_state())  # what a sharded rank writes
+        dcp.save_sharded(folder, other.model, extra_state=other._extra_state())  # what a sharded rank writes
     (folder / FRESH_OPTIMIZER_FILE).touch()
 
 

@@ -1,26 +1,31 @@
-"""Reading a checkpoint's files as untrusted input: regular files inside its folder, never blocking.
+"""A checkpoint's files: read as untrusted input (regular files inside its folder, never blocking),
+written durably (fsynced, renamed into place).
 
 A checkpoint folder comes from wherever it was copied. Every file flashrl reads from one goes through
 `open_regular`: the path is resolved and must stay inside the folder (a symlink out is refused), it
 must be a regular file (a FIFO, a device such as ``/dev/zero``, a socket or a folder is refused before
 it is opened for reading), and it is opened with ``O_NONBLOCK | O_NOFOLLOW`` and checked again on the
-descriptor. Torch state files are loaded weights-only (`load_tensor_file`): no code runs from them.
+descriptor. What is unpickled from those files is loaded through allow-lists
+(``flashrl.checkpoints.safe_load``): no code runs from them.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
+import shutil
 import stat
 from typing import Any
 
-import torch
+from flashrl.checkpoints.layout import TMP_SUFFIX
 
 
 class CheckpointError(ValueError):
     """A folder that is not a (compatible) flashrl checkpoint, or a file in it that cannot be read safely."""
 
 
+# --------------------------------------------------------------------------------------------------
+# Reading untrusted files
 def open_regular(file: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
                  what: str = "a checkpoint file") -> int:
     """A read-only descriptor of ``file``; a `CheckpointError` unless it is a regular file (inside ``root``).
@@ -44,42 +49,6 @@ def open_regular(file: str | os.PathLike[str], *, root: str | os.PathLike[str] |
         os.close(fd)
         check_regular(file, mode, what=what)
     return fd
-
-
-def load_tensor_file(file: str | os.PathLike[str]) -> Any:
-    """Load a file written by ``torch.save`` of tensors and plain containers, running no code from it.
-
-    ``weights_only=True`` makes torch's unpickler refuse every global outside its allow-list (tensors,
-    dtypes, plain containers, numbers, strings): a checkpoint is data from wherever it was copied, and a
-    full unpickle of it would run whatever the file asks for. Every way the file can be unreadable
-    (refused global, truncated or corrupt zip, not a torch file) becomes one `CheckpointError` naming it;
-    so does a file that is not a regular one (read through `open_regular`: nothing blocks).
-    """
-    file = os.fspath(file)
-    try:
-        fd = open_regular(file, root=os.path.dirname(os.path.abspath(file)), what="a torch state file")
-    except FileNotFoundError:
-        raise CheckpointError(
-            f"{file}: expected a torch state file here, found none. The checkpoint is incomplete; pass a "
-            "folder written whole by save_to_path()."
-        ) from None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            return torch.load(f, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, TypeError) as error:
-        raise CheckpointError(
-            f"{file} is not a readable flashrl state file (expected tensors and plain Python values saved by "
-            f"flashrl; torch said: {load_error_reason(error)}). The file is truncated, corrupt or was altered; "
-            "nothing in it was run. Restore it from an intact copy of the checkpoint."
-        ) from error
-
-
-def load_error_reason(error: BaseException) -> str:
-    """One line saying why ``torch.load`` refused a file: the unpickler's own line when there is one."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    # weights_only refusals open with a paragraph about torch 2.6; the reason is the WeightsUnpickler line.
-    reason = next((line for line in lines if line.startswith("WeightsUnpickler error:")), lines[0] if lines else "")
-    return f"{type(error).__name__}: {reason}"
 
 
 def tree_modes(root: str) -> list[tuple[str, int]]:
@@ -136,3 +105,46 @@ def is_regular(file: str) -> bool:
         return stat.S_ISREG(os.lstat(file).st_mode)
     except OSError:
         return False
+
+
+def read_json(path: str, *, root: str) -> Any:
+    """A JSON file of a checkpoint, read through `open_regular` (a regular file inside ``root``)."""
+    with os.fdopen(open_regular(path, root=root), "rb") as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Writing durably
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a folder by its path (a folder: the entries renamed or created in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_folders(root: str) -> None:
+    for folder, _, _ in os.walk(root, topdown=False):
+        fsync_path(folder)
+
+
+def write_json(path: str, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2, sort_keys=True))
+
+
+def write_text(path: str, text: str) -> None:
+    """Write ``path`` beside itself, fsync, rename into place."""
+    tmp = path + TMP_SUFFIX
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def remove_tree(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
