@@ -2,7 +2,7 @@
 
 An 80 GiB GPU shared by one learner and one engine (0.5 + 0.5, the ``ipc`` route) with
 Qwen2.5-Math-1.5B in bfloat16 under AdamW: the learner's planned peak is 34.38 GiB, its static state
-(weights, gradients, float32 master, optimizer) 28.75 GiB (``flashrl.recipes.memory``). vLLM reserves
+(weights, gradients, float32 master, optimizer) 28.75 GiB (``flashrl.plan.memory``). vLLM reserves
 ``gpu_memory_utilization x 80 GiB`` at start whatever the fraction (0.85: 68 GiB, where the plan
 used to budget 0.85 x 80 x 0.5 = 34 GiB).
 """

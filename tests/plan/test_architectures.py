@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashrl.recipes.architectures import ARCHITECTURES, Architecture, architecture_for, read_architecture
+from flashrl.plan.architectures import ARCHITECTURES, Architecture, architecture_for, read_architecture
 
 
 @pytest.mark.parametrize(
