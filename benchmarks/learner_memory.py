@@ -23,8 +23,8 @@ of the peak resident set size during the measured update over the resident size 
 return to the system and cannot hide the next allocation). It is therefore the update's transient
 memory: gradients, activations and the log-prob head's buffers (the weights and the optimizer
 moments are already resident). On CUDA: ``torch.cuda.max_memory_allocated`` over the allocated bytes
-before the update. ``predicted_bytes`` is ``flashrl.recipes.memory.learner_memory``'s gradients +
-activations for the same point (its check: ``tests/recipes/test_memory.py``).
+before the update. ``predicted_bytes`` is ``flashrl.plan.memory.learner_memory``'s gradients +
+activations for the same point (its check: ``tests/plan/test_memory.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-MODEL = {  # Qwen2 layout (flashrl/recipes/architectures.py), scaled down; the vocabulary is Qwen2's
+MODEL = {  # Qwen2 layout (flashrl/plan/architectures.py), scaled down; the vocabulary is Qwen2's
     "hidden_size": 512,
     "intermediate_size": 1536,
     "num_hidden_layers": 8,
@@ -174,8 +174,8 @@ def _allocate_optimizer_state(learner) -> None:
 
 def predicted(args, batch_size: int, path: str) -> int:
     """The dry-run formula's transient bytes (gradients + activations) of one point."""
-    from flashrl.recipes.architectures import Architecture
-    from flashrl.recipes.memory import learner_memory
+    from flashrl.plan.architectures import Architecture
+    from flashrl.plan.memory import learner_memory
 
     m = MODEL
     arch = Architecture(

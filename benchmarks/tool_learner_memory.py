@@ -14,7 +14,7 @@ stage:
    pass's plus the gradients (a full batch of 16 takes over 15 minutes on two loaded cores).
 
 Each stage's exact tensor bytes (parameters x element size) sit beside the measured growth, and the
-dry-run's estimate (``flashrl.recipes.plan.planned_learner_memory``) beside both. Peak RSS is reset with
+dry-run's estimate (``flashrl.plan.plan_run``'s ``learner_memory``) beside both. Peak RSS is reset with
 ``/proc/self/clear_refs`` and glibc's mmap threshold is fixed low (as ``benchmarks/learner_memory.py``),
 so memory freed by one stage cannot hide the next one's.
 
@@ -110,11 +110,10 @@ def _child(queue, *args) -> None:
 
 def estimate(length: int) -> dict:
     """The dry run's parts for the same learner (the job's max_episode_tokens is its context budget)."""
-    from flashrl.recipes.architectures import architecture_for
-    from flashrl.recipes.plan import planned_learner_memory
+    from flashrl.plan import plan_run
 
     config = tool_job_config()
-    lm = planned_learner_memory(config, architecture_for(config.model, None))
+    lm = plan_run(config).learner_memory
     return {"weights": lm.weights, "gradients": lm.gradients, "master": lm.master, "optimizer": lm.optimizer,
             "activations": lm.activations, "total": lm.total, "max_episode_tokens": config.max_episode_tokens,
             "measured_length": length}

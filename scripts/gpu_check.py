@@ -16,12 +16,12 @@ The phases, in order (each frees its GPU memory before the next):
     An 8192^3 bfloat16 matrix product: the measured ceiling the learner's MFU is also reported against.
 ``learner``
     One ``Learner`` update (``flashrl/learners/learner.py``, one full replica: ``LocalPolicy``) of a
-    Qwen2.5-1.5B-shaped model (``flashrl/recipes/architectures.py``, Qwen/Qwen2.5-Math-1.5B: random
+    Qwen2.5-1.5B-shaped model (``flashrl/plan/architectures.py``, Qwen/Qwen2.5-Math-1.5B: random
     bfloat16 weights, float32 master weights and AdamW) on ``--batch-size`` x ``--length`` tokens
     (default 128 x 4,096) in micro-batches of ``--max-tokens-per-micro-batch`` with gradient
     checkpointing, after a warm-up update on ``--warmup-batch-size`` trajectories. Reports the
     update's seconds, tokens/s, model FLOPs utilisation, and its peak memory against the plan's
-    formula (``flashrl.recipes.memory.learner_memory``).
+    formula (``flashrl.plan.memory.learner_memory``).
 ``logprobs``
     Chunked (``flashrl/ops/logprobs.py``) vs naive log-prob + entropy + backward at ``--logprob-tokens``
     (default 8k and 16k) tokens, V = 151,936, H = 1,536, bfloat16 inputs, as
@@ -193,8 +193,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
 
 # ---------------------------------------------------------------------------------------------- model
 def architecture(opts: Options) -> Any:
-    """The learner's shape: Qwen2.5-1.5B's (``flashrl/recipes/architectures.py``), or a tiny Qwen2."""
-    from flashrl.recipes.architectures import ARCHITECTURES, Architecture
+    """The learner's shape: Qwen2.5-1.5B's (``flashrl/plan/architectures.py``), or a tiny Qwen2."""
+    from flashrl.plan.architectures import ARCHITECTURES, Architecture
 
     if opts.small:  # head_dim 64, biases on q/k/v as Qwen2; exactly the tokenizer's vocabulary, so that the
         # push phase's env can decode every sampled id (the full model's padding rows are never decoded)
@@ -438,7 +438,7 @@ def _timed_update(learner: Any, batch: Any, device: str) -> dict[str, Any]:
 
 def phase_learner(ctx: Context, matmul_flops_per_s: float | None) -> dict[str, Any]:
     from flashrl.learners.learner import Learner
-    from flashrl.recipes.memory import learner_memory
+    from flashrl.plan.memory import learner_memory
 
     opts, arch = ctx.opts, ctx.arch
     spec = _learner_spec(ctx, opts.max_tokens_per_micro_batch)

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from flashrl.algorithms import FlashReinforceConfig
-from flashrl.algorithms.flash_reinforce.algorithm import _planned_engine_options
 from flashrl.algorithms.flash_reinforce.config import ConfigError
 from flashrl.engines.vllm_engine import VLLMEngineOptions
 from flashrl.framework_logging import (
@@ -27,6 +26,7 @@ from flashrl.framework_logging import (
     vllm_level,
     vllm_logging_args,
 )
+from flashrl.plan import plan_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,12 +138,12 @@ def test_ray_logging_level(level, environ, expected):
 def test_the_setting_reaches_the_runners_engine_options():
     config = FlashReinforceConfig().env_runners(engine="vllm")
     assert config.framework_log_level == "WARNING"
-    assert _planned_engine_options(config)["log_level"] == "WARNING"
-    assert _planned_engine_options(config.reporting(framework_log_level="INFO"))["log_level"] == "INFO"
-    assert _planned_engine_options(config.reporting(framework_log_level=None))["log_level"] is None
+    assert plan_run(config).engine_options["log_level"] == "WARNING"
+    assert plan_run(config.reporting(framework_log_level="INFO")).engine_options["log_level"] == "INFO"
+    assert plan_run(config.reporting(framework_log_level=None)).engine_options["log_level"] is None
     mine = config.env_runners(engine_options={"log_level": "ERROR"})
-    assert _planned_engine_options(mine)["log_level"] == "ERROR"  # an explicit engine option wins
-    assert "log_level" not in _planned_engine_options(FlashReinforceConfig().env_runners(engine="torch"))
+    assert plan_run(mine).engine_options["log_level"] == "ERROR"  # an explicit engine option wins
+    assert "log_level" not in plan_run(FlashReinforceConfig().env_runners(engine="torch")).engine_options
     assert VLLMEngineOptions().log_level == "WARNING"  # an engine built without a run is quiet too
 
 

@@ -1,6 +1,12 @@
 """The package's layers: the core imports neither the environments nor the algorithms, and no module
 imports itself back through others.
 
+- Every package sits on a floor of docs/design.md §2 ("Layout"): the entry points (``flashrl/cli.py``,
+  ``flashrl/__main__.py``, ``flashrl/recipes/``, ``flashrl/reproduction/``) above the algorithms, the
+  algorithms above the environments, the environments above the core (every other package, the run
+  plan ``flashrl/plan/`` included). An import may go sideways or down, never up: the algorithms
+  import no recipe, the core no algorithm, environment or entry point.
+
 - The algorithms (``flashrl.algorithms``) build on the core (learners, env runners, engines, models,
   ops, metrics, episodes, conversations, checkpoints), never the other way round: the generic
   ``Learner`` gets its loss as an object (``LearnerSpec.loss``), the EnvRunners get an
@@ -181,6 +187,60 @@ def test_no_import_cycles_among_packages():
         "Import cycles among flashrl's packages (move the shared types down, or pass the object in):\n"
         + "\n".join(lines)
     )
+
+
+FLOORS = ("core", "envs", "algorithms", "entry points")
+"""docs/design.md's floors, lowest first."""
+LAYER = {"flashrl.cli": "entry points", "flashrl.__main__": "entry points", "flashrl.recipes": "entry points",
+         "flashrl.reproduction": "entry points", "flashrl.algorithms": "algorithms", "flashrl.envs": "envs"}
+"""The packages above the core by name; every other package is the core."""
+DESIGN_FLOORS = "entry points (cli, recipes, reproduction) -> algorithms -> envs and core; envs -> core"
+"""How docs/design.md states ``FLOORS`` and ``LAYER``."""
+
+
+def _floor(module: str) -> int:
+    return FLOORS.index(LAYER.get(_package(module), "core"))
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """The imports in ``graph`` (module -> the modules it imports) that go to a higher floor."""
+    return [f"{name} ({FLOORS[_floor(name)]}) imports {target} ({FLOORS[_floor(target)]})"
+            for name, edges in sorted(graph.items()) for target in sorted(edges)
+            if _floor(target) > _floor(name)]  # fmt: skip
+
+
+def test_every_import_goes_sideways_or_down_the_floors():
+    upward = _upward_imports(_graph())
+    assert not upward, (
+        "An import goes up docs/design.md's floors (entry points -> algorithms -> envs -> core); move what it "
+        "needs down (as the run plan moved to flashrl/plan/) or pass it in:\n" + "\n".join(upward)
+    )
+
+
+def test_the_floors_are_the_designs():
+    design = (ROOT.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    assert DESIGN_FLOORS in " ".join(design.split()), "docs/design.md and this test state the floors together"
+    assert set(LAYER) >= {f"flashrl.{name.removesuffix('.py')}" for name in ENTRY_POINTS}
+    assert all(_package(f"flashrl.{name}.x") in LAYER for name in UPPER)
+
+
+def test_the_floor_check_catches_an_upward_import():
+    graph = {
+        "flashrl.algorithms.flash_reinforce.algorithm": {"flashrl.recipes.memory", "flashrl.plan.run_plan",
+                                                         "flashrl.envs.base"},
+        "flashrl.learners.learner": {"flashrl.algorithms.flash_reinforce.loss", "flashrl.ops.logprobs"},
+        "flashrl.envs.base": {"flashrl.conversation"},
+        "flashrl.conversation": {"flashrl.envs.base"},
+        "flashrl.recipes.plan": {"flashrl.plan.run_plan", "flashrl.reproduction.molt", "flashrl.cli"},
+        "flashrl.plan.run_plan": {"flashrl.engines.colocation"},
+        "flashrl": {"flashrl.recipes"},
+    }  # fmt: skip
+    assert _upward_imports(graph) == [
+        "flashrl (core) imports flashrl.recipes (entry points)",
+        "flashrl.algorithms.flash_reinforce.algorithm (algorithms) imports flashrl.recipes.memory (entry points)",
+        "flashrl.conversation (core) imports flashrl.envs.base (envs)",
+        "flashrl.learners.learner (core) imports flashrl.algorithms.flash_reinforce.loss (algorithms)",
+    ]
 
 
 def test_the_agent_endpoint_sits_below_the_env_runners():

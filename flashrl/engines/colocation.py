@@ -11,7 +11,7 @@ colocated engine's ``gpu_memory_utilization`` is derived from the learner's plan
 
     share = (floor(100 x (device - learner) / device) - COLOCATED_MARGIN_PERCENT) / 100
 
-where ``learner`` is the planner's estimate (``flashrl.recipes.memory.learner_memory``): its peak
+where ``learner`` is the planner's estimate (``flashrl.plan.memory.learner_memory``): its peak
 ``total``, or with sleep mode only its ``static`` state (weights, gradients, master copy, optimizer),
 because the engine frees its memory while the learner's activations peak. When the model's
 architecture is unknown, the share is Ray's fraction ``num_gpus_per_env_runner``. A whole-GPU engine

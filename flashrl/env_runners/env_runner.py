@@ -148,19 +148,14 @@ class EnvRunner:
     async def setup(self) -> dict[str, Any]:
         """Start the engine (idempotent); returns facts the algorithm needs (pad id, context length)."""
         if self._engine is None:
-            from flashrl.engines import engine_options_for_run, make_engine
+            from flashrl.engines import make_engine
+            from flashrl.plan import runner_engine_options
 
             self._changed = asyncio.Event()
             self._arrived = asyncio.Event()
-            # the engine's context and memory follow the run (max_episode_tokens x episodes in flight),
-            # not the model's 8192-token default, unless engine_options say otherwise
-            options = engine_options_for_run(
-                self.spec.engine,
-                self.spec.engine_options,
-                max_model_len=self.spec.max_episode_tokens,
-                num_seqs=self.spec.episodes_in_flight_per_env_runner,
-                record_routed_experts=self.spec.routing_replay,
-            )
+            # the run plan's engine options (flashrl.plan): the driver's spec carries them; a spec made
+            # without a plan gets the same (context and sequences from the run, not the model's defaults)
+            options = runner_engine_options(self.spec)
             self._engine = make_engine(
                 self.spec.engine,
                 self.model_path,

@@ -3,7 +3,7 @@
 * `Preset`, `NodePlan`: what a tuned example declares besides its config (success bar, hardware, pins).
 * `run_preset(preset, make_config)`: the main of every tuned example (flags, dry-run or training).
 * `dry_run_report(preset, config, node_plan)`: what `--dry-run` prints, with its verdict and exit code.
-* `flashrl.recipes.architectures`, `flashrl.recipes.memory`: model shapes and memory formulas.
+* The run plan it renders, the model shapes and memory formulas are `flashrl.plan` (below the algorithms).
 
 The reference release's experiments, and their translation to flashrl and to Molt 0.2.1, are
 `flashrl.reproduction`; it builds on this package, never the other way round.

@@ -1,5 +1,8 @@
 """The `--dry-run` report: resolved config, placement on the node plan, memory, pins, prerequisites.
 
+It renders the run's plan (``flashrl.plan.plan_run``: the engine options, weight-sync route, sleep mode
+and memory estimates the driver starts the run with) against a node plan; it derives none of them again.
+
 A `DryRunReport` reviews the run a preset's config plans without making it: nothing here starts a
 worker, initialises Ray, starts an engine or downloads anything. The report has two kinds of findings:
 
@@ -24,30 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flashrl.engines import engine_options_for_run
-from flashrl.engines.colocation import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    colocated_memory_utilization,
-    is_colocated,
-    resolve_sleep_mode,
-)
-from flashrl.engines.memory import DEFAULT_MAX_NUM_SEQS
-from flashrl.recipes.architectures import Architecture, architecture_for
-from flashrl.recipes.memory import (
-    GIB,
-    EnvRunnerMemory,
-    LearnerMemory,
-    checkpoint_memory,
-    env_runner_memory,
-    format_bytes,
-    learner_memory_for,
-)
+from flashrl.engines.colocation import DEFAULT_GPU_MEMORY_UTILIZATION, colocated_memory_utilization
+from flashrl.plan import RunPlan, plan_run
+from flashrl.plan.architectures import Architecture
+from flashrl.plan.memory import GIB, LearnerMemory, checkpoint_memory, format_bytes
 from flashrl.recipes.preset import NodePlan, Preset
 from flashrl.recipes.unverified import not_yet_run_on_gpu
-from flashrl.weight_sync.layout import RouteError, planned_engine_options
 
 __all__ = ["Check", "DryRunReport", "dry_run_report", "machine_memory_bytes", "node_memory_warning",
-           "planned_learner_memory", "planned_runner_memory", "start_memory_warning"]
+           "start_memory_warning"]
 
 EXIT_OK, EXIT_INCOHERENT, EXIT_INVALID_CONFIG, EXIT_NOT_READY = 0, 1, 2, 3
 
@@ -148,7 +136,8 @@ def dry_run_report(
     under_tune: bool = False,
     data_paths: Mapping[str, str | None] | None = None,
 ) -> DryRunReport:
-    """The dry-run report of a validated `FlashReinforceConfig` on `node_plan` (no side effects)."""
+    """The dry-run report of a validated `FlashReinforceConfig` on `node_plan` (no side effects): its
+    `RunPlan` (with the model's shape from a local copy when there is one) rendered against the node plan."""
     report = DryRunReport(
         preset=preset, config=config, node_plan=node_plan, under_tune=under_tune or bool(grid)
     )
@@ -163,9 +152,9 @@ def dry_run_report(
         )
     report.sections.append(("actors and resources", _placement(report)))
     local_model = _local_model_folder(config.model)
-    arch = architecture_for(config.model, local_model)
-    report.sections.append(("memory estimate", _memory(report, arch)))
-    unverified = not_yet_run_on_gpu(config, arch)
+    run_plan = plan_run(config, model_path=local_model, raise_problems=False)
+    report.sections.append(("memory estimate", _memory(report, run_plan)))
+    unverified = not_yet_run_on_gpu(config, run_plan)
     if unverified:
         report.sections.append(("not yet run on a GPU (tested on CPU only; this run would be the first)",
                                 [f"  {part}" for part in unverified]))
@@ -313,8 +302,8 @@ def _first_fit(bundles: list[tuple[str, dict[str, float]]], nodes: NodePlan) -> 
 
 
 # ------------------------------------------------------------------------------------ memory
-def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
-    config = report.config
+def _memory(report: DryRunReport, run_plan: RunPlan) -> list[str]:
+    config, arch = report.config, run_plan.architecture
     if arch is None:
         report.warnings.append(
             f"no architecture known for model {config.model!r} (not in the table of "
@@ -333,17 +322,18 @@ def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
     context_problem = _context_problem(config, arch)
     if context_problem:
         report.errors.append(context_problem)
-    learner_lines, lm = _learner_memory_lines(report, arch)
+    learner_lines, lm = _learner_memory_lines(report, run_plan)
     lines += learner_lines
     on_gpu = config.num_gpus_per_env_runner > 0
-    engine_dtype, seqs, context, _ = _runner_engine(config)
-    try:
-        rm = planned_runner_memory(config, arch)
-    except ValueError as err:  # the engine would refuse to start with this KV-cache budget
+    engine, rm, err = run_plan.runner_engine, run_plan.runner_memory, run_plan.runner_memory_error
+    seqs, context = engine.num_seqs, engine.context
+    if run_plan.engine_options_error is not None:  # the runners would refuse to start their engines
+        report.errors.append(f"engine options: {run_plan.engine_options_error}")
+    if rm is None:  # the engine would refuse to start with this KV-cache budget
         report.errors.append(f"env runner KV cache: {err}")
         return [*lines, f"  per env runner: KV cache budget impossible ({err})"]
     lines += [
-        f"  per env runner ({config.engine}, {engine_dtype}):",
+        f"  per env runner ({config.engine}, {engine.dtype}):",
         (
             f"    weights {format_bytes(rm.weights)} + KV cache {format_bytes(rm.kv_cache)} "
             f"({seqs} sequences x {context} tokens x "
@@ -359,7 +349,7 @@ def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
     if on_gpu:
         tp = max(1, int(config.num_gpus_per_env_runner))
         per_gpu = rm.total / tp
-        budget_lines, budget = _engine_budget(report, lm)
+        budget_lines, budget = _engine_budget(report, lm, run_plan)
         lines += [f"    per GPU (split over {tp}): {format_bytes(per_gpu)} of {format_bytes(budget)}", *budget_lines]
         if per_gpu > budget:
             report.warnings.append(
@@ -368,7 +358,7 @@ def _memory(report: DryRunReport, arch: Architecture | None) -> list[str]:
                 "episodes_in_flight_per_env_runner "
                 "or max_episode_tokens, or give each runner more GPUs"
             )
-    warning = node_memory_warning(config, arch, report.node_plan.host_memory_gib * GIB)
+    warning = node_memory_warning(config, run_plan, report.node_plan.host_memory_gib * GIB)
     if warning:
         report.warnings.append(warning)
     return lines
@@ -380,8 +370,8 @@ def start_memory_warning(config: Any) -> str | None:
     joins a cluster, when the model's architecture is unknown, or when it fits."""
     if os.environ.get("RAY_ADDRESS"):
         return None
-    arch = architecture_for(config.model, _local_model_folder(config.model))
-    return None if arch is None else node_memory_warning(config, arch, machine_memory_bytes())
+    run_plan = plan_run(config, model_path=_local_model_folder(config.model), raise_problems=False)
+    return None if run_plan.architecture is None else node_memory_warning(config, run_plan, machine_memory_bytes())
 
 
 def machine_memory_bytes() -> int:
@@ -397,56 +387,17 @@ def machine_memory_bytes() -> int:
     return total
 
 
-def _runner_engine(config: Any) -> tuple[str, int, int, dict[str, Any]]:
-    """An env runner's engine: weight dtype, sequences it holds, context, and its start options."""
-    on_gpu = config.num_gpus_per_env_runner > 0
-    engine_dtype = str(config.engine_options.get("dtype") or ("bfloat16" if on_gpu else "float32"))
-    if engine_dtype not in ("float32", "bfloat16", "float16"):
-        engine_dtype = "bfloat16"
-    # the engine options an env runner starts its engine with (flashrl/env_runners/env_runner.py)
-    opts = engine_options_for_run(
-        config.engine,
-        config.engine_options,
-        max_model_len=config.max_episode_tokens,
-        num_seqs=config.episodes_in_flight_per_env_runner,
-    )
-    seqs = int(opts.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS) if config.engine == "vllm" else None
-    seqs = seqs or config.episodes_in_flight_per_env_runner
-    context = int(opts.get("max_model_len") or config.max_episode_tokens)
-    return engine_dtype, seqs, context, opts
-
-
-def planned_runner_memory(config: Any, arch: Architecture) -> EnvRunnerMemory:
-    """One env runner's engine memory as the config starts it; ValueError for an impossible KV budget."""
-    engine_dtype, seqs, context, opts = _runner_engine(config)
-    return env_runner_memory(
-        arch,
-        engine_dtype=engine_dtype,
-        episodes_in_flight=seqs,
-        max_episode_tokens=context,
-        cpu_vllm=config.engine == "vllm" and config.num_gpus_per_env_runner == 0,
-        kv_cache_memory_bytes=opts.get("kv_cache_memory_bytes"),
-    )
-
-
-def planned_learner_memory(config: Any, arch: Architecture, route: str = "shm") -> LearnerMemory:
-    """One learner's memory as the config trains it (`flashrl.recipes.memory.learner_memory_for`)."""
-    return learner_memory_for(config, arch, weight_sync=route)
-
-
-def node_memory_warning(config: Any, arch: Architecture, node_bytes: float) -> str | None:
+def node_memory_warning(config: Any, run_plan: RunPlan, node_bytes: float) -> str | None:
     """The warning when a one-node run's estimate exceeds the node's memory: its learners' host memory
     (all of it for learners on CPU) plus its env runners' (their engines, for runners on CPU); None if it fits.
 
     Near the limit Ray's memory monitor kills a worker (an env runner first) and the run loses what it
     did since its last checkpoint; the warning names the settings that shrink the largest part.
     """
-    lm = planned_learner_memory(config, arch)
+    lm, rm = run_plan.learner_memory, run_plan.runner_memory
     learner = (lm.host + (lm.total if config.num_gpus_per_learner == 0 else 0)) * max(1, config.num_learners)
-    try:
-        runner = planned_runner_memory(config, arch).total if config.num_gpus_per_env_runner == 0 else 0
-    except ValueError:  # an impossible KV budget is reported as an error of its own
-        runner = 0
+    # an impossible KV budget (no runner estimate) is reported as an error of its own
+    runner = rm.total if config.num_gpus_per_env_runner == 0 and rm is not None else 0
     runners = runner * config.num_env_runners
     if learner + runners <= node_bytes:
         return None
@@ -472,7 +423,7 @@ def node_memory_warning(config: Any, arch: Architecture, node_bytes: float) -> s
     )
 
 
-def _engine_budget(report: DryRunReport, lm: LearnerMemory) -> tuple[list[str], float]:
+def _engine_budget(report: DryRunReport, lm: LearnerMemory, run_plan: RunPlan) -> tuple[list[str], float]:
     """What vLLM reserves on each of an engine's GPUs, and on a GPU shared with a learner whether both fit.
 
     vLLM reserves ``gpu_memory_utilization x total_memory`` of the whole device, whatever Ray's GPU
@@ -481,15 +432,10 @@ def _engine_budget(report: DryRunReport, lm: LearnerMemory) -> tuple[list[str], 
     """
     config, nodes = report.config, report.node_plan
     device = nodes.gpu_memory_gib * GIB
-    learner_gpus, runner_gpus = config.num_gpus_per_learner, config.num_gpus_per_env_runner
-    colocated = config.engine == "vllm" and is_colocated(learner_gpus, runner_gpus)
-    try:
-        sleep = resolve_sleep_mode(
-            config.engine_sleep_mode, engine=config.engine, learner_gpus=learner_gpus, runner_gpus=runner_gpus
-        )
-    except ValueError as err:
-        report.errors.append(str(err))
-        sleep = False
+    runner_gpus = config.num_gpus_per_env_runner
+    colocated, sleep = run_plan.colocated, run_plan.sleep_mode
+    if run_plan.sleep_error is not None:
+        report.errors.append(run_plan.sleep_error)
     awake = lm.static if sleep else lm.total  # the learner's bytes while the engine holds its reservation
     given = config.engine_options.get("gpu_memory_utilization")
     try:
@@ -548,18 +494,12 @@ def _colocated_fix(device: int, lm: LearnerMemory, sleep: bool, runner_gpus: flo
     return "; or ".join(fixes)
 
 
-def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> tuple[list[str], LearnerMemory]:
-    """One learner's memory (flashrl/recipes/memory.py) and whether it fits its GPU share or the node's RAM."""
-    config, nodes = report.config, report.node_plan
-    try:
-        route = planned_engine_options(
-            config.engine, config.engine_options, learner_gpus=config.num_gpus_per_learner,
-            runner_gpus=config.num_gpus_per_env_runner, num_env_runners=config.num_env_runners,
-        ).get("weight_sync", "shm")  # fmt: skip
-    except RouteError as err:
-        report.errors.append(f"weight sync: {err}")
-        route = "shm"
-    lm = learner_memory_for(config, arch, weight_sync=route)
+def _learner_memory_lines(report: DryRunReport, run_plan: RunPlan) -> tuple[list[str], LearnerMemory]:
+    """One learner's memory (flashrl/plan/memory.py) and whether it fits its GPU share or the node's RAM."""
+    config, nodes, arch = report.config, report.node_plan, run_plan.architecture
+    if run_plan.route_error is not None:
+        report.errors.append(f"weight sync: {run_plan.route_error}")
+    route, lm = run_plan.weight_sync, run_plan.learner_memory
     layout = (
         f"FSDP2 over {config.num_learners} learners" + (", optimizer offloaded" if config.optimizer_offload else "")
         if lm.sharded
@@ -604,7 +544,7 @@ def _learner_memory_lines(report: DryRunReport, arch: Architecture) -> tuple[lis
         )
     if config.num_gpus_per_learner > 0:
         gpu_bytes = nodes.gpu_memory_gib * GIB * min(1.0, config.num_gpus_per_learner)  # a fraction shares its GPU
-        shared = config.engine == "vllm" and is_colocated(config.num_gpus_per_learner, config.num_gpus_per_env_runner)
+        shared = run_plan.colocated
         if shared:  # Ray's fraction divides no memory: the engine's reservation is checked against the device
             gpu_bytes = nodes.gpu_memory_gib * GIB
         lines.append(

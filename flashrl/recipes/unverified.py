@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from flashrl.engines.colocation import resolve_sleep_mode
-from flashrl.recipes.architectures import Architecture
-from flashrl.weight_sync.layout import RouteError, planned_engine_options
+from flashrl.plan import RunPlan
 
 __all__ = ["not_yet_run_on_gpu"]
 
 
-def not_yet_run_on_gpu(config: Any, arch: Architecture | None) -> list[str]:
-    """The parts of this config's run that have not run on a GPU yet; [] for a CPU run."""
+def not_yet_run_on_gpu(config: Any, run_plan: RunPlan) -> list[str]:
+    """The parts of this config's run (planned as ``run_plan``) that have not run on a GPU yet; [] for a CPU run.
+
+    A sleep mode or route the plan refuses counts as off and ``shm`` (the plan reports the error itself).
+    """
     runner_gpus, learner_gpus = config.num_gpus_per_env_runner, config.num_gpus_per_learner
+    arch = run_plan.architecture
     if runner_gpus <= 0 and learner_gpus <= 0:
         return []
     parts = []
@@ -30,21 +32,10 @@ def not_yet_run_on_gpu(config: Any, arch: Architecture | None) -> list[str]:
         if int(args.get("tensor_parallel_size") or 1) * int(args.get("pipeline_parallel_size") or 1) > 1:
             parts.append("a multi-GPU engine (tensor/pipeline parallel) on vLLM's multiprocessing executor "
                          "inside the EnvRunner actor")
-        try:
-            sleep = resolve_sleep_mode(config.engine_sleep_mode, engine=config.engine, learner_gpus=learner_gpus,
-                                       runner_gpus=runner_gpus)
-        except ValueError:
-            sleep = False  # the plan reports the error itself
-        if sleep:
+        if run_plan.sleep_mode:
             parts.append("vLLM's sleep mode around the learner's update (colocated learner and engine)")
-    try:
-        route = planned_engine_options(config.engine, config.engine_options, learner_gpus=learner_gpus,
-                                       runner_gpus=runner_gpus, num_env_runners=config.num_env_runners
-                                       ).get("weight_sync", "shm")  # fmt: skip
-    except RouteError:
-        route = "shm"
-    if route in ("nccl", "ipc"):
-        parts.append(f"the weight push over vLLM's {route} transfer engine")
+    if run_plan.weight_sync in ("nccl", "ipc"):
+        parts.append(f"the weight push over vLLM's {run_plan.weight_sync} transfer engine")
     if arch is not None and arch.num_experts > 0 and config.engine == "vllm" and runner_gpus > 0:
         parts.append("in-place weight updates of a mixture of experts in vLLM's GPU build (checked against a "
                      "fresh engine on the CPU build only)")

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from flashrl.algorithms import FlashReinforceConfig
-from flashrl.algorithms.flash_reinforce.algorithm import FlashReinforce, _planned_engine_options
+from flashrl.algorithms.flash_reinforce.algorithm import FlashReinforce
 from flashrl.algorithms.flash_reinforce.config import ConfigError
+from flashrl.plan import plan_run
 
 
 def _config(learner_gpus: float = 0.5, runner_gpus: float = 0.5, **env_runners: Any) -> FlashReinforceConfig:
@@ -29,15 +30,15 @@ def _config(learner_gpus: float = 0.5, runner_gpus: float = 0.5, **env_runners: 
 def test_colocated_runners_start_with_sleep_mode_and_the_learners_bytes() -> None:
     # Qwen2.5-Math-1.5B, bfloat16, AdamW, one learner: static state 30,874,286,080 bytes (28.75 GiB),
     # peak 36,919,719,936 (34.38 GiB), the numbers tests/recipes/test_colocated_plan.py plans with
-    assert _planned_engine_options(_config()) == {
+    assert plan_run(_config()).engine_options == {
         "weight_sync": "ipc", "sleep_mode": True, "colocated_gpu_fraction": 0.5,
         "colocated_learner_bytes": 30874286080, "log_level": "WARNING",
     }  # fmt: skip
-    off = _planned_engine_options(_config(engine_sleep_mode=False))
+    off = plan_run(_config(engine_sleep_mode=False)).engine_options
     assert off == {"weight_sync": "ipc", "colocated_gpu_fraction": 0.5, "colocated_learner_bytes": 36919719936,
                    "log_level": "WARNING"}  # framework_log_level reaches every vLLM engine
-    assert _planned_engine_options(_config(1, 1)) == {"weight_sync": "nccl", "log_level": "WARNING"}
-    assert _planned_engine_options(_config(0, 0)) == {"weight_sync": "shm", "log_level": "WARNING"}
+    assert plan_run(_config(1, 1)).engine_options == {"weight_sync": "nccl", "log_level": "WARNING"}
+    assert plan_run(_config(0, 0)).engine_options == {"weight_sync": "shm", "log_level": "WARNING"}
 
 
 def test_sleep_mode_on_cpu_engines_is_refused_by_the_config() -> None:

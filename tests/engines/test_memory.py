@@ -14,8 +14,8 @@ from flashrl.engines.memory import (
     kv_cache_budget,
 )
 from flashrl.engines.vllm_engine import VLLMEngineOptions, vllm_engine_args
-from flashrl.recipes.architectures import ARCHITECTURES
-from flashrl.recipes.memory import env_runner_memory
+from flashrl.plan.architectures import ARCHITECTURES
+from flashrl.plan.memory import env_runner_memory
 
 # SmolLM2-135M-Instruct's config.json fields that size the KV cache
 SMOLLM2 = {

@@ -2,7 +2,7 @@
 
 An 80 GiB GPU shared by one learner and one engine (0.5 + 0.5, the ``ipc`` route) with
 Qwen2.5-Math-1.5B in bfloat16 under AdamW: the learner's planned peak is 34.38 GiB, its static state
-(weights, gradients, float32 master, optimizer) 28.75 GiB (``flashrl.recipes.memory``). vLLM reserves
+(weights, gradients, float32 master, optimizer) 28.75 GiB (``flashrl.plan.memory``). vLLM reserves
 ``gpu_memory_utilization x 80 GiB`` at start whatever the fraction (0.85: 68 GiB, where the plan
 used to budget 0.85 x 80 x 0.5 = 34 GiB).
 """
@@ -94,3 +94,15 @@ def test_a_colocated_learner_is_measured_against_the_whole_device(monkeypatch: p
     # below it; the pair is checked against the 80 GiB device (the engine's lines)
     _, out = _report(monkeypatch)
     assert "learner on its GPU: 34.38 GiB of 80.00 GiB, shared with an engine (below)" in out
+
+
+def test_engine_options_that_refuse_the_runs_routing_replay_are_an_error_of_the_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the runners would refuse to start their engines; the plan the dry-run renders says so first
+    report, _ = _report(monkeypatch, learner_gpus=1, runner_gpus=1, engine_options={"record_routed_experts": False})
+    assert not [e for e in report.errors if e.startswith("engine options:")]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = report.config.copy().training(routing_replay=True)
+    errors = dry_run_report(PRESET, config, NODES).errors
+    assert [e for e in errors if e.startswith("engine options: engine_options sets record_routed_experts=False")]

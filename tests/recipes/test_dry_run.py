@@ -160,8 +160,8 @@ def test_every_gpu_preset_learner_fits_its_gpu(script: str, capsys: pytest.Captu
 
 
 def test_the_moe_preset_fits_only_because_of_its_micro_batch_budget() -> None:
-    from flashrl.recipes.architectures import architecture_for
-    from flashrl.recipes.memory import GIB, learner_memory
+    from flashrl.plan.architectures import architecture_for
+    from flashrl.plan.memory import GIB, learner_memory
 
     choices = FLASHRL_CHOICES["qwen3_tool_ablation"]
     common = {"dtype": "bfloat16", "optimizer": "adamw", "train_batch_size": 128, "num_learners": choices.num_learners,

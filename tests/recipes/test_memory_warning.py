@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from flashrl.plan import plan_run
+from flashrl.plan.memory import GIB
 from flashrl.recipes import plan
-from flashrl.recipes.architectures import architecture_for
-from flashrl.recipes.memory import GIB
 from flashrl.recipes.preset import NodePlan
 from flashrl.recipes.run import build_config, train
 
@@ -27,16 +27,16 @@ def _tool_job(tmp_path):
 
 def _need(config) -> int:
     """The tool job's estimate: one learner on CPU (all of it) + one env runner's engine."""
-    arch = architecture_for(config.model, None)
-    return plan.planned_learner_memory(config, arch).total + plan.planned_runner_memory(config, arch).total
+    run_plan = plan_run(config)
+    return run_plan.learner_memory.total + run_plan.runner_memory.total
 
 
 def test_the_warning_starts_one_byte_below_the_estimate_and_names_the_fix(tmp_path):
     _, config = _tool_job(tmp_path)
-    arch = architecture_for(config.model, None)
+    run_plan = plan_run(config)
     need = _need(config)
-    assert plan.node_memory_warning(config, arch, need) is None
-    warning = plan.node_memory_warning(config, arch, need - 1)
+    assert plan.node_memory_warning(config, run_plan, need) is None
+    warning = plan.node_memory_warning(config, run_plan, need - 1)
     assert warning.startswith("host memory: the learner (")
     assert "plus 1 env runner(s)" in warning and "Fix: " in warning
     assert "max_tokens_per_micro_batch (now 2048" in warning and "episodes_in_flight_per_env_runner (now 16)" in warning
@@ -46,8 +46,7 @@ def test_the_dry_run_warns_on_a_node_too_small_for_learner_and_runners(tmp_path)
     preset, config = _tool_job(tmp_path)
     need = _need(config)
     # above the learner with its checkpoint save, below the learner plus the runner
-    arch = architecture_for(config.model, None)
-    learner = plan.planned_learner_memory(config, arch).total
+    learner = plan_run(config).learner_memory.total
     assert learner < need - 1
     small = NodePlan(num_nodes=1, gpus_per_node=0, cpus_per_node=2, host_memory_gib=(need - 1) / GIB)
     warnings = plan.dry_run_report(preset, config, small).warnings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 
-from flashrl.recipes.architectures import architecture_for
+from flashrl.plan import plan_run
 from flashrl.recipes.run import build_config
 from flashrl.recipes.unverified import not_yet_run_on_gpu
 from flashrl.reproduction.experiment_run import (
@@ -23,7 +23,7 @@ def _experiment(name: str, argv: list[str] | None = None):
 
 def test_the_moe_experiment_lists_its_tensor_parallel_engine_push_and_expert_updates():
     config = _experiment("qwen3_tool_ablation")
-    parts = not_yet_run_on_gpu(config, architecture_for(config.model, None))
+    parts = not_yet_run_on_gpu(config, plan_run(config, raise_problems=False))
     assert parts == [
         "vLLM's GPU build in an EnvRunner actor: engine start, sampling, recorded log-probs",
         "a multi-GPU engine (tensor/pipeline parallel) on vLLM's multiprocessing executor inside the EnvRunner actor",
@@ -38,7 +38,7 @@ def test_the_moe_experiment_lists_its_tensor_parallel_engine_push_and_expert_upd
 def test_a_colocated_layout_lists_sleep_mode_and_the_ipc_push():
     config = _experiment("qwen_math").env_runners(num_gpus_per_env_runner=0.5).learners(
         num_learners=1, num_gpus_per_learner=0.5)
-    parts = not_yet_run_on_gpu(config, architecture_for(config.model, None))
+    parts = not_yet_run_on_gpu(config, plan_run(config, raise_problems=False))
     assert "vLLM's sleep mode around the learner's update (colocated learner and engine)" in parts
     assert "the weight push over vLLM's ipc transfer engine" in parts
     # one learner on one GPU has run (benchmarks/results/gpu_check_h200.json): the push is the last part
@@ -50,7 +50,7 @@ def test_a_cpu_run_has_nothing_unverified_and_no_section():
 
     config = (FlashReinforceConfig().environment("flashrl/Math-v0").training(model="smollm2-135m-instruct")
               .env_runners(num_gpus_per_env_runner=0).learners(num_gpus_per_learner=0))
-    assert not_yet_run_on_gpu(config, None) == []
+    assert not_yet_run_on_gpu(config, plan_run(config)) == []
 
 
 def test_the_dry_run_prints_the_section():

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flashrl.recipes.architectures import ARCHITECTURES
+from flashrl.plan.architectures import ARCHITECTURES
 from flashrl.recipes.plan import _context_problem
 from flashrl.reproduction.experiments import QWEN_MATH_CONTEXT, resolve_experiment
 from flashrl.reproduction.translate import flashrl_fields

@@ -40,7 +40,6 @@ from flashrl.callbacks import (
     make_callbacks,
 )
 from flashrl.checkpoints import read_checkpoint, read_config, record_checkpoint, write_checkpoint
-from flashrl.engines.colocation import colocated_engine_options, is_colocated, resolve_sleep_mode
 from flashrl.env_runners import EnvRunnerGroup, EpisodeStream, RunnerReport
 from flashrl.episode import Episode
 from flashrl.learners import LearnerGroupError
@@ -54,7 +53,8 @@ from flashrl.metrics import (
     progress_line,
 )
 from flashrl.metrics.console import RunProgress
-from flashrl.weight_sync.layout import TransferLayout, planned_engine_options
+from flashrl.plan import RunPlan, plan_run
+from flashrl.weight_sync.layout import TransferLayout
 from flashrl.weight_sync.route import route_for
 
 logger = logging.getLogger("flashrl")
@@ -111,15 +111,16 @@ class FlashReinforce(Trainable):
         self.total_updates = cfg.learner_spec(model=self.model_path, train_size=train_size).total_updates
         self.progress = RunProgress(self.total_updates)
         """The console's progress line on a terminal; its ``stop`` is the schedule's horizon unless the caller
-        knows the run's own stop (`flashrl.recipes.run.train` sets its ``stop_iters``)."""
+        knows the run's own stop (the tuned examples' trainer loop sets its ``stop_iters``)."""
         self.stream: EpisodeStream | None = None
+        self.plan: RunPlan = plan_run(cfg, model_path=self.model_path)
+        """The run's processes as the config plans them (flashrl.plan): engine options, placement, memory."""
         self.learner_group = self._new_learner_group()
-        self._engine_options = _planned_engine_options(cfg, self.model_path)
-        self._engines_sleep = bool(self._engine_options.get("sleep_mode"))
+        self._engines_sleep = bool(self.plan.engine_options.get("sleep_mode"))
         """Colocated engines sleep while the learner updates (vLLM sleep mode; docs/engines.md)."""
         self.stream = EpisodeStream(
             EnvRunnerGroup(
-                cfg.env_runner_spec(engine_options=self._engine_options), model_path=self.model_path
+                cfg.env_runner_spec(engine_options=dict(self.plan.runner_engine_options)), model_path=self.model_path
             ),
             rollout_mode=cfg.rollout_mode,
             group_size=cfg.group_size,
@@ -176,22 +177,21 @@ class FlashReinforce(Trainable):
     def _new_learner_group(self) -> Any:
         from flashrl.learners import LearnerGroup
 
-        cfg = self.algo_config
+        cfg, placement = self.algo_config, self.plan.learners
         # Every LearnerSpec field the config also has, by name; the loss is the config's FlashReinforceLossSpec;
         # with num_epochs, the horizon follows the training set's real size.
         return LearnerGroup(
             cfg.learner_spec(model=self.model_path, train_size=self.train_size),
-            num_learners=max(1, cfg.num_learners),
-            num_cpus_per_learner=cfg.num_cpus_per_learner,
-            num_gpus_per_learner=cfg.num_gpus_per_learner,
-            local=cfg.num_learners == 0,
+            num_learners=placement.num_learners,
+            num_cpus_per_learner=placement.num_cpus,
+            num_gpus_per_learner=placement.num_gpus,
+            local=placement.local,
         )
 
     def _new_weight_sync(self) -> Any:
         """The route the runners' engines resolved, checked against the GPUs Ray gave each side."""
         layout = TransferLayout.of(self.learner_group.transfer_devices(), self.env_runner_group.transfer_devices)
-        return route_for(self.env_runner_group.facts, wait_for_load=self.algo_config.rollout_mode == "sync_group",
-                         layout=layout)
+        return route_for(self.env_runner_group.facts, wait_for_load=self.plan.wait_for_load, layout=layout)
 
     @property
     def env_runner_group(self) -> EnvRunnerGroup | None:
@@ -533,37 +533,6 @@ class FlashReinforce(Trainable):
     def stop(self) -> None:
         """Release the actors and the engines (Tune calls this at the end of a trial)."""
         super().stop()
-
-
-def _planned_engine_options(config: FlashReinforceConfig, model_path: str | None = None) -> dict[str, Any]:
-    """The engine options the runners start with: ``weight_sync`` resolved from the resource layout, and
-    next to a learner on its GPU the sleep mode and the learner's planned bytes (``flashrl.engines.colocation``);
-    a vLLM engine's ``log_level`` from ``framework_log_level`` (unless the engine options set it)."""
-    learner_gpus, runner_gpus = config.num_gpus_per_learner, config.num_gpus_per_env_runner
-    options = planned_engine_options(
-        config.engine,
-        config.engine_options,
-        learner_gpus=learner_gpus,
-        runner_gpus=runner_gpus,
-        num_env_runners=config.num_env_runners,
-    )
-    if config.engine == "vllm":
-        options.setdefault("log_level", config.framework_log_level)
-    sleep = resolve_sleep_mode(
-        config.engine_sleep_mode, engine=config.engine, learner_gpus=learner_gpus, runner_gpus=runner_gpus
-    )
-    estimate = None
-    if config.engine == "vllm" and is_colocated(learner_gpus, runner_gpus):
-        from flashrl.recipes.architectures import architecture_for
-        from flashrl.recipes.memory import learner_memory_for
-
-        arch = architecture_for(config.model, model_path)
-        if arch is not None:
-            estimate = learner_memory_for(config, arch, weight_sync=str(options.get("weight_sync", "shm")))
-    return colocated_engine_options(
-        options, engine=config.engine, learner_gpus=learner_gpus, runner_gpus=runner_gpus, sleep_mode=sleep,
-        learner_memory=estimate,
-    )  # fmt: skip
 
 
 def _check_envs(config: FlashReinforceConfig) -> int | None:

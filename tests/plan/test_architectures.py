@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashrl.recipes.architectures import ARCHITECTURES, Architecture, architecture_for, read_architecture
+from flashrl.plan.architectures import ARCHITECTURES, Architecture, architecture_for, read_architecture
 
 
 @pytest.mark.parametrize(
@@ -93,3 +93,14 @@ def test_local_folder_config_wins_over_the_table(tmp_path) -> None:
     assert read_architecture(tmp_path / "missing") is None
     assert architecture_for("smollm2-135m-instruct") is ARCHITECTURES["HuggingFaceTB/SmolLM2-135M-Instruct"]
     assert architecture_for("org/unknown-model") is None
+
+
+def test_the_old_recipes_paths_still_import_the_same_objects() -> None:
+    from flashrl.plan import architectures, memory
+    from flashrl.recipes import architectures as old_architectures
+    from flashrl.recipes import memory as old_memory
+
+    assert old_architectures.architecture_for is architectures.architecture_for
+    assert old_architectures.ARCHITECTURES is architectures.ARCHITECTURES
+    assert (old_memory.learner_memory, old_memory.GIB, old_memory.EXPORT_BUCKET_BYTES) == (
+        memory.learner_memory, memory.GIB, memory.EXPORT_BUCKET_BYTES)  # fmt: skip

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flashrl.recipes.architectures import Architecture
-from flashrl.recipes.memory import env_runner_memory, format_bytes, layer_values_per_token, learner_memory
+from flashrl.plan.architectures import Architecture
+from flashrl.plan.memory import env_runner_memory, format_bytes, layer_values_per_token, learner_memory
 
 # P = embed 10x8 (tied) + 2 x (attention 4 x 8x8 + mlp 3 x 8x16 + norms 2x8) + final norm 8
 ARCH = Architecture("toy", "llama", 2, 8, 16, 2, 2, 4, 10, True, 4096)
@@ -114,8 +114,8 @@ def test_the_push_after_the_update_can_be_the_peak() -> None:
 def test_qwen3_moe_on_80_gb_gpus() -> None:
     """The MoE preset's learner (FSDP2 over 8, passes of one 16,384-token episode, nccl): 63 GiB of static
     state, the new terms on top of it, and an MoE layer's backward (3kI + kH + E for the MLP branch)."""
-    from flashrl.recipes.architectures import ARCHITECTURES
-    from flashrl.recipes.memory import GIB, layer_backward_values_per_token
+    from flashrl.plan.architectures import ARCHITECTURES
+    from flashrl.plan.memory import GIB, layer_backward_values_per_token
 
     arch = ARCHITECTURES["Qwen/Qwen3-30B-A3B"]
     assert layer_backward_values_per_token(arch) == 2 * 2048 + (3 * 8 * 768 + 8 * 2048 + 128)
@@ -166,7 +166,7 @@ def test_format_bytes() -> None:
 
 
 def test_checkpoint_host_memory_per_save_path(monkeypatch) -> None:
-    from flashrl.recipes import memory
+    from flashrl.plan import memory
 
     one = memory.checkpoint_memory(ARCH, dtype="float32", optimizer="adamw", num_learners=0)
     assert (one.layout, one.per_rank, one.export) == ("single_file", P * 12, P * 4)  # full state; the export
@@ -183,6 +183,6 @@ def test_checkpoint_host_memory_per_save_path(monkeypatch) -> None:
 
 def test_the_plan_uses_the_export_bucket_of_the_learners() -> None:
     from flashrl.checkpoints.export import EXPORT_BUCKET_BYTES
-    from flashrl.recipes.memory import EXPORT_BUCKET_BYTES as PLANNED
+    from flashrl.plan.memory import EXPORT_BUCKET_BYTES as PLANNED
 
     assert PLANNED == EXPORT_BUCKET_BYTES
