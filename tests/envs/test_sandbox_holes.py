@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -445,8 +446,8 @@ def argv(pid):
             return f.read().decode().split("\\0")[:-1]
     except OSError:
         return None
-import json
-print(json.dumps([argv("self"), argv(1)]))
+import json, os
+print(json.dumps([argv("self"), argv(1), os.getcwd()]))
 """
 
 
@@ -456,12 +457,14 @@ def test_the_command_lines_the_code_can_read_name_no_host_path_but_the_interpret
     under Landlock, flashrl's own folder (the launcher's path, which Landlock lets it read)."""
     result = any_sandbox.run(_CMDLINE_PROBE)
     assert result.exit_code == 0, result.stderr
-    own, init = json.loads(result.stdout)
+    own, init, cwd = json.loads(result.stdout)
     python = any_sandbox.config.python
     if any_sandbox.backend == "bubblewrap":
         launcher = f"{backends.BWRAP_LAUNCHER_DIR}/_launcher.py"
+        assert cwd == backends.BWRAP_WORKDIR
     else:
         launcher = backends.LAUNCHER
+        assert cwd.startswith(os.path.join(tempfile.gettempdir(), "flashrl-sandbox-"))  # the host's, documented
     assert own == [python, "-I", "-S", "-B", launcher]
     if any_sandbox.backend == "bubblewrap" and backends.landlock_abi() == 0:  # bwrap's init shows
         assert init is not None and init[1:3] == ["--args", init[2]] and init[3:] == ["--", *own], init
