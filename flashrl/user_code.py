@@ -31,9 +31,11 @@ checkpoint's ``config.json``, a Tune search space), so it may only name code tha
 2. a module of user code (:func:`is_user_module`: a file that is neither standard library nor installed
    in ``site-packages``; ``__main__`` too),
 
-and to an object of an installed third-party package only when the user's *code* opts in:
-:func:`trust_installed` (``trust_installed("sympy")``, for the process) or ``import_path(...,
-trusted=("sympy",))``; never a setting, so no config text can widen it. The standard library is never
+and to an object of an installed third-party package only when the user's *code* opts in
+(:func:`trust_installed`: ``trust_installed("sympy")``, for the process; or ``import_path(...,
+trusted=("sympy",))``), never a setting, so no config text can widen it; or when the path is exactly
+the entry point of an env registered with Gymnasium (registered by code, a package's or the user's; a
+config may name that env by its id anyway, which makes the same class). The standard library is never
 reachable by a path. An object passed itself (``reward_fn=sympy.expand``) is always accepted: the code
 that passes it is the user's. Otherwise ``reward_fn="sympy:expand"`` would evaluate each model reply as
 Python in the EnvRunner, outside the sandbox, and ``"os:system"`` would run it in a shell.
@@ -111,6 +113,8 @@ def import_path(path: str, *, trusted: Collection[str] = ()) -> Any:
     if not module_name or not all(p.isidentifier() for p in module_name.split(".") + parts):
         raise UserCodeError(f"expected an import path 'package.module:name', got {path!r}")
     allowed = _TRUSTED.union(trusted)
+    if _registered_entry_point(path):
+        allowed.add(module_name.partition(".")[0])
     _check_origin(module_name, _located_origin(module_name.partition(".")[0]), path, allowed)
     try:
         target: Any = importlib.import_module(module_name)
@@ -133,6 +137,14 @@ def import_path(path: str, *, trusted: Collection[str] = ()) -> Any:
         defined_in = _defined_in(target)
         _check_origin(defined_in or "?", _origin(defined_in), path, allowed)
     return target
+
+
+def _registered_entry_point(path: str) -> bool:
+    """Whether ``path`` is the entry point of an env registered with Gymnasium (by code: a package's or the
+    user's). A config may name that env by its id anyway, which makes the same class; gymnasium is not
+    imported here (no registry, no entry points, when nothing imported it)."""
+    registry = getattr(sys.modules.get("gymnasium"), "registry", None)
+    return isinstance(registry, dict) and any(getattr(spec, "entry_point", None) == path for spec in registry.values())
 
 
 Origin = Literal["flashrl", "user", "stdlib", "installed", "unknown"]

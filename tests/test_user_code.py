@@ -485,3 +485,18 @@ def test_a_script_registering_main_colon_class_ships_the_class(tmp_path):
                                 "print(env.reset()[1]['made_by'])\n")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert loaded.returncode == 0 and loaded.stdout.strip() == "script", loaded.stderr
+
+
+def test_a_registered_env_s_entry_point_in_an_installed_package_resolves_and_nothing_else_there():
+    """gymnasium registers CartPole-v1 by code; a config may name it by its id, so its entry point imports.
+    Another path into gymnasium is still the installed package's code, refused."""
+    entry = gym.spec("CartPole-v1").entry_point
+    assert entry == "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+    assert import_path(entry) is CartPoleEnv
+    assert runner_env_spec("CartPole-v1").entry_point == entry  # an installed package's: stays a string
+    with pytest.raises(UserCodeError, match="leads into the installed package 'gymnasium'"):
+        import_path("gymnasium.envs.classic_control.cartpole:CartPoleEnv.np_random")
+    with pytest.raises(UserCodeError, match="leads into the installed package 'gymnasium'"):
+        import_path("gymnasium:make")
