@@ -179,6 +179,8 @@ def _defined_in(obj: Any) -> str | None:
     """The module that defines ``obj``: a class's or function's ``__module__``, an instance's class's."""
     if isinstance(obj, types.MethodType):
         return _defined_in(obj.__func__)
+    if isinstance(obj, functools.partial):  # the user's partial of a function: where the function is
+        return _defined_in(obj.func)
     if isinstance(obj, types.BuiltinFunctionType):  # C functions and the bound methods of C objects
         owner = obj.__self__
         if isinstance(owner, types.ModuleType):

@@ -327,6 +327,7 @@ INSTALLED = ("the path {!r} leads into the installed package 'sympy' (module {!r
              "flashrl.user_code.trust_installed('sympy') in your script if config text may name its code")
 
 REEXPORTS = """
+import functools
 import os
 import subprocess
 from os import system
@@ -348,6 +349,8 @@ class Scorer:
 
 scorer = Scorer()
 table = {}
+score_twice = functools.partial(score, task=None)  # the user's own function, partially applied
+partial_eval = functools.partial(eval)  # a standard function, however wrapped
 """
 
 
@@ -370,6 +373,7 @@ def reexports(tmp_path, monkeypatch):
     ("user_code_reexport:Popen", "subprocess"),
     ("user_code_reexport:os.system", "os"),
     ("user_code_reexport:table.get", "builtins"),  # a bound method of a dict: defined by builtins
+    ("user_code_reexport:partial_eval", "builtins"),  # a partial: where its function is defined
 ])
 def test_a_path_into_the_standard_library_is_refused(reexports, path, module):
     with pytest.raises(UserCodeError) as err:
@@ -416,6 +420,7 @@ def test_the_user_s_own_code_resolves_by_path(reexports):
     module = sys.modules[reexports]
     assert import_path(f"{reexports}:scorer") is module.scorer  # an instance of the user's class
     assert import_path(f"{reexports}:Scorer") is module.Scorer
+    assert import_path(f"{reexports}:score_twice")("x") == 0.0  # Symbol x: no args
 
 
 @pytest.mark.parametrize("attribute", ["score.__globals__", "score.__builtins__", "Scorer.__init__", "scorer.__call__"])
