@@ -51,11 +51,12 @@ needs no import in the actors; an import path is imported where it is used.
 
 from __future__ import annotations
 
-import importlib
 import math
 import sys
 from collections.abc import Mapping
 from typing import Any
+
+from flashrl.user_code import UserCodeError, import_path
 
 __all__ = [
     "CALLBACK_PREFIX",
@@ -255,21 +256,11 @@ def _import(path: str) -> Any:
             f"callbacks_class: expected an import path 'package.module:Class', got {path!r}. Fix: name the "
             "module and the class."
         )
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(
-            f"callbacks_class: expected an importable module in {path!r}, but importing {module_name!r} "
-            f"failed ({err}). Fix: check the path, or pass the class itself."
-        ) from err
-    try:
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError as err:
-        raise ValueError(
-            f"callbacks_class: module {module_name!r} has no {attr!r} (from {path!r}). Fix: check the name."
-        ) from err
-    return obj
+    try:  # what a path may name: flashrl's and the user's own code (flashrl.user_code)
+        return import_path(f"{module_name}:{attr}")
+    except UserCodeError as err:
+        raise ValueError(f"callbacks_class: expected the import path of your callbacks class, got {path!r}: {err}. "
+                         "Fix: check the path, or pass the class itself.") from err
 
 
 def make_callbacks(value: Any) -> FlashReinforceCallbacks:

@@ -253,11 +253,12 @@ def _write_details(path: str, results: dict[str | None, list[Any]], datasource_k
 # --------------------------------------------------------------------------------------------- show
 def _show(args: argparse.Namespace) -> int:
     from flashrl.metrics.rollouts import format_rollout, read_rollouts
+    from flashrl.terminal_text import escape_terminal
 
     try:
         records = read_rollouts(args.file)
-    except (OSError, ValueError, TypeError) as err:
-        print(f"flashrl show: {err}", file=sys.stderr)
+    except (OSError, ValueError, TypeError) as err:  # the error may quote the file's text
+        print(escape_terminal(f"flashrl show: {err}"), file=sys.stderr)
         return 1
     if not records:
         print(f"flashrl show: {args.file} holds no episode.", file=sys.stderr)

@@ -71,10 +71,17 @@ def test_resolve_by_class_or_import_path():
     assert isinstance(make_callbacks(Mine), Mine)
     with pytest.raises(TypeError, match="expected None, a subclass of flashrl.callbacks.FlashReinforceCallbacks"):
         resolve_callbacks_class(dict)
-    with pytest.raises(ValueError, match="importing 'no_such_module_xyz' failed"):
+    with pytest.raises(ValueError, match="the module 'no_such_module_xyz' of 'no_such_module_xyz:Callbacks' does "
+                       "not import .*Fix: check the path"):
         resolve_callbacks_class("no_such_module_xyz:Callbacks")
-    with pytest.raises(ValueError, match="has no 'Nope'"):
+    with pytest.raises(ValueError, match="'flashrl.callbacks' has no attribute 'Nope'"):
         resolve_callbacks_class("flashrl.callbacks:Nope")
+    # A path names flashrl's or the user's own code (flashrl.user_code), never an installed or standard
+    # module's, re-exports included: this module imports pytest, whose classes are not callbacks of ours.
+    with pytest.raises(ValueError, match="callbacks_class: .*leads into the installed package 'pytest'"):
+        resolve_callbacks_class(f"{__name__}:pytest.Item")
+    with pytest.raises(ValueError, match="callbacks_class: .*leads into the standard library"):
+        resolve_callbacks_class("collections:OrderedDict")
 
 
 def test_the_config_takes_the_class_and_validate_rejects_a_wrong_one(tiny_llama_path):
@@ -84,7 +91,7 @@ def test_the_config_takes_the_class_and_validate_rejects_a_wrong_one(tiny_llama_
     assert config.to_dict()["callbacks_class"] is Mine and config.copy().callbacks_class is Mine
     assert config.env_runner_spec().callbacks_class is Mine  # the runners build their own instance
     config.callbacks("flashrl.callbacks:nothing_here")
-    with pytest.raises(ConfigError, match="callbacks_class: module 'flashrl.callbacks' has no 'nothing_here'"):
+    with pytest.raises(ConfigError, match="callbacks_class: .*'flashrl.callbacks' has no attribute 'nothing_here'"):
         config.validate()
     with pytest.raises(TypeError, match="callbacks\\(\\) got an unexpected keyword argument 'lr'"):
         config.callbacks(Mine, lr=1.0)

@@ -13,7 +13,6 @@ import pickle
 import subprocess
 import sys
 import threading
-import types
 from pathlib import Path
 
 import gymnasium as gym
@@ -319,9 +318,50 @@ def test_import_path_errors_say_what_did_not_import():
     assert import_path("flashrl.user_code:import_path") is import_path
 
 
-STDLIB = ("the path {!r} leads into the standard library (module {!r}), which is refused: a path names user code, "
-          "a function or class of your own module, of flashrl or of an installed package (write the function in a "
-          "module of your own and give its 'module:name' path)")
+STDLIB = ("the path {!r} leads into the standard library (module {!r}), which is refused: a path names a function "
+          "or class defined in your own code or in flashrl (write the function in a module of your own and give its "
+          "'module:name' path, or pass the object itself)")
+INSTALLED = ("the path {!r} leads into the installed package 'sympy' (module {!r}), which a path may name only when "
+             "your code trusts it: expected a function or class defined in your own code or in flashrl. Fix: pass the "
+             "object itself, write a function of your own that calls it, or call "
+             "flashrl.user_code.trust_installed('sympy') in your script if config text may name its code")
+
+REEXPORTS = """
+import functools
+import os
+import subprocess
+from os import system
+from subprocess import Popen
+
+import sympy
+from sympy import S, expand
+
+
+def score(reply, task):
+    \"\"\"The user's own function: it may call anything.\"\"\"
+    return float(len(expand(reply).args))
+
+
+class Scorer:
+    def __call__(self, reply, task):
+        return 1.0
+
+
+scorer = Scorer()
+table = {}
+score_twice = functools.partial(score, task=None)  # the user's own function, partially applied
+partial_eval = functools.partial(eval)  # a standard function, however wrapped
+"""
+
+
+@pytest.fixture
+def reexports(tmp_path, monkeypatch):
+    """A user module (a file outside site-packages) that imports standard and installed code."""
+    (tmp_path / "user_code_reexport.py").write_text(REEXPORTS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "user_code_reexport", raising=False)
+    yield "user_code_reexport"
+    sys.modules.pop("user_code_reexport", None)
 
 
 @pytest.mark.parametrize(("path", "module"), [
@@ -331,22 +371,97 @@ STDLIB = ("the path {!r} leads into the standard library (module {!r}), which is
     ("flashrl.user_code:importlib.import_module", "importlib"),
     ("user_code_reexport:system", "posix"),  # os.system imported into a user module: defined by posix
     ("user_code_reexport:Popen", "subprocess"),
+    ("user_code_reexport:os.system", "os"),
+    ("user_code_reexport:table.get", "builtins"),  # a bound method of a dict: defined by builtins
+    ("user_code_reexport:partial_eval", "builtins"),  # a partial: where its function is defined
 ])
-def test_a_path_into_the_standard_library_is_refused(monkeypatch, path, module):
-    reexport = types.ModuleType("user_code_reexport")
-    reexport.system, reexport.Popen = os.system, subprocess.Popen
-    monkeypatch.setitem(sys.modules, "user_code_reexport", reexport)
+def test_a_path_into_the_standard_library_is_refused(reexports, path, module):
     with pytest.raises(UserCodeError) as err:
         import_path(path)
     assert str(err.value) == STDLIB.format(path, module)
 
 
-def test_validate_refuses_a_reward_fn_in_the_standard_library():
-    config = FlashReinforceConfig().environment("flashrl/Math-v0", env_config={"reward_fn": "os:system"})
+@pytest.mark.parametrize(("path", "module"), [
+    ("sympy:expand", "sympy"),  # as a reward_fn it would eval each model reply as Python, outside the sandbox
+    ("sympy.core.function:expand", "sympy.core.function"),
+    ("user_code_reexport:expand", "sympy.core.function"),  # a re-export: where it is defined counts
+    ("user_code_reexport:S", "sympy.core.singleton"),  # an instance: its class's module (S(text) is sympify)
+    ("user_code_reexport:sympy.expand", "sympy"),  # a dotted walk through an installed module
+])
+def test_a_path_into_an_installed_package_is_refused_unless_the_code_trusts_it(reexports, path, module):
+    with pytest.raises(UserCodeError) as err:
+        import_path(path)
+    assert str(err.value) == INSTALLED.format(path, module)
+    import sympy
+
+    assert import_path(path, trusted=("sympy",)) in (sympy.expand, sympy.S)
+
+
+def test_trust_installed_opts_the_process_in_by_code_only(reexports, monkeypatch):
+    import sympy
+
+    from flashrl import user_code
+
+    monkeypatch.setattr(user_code, "_TRUSTED", set())
+    with pytest.raises(UserCodeError, match="installed package 'sympy'"):
+        import_path("user_code_reexport:expand")
+    user_code.trust_installed("sympy")
+    assert import_path("user_code_reexport:expand") is sympy.expand
+    with pytest.raises(UserCodeError, match="the standard library or flashrl. Fix: paths never name the standard"):
+        user_code.trust_installed("os")
+    with pytest.raises(UserCodeError, match="expected the top-level name of an installed package"):
+        user_code.trust_installed("sympy.core")
+    with pytest.raises(UserCodeError, match="leads into the standard library"):
+        import_path("os:system", trusted=("os",))  # the standard library is never trusted
+
+
+def test_the_user_s_own_code_resolves_by_path(reexports):
+    assert import_path(f"{reexports}:score")("x + x", None) == 2.0  # 2*x: Mul(2, x)
+    module = sys.modules[reexports]
+    assert import_path(f"{reexports}:scorer") is module.scorer  # an instance of the user's class
+    assert import_path(f"{reexports}:Scorer") is module.Scorer
+    assert import_path(f"{reexports}:score_twice")("x") == 0.0  # Symbol x: no args
+
+
+@pytest.mark.parametrize("attribute", ["score.__globals__", "score.__builtins__", "Scorer.__init__", "scorer.__call__"])
+def test_a_dotted_walk_through_a_dunder_is_refused(reexports, attribute):
+    with pytest.raises(UserCodeError, match=f"walks through '{attribute.split('.')[1]}'.*Fix: name the function"):
+        import_path(f"{reexports}:{attribute}")
+
+
+def test_an_installed_package_is_refused_before_it_is_imported(tmp_path):
+    """Its import-time code never runs: the top-level name is located, not imported."""
+    script = ("import sys\n"
+              "from flashrl.user_code import UserCodeError, import_path\n"
+              "try:\n"
+              "    import_path('sympy:expand')\n"
+              "except UserCodeError:\n"
+              "    pass\n"
+              "print('sympy' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("path", "refusal"), [
+    ("os:system", "the standard library \\(module 'os'\\), which is refused"),
+    ("sympy:expand", "the installed package 'sympy' \\(module 'sympy'\\), which a path may name only when"),
+])
+def test_validate_refuses_a_reward_fn_path_to_code_that_is_not_the_users(path, refusal):
+    import flashrl.envs  # noqa: F401 - registers flashrl/Math-v0
+
+    config = FlashReinforceConfig().environment("flashrl/Math-v0", env_config={"reward_fn": path})
     with pytest.raises(ConfigError, match=r"env_config\['reward_fn'\]: expected a callable or its 'module:name' path "
-                       r"\(user code of flashrl/Math-v0\), got 'os:system': the path 'os:system' leads into the standard "
-                       r"library \(module 'os'\), which is refused"):
+                       rf"\(user code of flashrl/Math-v0\), got '{path}': the path '{path}' leads into {refusal}"):
         config.validate()
+    with pytest.raises(UserCodeError, match=f"the path '{path}' leads into {refusal}"):
+        gym.make("flashrl/Math-v0", reward_fn=path)  # the env itself refuses it too
+
+
+def test_a_reward_fn_given_as_the_object_itself_is_the_users_choice():
+    import sympy
+
+    FlashReinforceConfig().environment("flashrl/Math-v0", env_config={"reward_fn": sympy.expand}).validate()
 
 
 def test_a_script_registering_main_colon_class_ships_the_class(tmp_path):
@@ -375,3 +490,18 @@ def test_a_script_registering_main_colon_class_ships_the_class(tmp_path):
                                 "print(env.reset()[1]['made_by'])\n")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert loaded.returncode == 0 and loaded.stdout.strip() == "script", loaded.stderr
+
+
+def test_a_registered_env_s_entry_point_in_an_installed_package_resolves_and_nothing_else_there():
+    """gymnasium registers CartPole-v1 by code; a config may name it by its id, so its entry point imports.
+    Another path into gymnasium is still the installed package's code, refused."""
+    entry = gym.spec("CartPole-v1").entry_point
+    assert entry == "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+    assert import_path(entry) is CartPoleEnv
+    assert runner_env_spec("CartPole-v1").entry_point == entry  # an installed package's: stays a string
+    with pytest.raises(UserCodeError, match="leads into the installed package 'gymnasium'"):
+        import_path("gymnasium.envs.classic_control.cartpole:CartPoleEnv.np_random")
+    with pytest.raises(UserCodeError, match="leads into the installed package 'gymnasium'"):
+        import_path("gymnasium:make")

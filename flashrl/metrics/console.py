@@ -11,6 +11,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from flashrl.terminal_text import escape_terminal
+
 TOOL_CALLS_KEY = "env_runners/episode_info/tool_calls_mean"
 """The tool-calls column of a multi-turn run (an env that reports ``info["tool_calls"]``)."""
 EVALUATION_KEY = "evaluation/episode_return_mean"
@@ -67,7 +69,8 @@ def evaluation_line(metrics: Mapping[str, float]) -> str:
         if key.count("/") == 2 and key.endswith("/episode_return_mean") and key.startswith("evaluation/")
         and f"evaluation/{key.split('/')[1]}/num_episodes" in metrics
     )
-    by_split = "".join(f" | {name} {get(f'evaluation/{name}/episode_return_mean'):.3f}" for name in splits)
+    by_split = "".join(f" | {escape_terminal(name)} {get(f'evaluation/{name}/episode_return_mean'):.3f}"
+                       for name in splits)  # a split's name is config text
     return (
         f"eval v{int(get('evaluation/learner_version')) if 'evaluation/learner_version' in metrics else '?'}"
         f" | return {get('evaluation/episode_return_mean'):.3f}{at_k}{by_split}"

@@ -28,6 +28,7 @@ from typing import Any
 
 from flashrl.episode import Episode
 from flashrl.metrics.episodes import termination_reason
+from flashrl.terminal_text import escape_terminal
 
 ROLLOUT_FOLDER = "rollouts"
 
@@ -141,7 +142,11 @@ def read_rollouts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def format_rollout(record: Mapping[str, Any]) -> str:
-    """A dump record as readable text: a header, the prompt, each turn by role, then the info."""
+    """A dump record as readable text: a header, the prompt, each turn by role, then the info.
+
+    For a terminal: the model's and the tools' text has its terminal controls escaped
+    (``flashrl.terminal_text``), so a sampled OSC 52 sequence shows as ``\\x1b]52;...`` and does nothing.
+    """
 
     def num(key: str, spec: str) -> str:
         value = record.get(key)
@@ -163,4 +168,4 @@ def format_rollout(record: Mapping[str, Any]) -> str:
     if record.get("closing"):
         parts += ["", "=== closing (chat template, not sampled) ===", str(record["closing"])]
     parts += ["", "=== info ===", json.dumps(record.get("info", {}), indent=2, sort_keys=True, default=str)]
-    return "\n".join(parts)
+    return escape_terminal("\n".join(parts))

@@ -9,10 +9,12 @@ fails under CI (``CI`` / ``FLASHRL_REQUIRE_OPTIONAL`` set), where both are expec
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import socket
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -378,3 +380,94 @@ def test_seccomp_is_an_allow_list(sandbox: Sandbox) -> None:
     code = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.syscall(444, None, 0, 1), ctypes.get_errno())\n"
     result = sandbox.run(code)
     assert (result.exit_code, result.stdout) == (0, "-1 38\n"), result.stderr
+
+
+_NET_PROBE = """
+import json
+readable, found = [], set()
+for name in ("tcp", "tcp6", "udp", "udp6", "unix", "raw", "packet"):
+    for root in ("/proc/self/net", "/proc/net", "/proc/thread-self/net"):
+        try:
+            with open(f"{{root}}/{{name}}") as f:
+                text = f.read()
+        except OSError:
+            continue
+        readable.append(f"{{root}}/{{name}}")
+        found |= {{needle for needle in {needles!r} if needle in text}}
+print(json.dumps([readable, sorted(found)]))
+"""
+
+
+def _probe_host_listeners(sandbox: Sandbox, tmp_path: Path) -> tuple[list[str], list[str]]:
+    """(the net tables the code could read, which of the host's listeners they showed): a listening TCP
+    port and a listening unix socket of the host, as the runner's agent endpoint has."""
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen()
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix_path = str(tmp_path / f"endpoint-{uuid.uuid4().hex[:8]}.sock")
+    unix.bind(unix_path)
+    unix.listen()
+    try:
+        result = sandbox.run(_NET_PROBE.format(needles=[f"0100007F:{tcp.getsockname()[1]:04X}", unix_path]))
+    finally:
+        tcp.close()
+        unix.close()
+    assert result.exit_code == 0, result.stderr
+    readable, found = json.loads(result.stdout)
+    return readable, found
+
+
+def test_the_host_s_listening_ports_are_invisible_in_proc_net(sandbox: Sandbox, tmp_path: Path) -> None:
+    """/proc/self/net shows the net namespace of the reader: bubblewrap's own, and under Landlock the one
+    the launcher enters with its private mount namespace. Where the machine allows no namespaces (no
+    root, no unprivileged user namespaces) Landlock cannot hide it: documented, and tested below."""
+    readable, found = _probe_host_listeners(sandbox, tmp_path)
+    assert "/proc/self/net/tcp" in readable and "/proc/self/net/unix" in readable  # readable, but not ours
+    if sandbox.backend == "bubblewrap" or backends.private_namespaces_available(sandbox.config.python):
+        assert found == []
+    else:
+        assert len(found) == 2  # the documented gap, on a machine without namespaces
+
+
+def test_the_landlock_backend_shows_the_host_s_ports_without_namespaces(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    """The documented gap: without private namespaces Landlock's /proc/self rule covers /proc/self/net."""
+    sandbox = _sandbox_or_skip("landlock")
+    monkeypatch.setattr(backends, "private_namespaces_available", lambda python: False)
+    readable, found = _probe_host_listeners(sandbox, tmp_path)
+    assert "/proc/self/net/tcp" in readable and len(found) == 2, (readable, found)
+
+
+_CMDLINE_PROBE = """
+def argv(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode().split("\\0")[:-1]
+    except OSError:
+        return None
+import json, os
+print(json.dumps([argv("self"), argv(1), os.getcwd()]))
+"""
+
+
+def test_the_command_lines_the_code_can_read_name_no_host_path_but_the_interpreter(any_sandbox: Sandbox) -> None:
+    """The launcher's settings (work dir, allow-list, module path) come on stdin and bubblewrap's
+    options through a pipe. What stays: the interpreter's path (its ``sys.executable`` anyway) and,
+    under Landlock, flashrl's own folder (the launcher's path, which Landlock lets it read)."""
+    result = any_sandbox.run(_CMDLINE_PROBE)
+    assert result.exit_code == 0, result.stderr
+    own, init, cwd = json.loads(result.stdout)
+    python = any_sandbox.config.python
+    if any_sandbox.backend == "bubblewrap":
+        launcher = f"{backends.BWRAP_LAUNCHER_DIR}/_launcher.py"
+        assert cwd == backends.BWRAP_WORKDIR
+    else:
+        launcher = backends.LAUNCHER
+        assert cwd.startswith(os.path.join(tempfile.gettempdir(), "flashrl-sandbox-"))  # the host's, documented
+    assert own == [python, "-I", "-S", "-B", launcher]
+    if any_sandbox.backend == "bubblewrap" and backends.landlock_abi() == 0:  # bwrap's init shows
+        assert init is not None and init[1:3] == ["--args", init[2]] and init[3:] == ["--", *own], init
+        assert init[0] == backends.find_bwrap() and init[2].isdigit()
+    else:
+        assert init is None  # Landlock: no other process's /proc entry

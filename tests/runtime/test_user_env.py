@@ -128,9 +128,9 @@ def test_a_script_registered_id_reaches_a_process_where_it_is_not_registered(reg
             "pass a subclass of gymnasium.Env (e.g. of flashrl.envs.base.LanguageEnv), or its 'module:Class' path")),
         ("os:system", (
             f"env: expected {FORMS}, got 'os:system', which is not a registered id and as a path fails: the path "
-            "'os:system' leads into the standard library (module 'os'), which is refused: a path names user code, a "
-            "function or class of your own module, of flashrl or of an installed package (write the function in a "
-            "module of your own and give its 'module:name' path). Fix: gymnasium.register the id before building the "
+            "'os:system' leads into the standard library (module 'os'), which is refused: a path names a function or "
+            "class defined in your own code or in flashrl (write the function in a module of your own and give its "
+            "'module:name' path, or pass the object itself). Fix: gymnasium.register the id before building the "
             "config, or give the path of an env class in a module of your own (or pass the class itself)")),
         (f"<object {__name__}:ConstantEnv>", (
             f"env: expected {FORMS}, got '<object {__name__}:ConstantEnv>', the text a saved config keeps for an env "

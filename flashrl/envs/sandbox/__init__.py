@@ -33,6 +33,15 @@ Network                    empty net namespace + seccomp: no ``socket``;   secco
                            ``socketpair`` sockets cannot be addressed      sockets cannot be addressed (no connect,
                            (no connect, bind, sendmsg, addressed sendto)   bind, sendmsg, addressed sendto); Landlock
                                                                            TCP and abstract-socket scoping (ABI 4/6)
+/proc/self/net (the        its own empty net namespace: none of the        a private net namespace where namespaces are
+host's listening ports)    host's ports or unix sockets                    allowed (root or user namespaces): none;
+                                                                           else the host's tables (Landlock's
+                                                                           /proc/self rule covers them; documented)
+Command lines it can read  its own: the interpreter's path and             its own: the interpreter's path and the
+(/proc/self/cmdline)       /.flashrl-sandbox/_launcher.py; bwrap's         launcher's (flashrl's folder); no other
+                           (pid 1, readable without Landlock) holds        process's; its cwd is the host work dir's
+                           only ``--args FD -- <that>``; the launcher's    path
+                           settings travel on stdin                        the launcher's settings travel on stdin
 SysV IPC, POSIX mqueues    private IPC namespace + seccomp deny            private IPC namespace (where allowed) +
                                                                            seccomp deny
 Fork, exec, signals        seccomp: no fork (threads only), signals and    same

@@ -1,8 +1,8 @@
 """In-sandbox entry point: confine this very process, then run the untrusted code read from stdin.
 
-Run as ``python -I -S -B _launcher.py CONFIG_HEX`` by :mod:`flashrl.envs.sandbox.runner` (never
-imported as part of the package, and importing only the standard library and its three sibling
-modules). Order: read the seccomp program and the code from stdin, enter private mount and IPC
+Run as ``python -I -S -B _launcher.py`` by :mod:`flashrl.envs.sandbox.runner` (never imported as
+part of the package, and importing only the standard library and its three sibling modules). Order:
+read the settings, the seccomp program and the code from stdin, enter private mount, IPC and network
 namespaces with a size-capped tmpfs work dir (Landlock backend, where the machine allows it), cap
 the run's tasks (a user namespace of its own, as root under a per-run uid), set resource limits, drop
 capabilities, apply Landlock, load the seccomp filter, remove this folder from ``sys.path``, then
@@ -85,7 +85,13 @@ def _confine(config: dict, expected_pid: int, bpf: bytes) -> None:
 
 
 def main() -> None:
-    config = marshal.loads(bytes.fromhex(sys.argv[1]))
+    # stdin: b"<pid> <n> <m>\n", the m-byte marshal dump of the settings, the n-byte seccomp BPF program
+    # the parent compiled for that pid, the code. The settings come on stdin, not in argv: the code
+    # can read this process's /proc/self/cmdline, and they name host paths.
+    header, _, rest = sys.stdin.buffer.read().partition(b"\n")
+    expected_pid, bpf_len, config_len = (int(x) for x in header.split())
+    config = marshal.loads(rest[:config_len])
+    bpf, code = rest[config_len:config_len + bpf_len], rest[config_len + bpf_len:]
     # Started with -S (site's .pth processing costs more than everything else here): use the
     # interpreter's normal module path, found once by the parent, and restore exit()/quit()/help().
     sys.path[:] = config["sys_path"]
@@ -93,10 +99,6 @@ def main() -> None:
 
     site.setquit()
     site.sethelper()
-    # stdin: b"<pid> <n>\n", the n-byte seccomp BPF program the parent compiled for that pid, the code.
-    header, _, rest = sys.stdin.buffer.read().partition(b"\n")
-    expected_pid, bpf_len = (int(x) for x in header.split())
-    bpf, code = rest[:bpf_len], rest[bpf_len:]
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)

@@ -3,10 +3,12 @@
 Self-contained (standard library only): the in-sandbox launcher imports it by path before any
 untrusted code runs.
 
-- :func:`enter` (Landlock backend) moves the calling (single-threaded) process into new mount, IPC
-  and UTS namespaces, as root directly, otherwise inside a new user namespace that maps only the
-  caller's own uid and gid, and mounts a size-capped tmpfs over the work dir there. The host never
-  sees what the code writes (the tmpfs dies with the process) nor any SysV IPC object it makes.
+- :func:`enter` (Landlock backend) moves the calling (single-threaded) process into new mount, IPC,
+  UTS and network namespaces, as root directly, otherwise inside a new user namespace that maps only
+  the caller's own uid and gid, and mounts a size-capped tmpfs over the work dir there. The host never
+  sees what the code writes (the tmpfs dies with the process) nor any SysV IPC object it makes, and
+  the code's ``/proc/self/net`` (``tcp``, ``udp``, ``unix``: readable under Landlock's ``/proc/self``
+  rule) shows the empty network namespace, not the host's listening ports.
 - :func:`cap_tasks` (both backends) caps the tasks of the run with RLIMIT_NPROC. Since Linux 5.14
   the kernel counts RLIMIT_NPROC per (user namespace, real uid) (``ucounts``), so in a user namespace
   of its own the limit counts this run's tasks only, not the uid's other processes. The kernel skips
@@ -25,6 +27,7 @@ import errno
 import os
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -63,10 +66,10 @@ def _unshare_user(flags: int = 0, required: bool = True) -> bool:
 
 
 def enter(workdir: str, workdir_bytes: int) -> bool:
-    """Enter private namespaces and put a tmpfs of ``workdir_bytes`` over ``workdir``; OSError if not.
+    """Enter private namespaces (mount, IPC, UTS, network) and put a tmpfs of ``workdir_bytes`` over ``workdir``; OSError if not.
 
     Returns whether a user namespace was entered too (always, except as root)."""
-    flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+    flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET
     user_ns = False
     if _libc.unshare(flags) != 0:
         if ctypes.get_errno() != errno.EPERM:

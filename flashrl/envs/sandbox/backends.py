@@ -40,12 +40,21 @@ DEV_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """A ready-to-run command line and the environment it gets."""
+    """A ready-to-run command line and the environment it gets.
+
+    The sandboxed code can read its own ``/proc/self/cmdline`` (and, under bubblewrap on a kernel
+    without Landlock, bwrap's ``/proc/1/cmdline``), so no host path travels on a command line that
+    it can avoid: the launcher's settings go on stdin, bubblewrap's arguments through a pipe.
+    """
 
     argv: list[str]
     env: dict[str, str]
     cwd: str
     pass_fds: tuple[int, ...] = ()
+    launcher_config: bytes = b""
+    """The launcher's settings (`launcher_config`), written on its stdin before the seccomp program."""
+    piped_args: tuple[str, ...] = ()
+    """Options bubblewrap reads from a pipe (``--args FD``, put after ``argv[0]`` by the runner)."""
 
 
 def clean_env(workdir: str) -> dict[str, str]:
@@ -74,9 +83,9 @@ def rlimits(config: SandboxConfig) -> dict[str, tuple[int, int]]:
     }
 
 
-def launcher_config(config: SandboxConfig, backend: BackendName, workdir: str, cgroup_fd: int = -1) -> str:
-    """The launcher's settings, as the hex of a ``marshal`` dump (``json`` would cost the launcher an
-    import of ``re``, more than the rest of its start-up)."""
+def launcher_config(config: SandboxConfig, backend: BackendName, workdir: str, cgroup_fd: int = -1) -> bytes:
+    """The launcher's settings, as a ``marshal`` dump (``json`` would cost the launcher an import of
+    ``re``, more than the rest of its start-up); sent on stdin, never on the command line."""
     confined = backend != "unconfined"
     layout = interpreter_layout(config.python)
     launcher_dir = BWRAP_LAUNCHER_DIR if backend == "bubblewrap" else os.path.dirname(LAUNCHER)
@@ -97,7 +106,7 @@ def launcher_config(config: SandboxConfig, backend: BackendName, workdir: str, c
         "writable_dirs": [workdir],
         "writable_files": [os.devnull],
         "readable": [*readable_paths(config.python), launcher_dir],
-    }).hex()
+    })
 
 
 @dataclass(frozen=True)
@@ -145,9 +154,10 @@ def readable_paths(python: str) -> list[str]:
     return [p for p in paths if p == "/proc/self" or os.path.lexists(p)]
 
 
-def interpreter_command(config: SandboxConfig, backend: BackendName, workdir: str, cgroup_fd: int = -1) -> list[str]:
+def interpreter_command(config: SandboxConfig, backend: BackendName) -> list[str]:
+    """The interpreter's command line: its path and the launcher's, nothing else (the settings go on stdin)."""
     launcher = os.path.join(BWRAP_LAUNCHER_DIR, "_launcher.py") if backend == "bubblewrap" else LAUNCHER
-    return [config.python, "-I", "-S", "-B", launcher, launcher_config(config, backend, workdir, cgroup_fd)]
+    return [config.python, "-I", "-S", "-B", launcher]
 
 
 def bwrap_command(bwrap: str, config: SandboxConfig, cgroup_fd: int = -1) -> LaunchSpec:
@@ -165,7 +175,7 @@ def bwrap_command(bwrap: str, config: SandboxConfig, cgroup_fd: int = -1) -> Lau
     # Otherwise bwrap makes one anyway (it cannot mount without).
     unshare = ["--unshare-all"] if os.getuid() != 0 else [
         "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-    argv = [bwrap, *unshare, "--die-with-parent", "--new-session", "--clearenv"]
+    argv = [*unshare, "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
     # The private /tmp first: an interpreter installed under /tmp (a checkout's venv there, as a CI
@@ -184,15 +194,20 @@ def bwrap_command(bwrap: str, config: SandboxConfig, cgroup_fd: int = -1) -> Lau
     argv += ["--ro-bind", os.path.dirname(LAUNCHER), BWRAP_LAUNCHER_DIR]
     argv += ["--dev", "/dev", "--proc", "/proc"]
     argv += ["--size", str(1 << 20), "--tmpfs", "/dev/shm"]
-    argv += ["--remount-ro", "/", "--chdir", BWRAP_WORKDIR, "--"]
-    argv += interpreter_command(config, "bubblewrap", BWRAP_WORKDIR, cgroup_fd)
-    return LaunchSpec(argv=argv, env=env, cwd="/", pass_fds=(cgroup_fd,) if cgroup_fd >= 0 else ())
+    argv += ["--remount-ro", "/", "--chdir", BWRAP_WORKDIR]
+    # The options through a pipe (--args FD): bwrap's own command line (its /proc/1/cmdline, which the
+    # code can read where no Landlock hides it) then names no host path, not even the launcher's folder.
+    return LaunchSpec(argv=[bwrap, "--", *interpreter_command(config, "bubblewrap")], env=env, cwd="/",
+                      pass_fds=(cgroup_fd,) if cgroup_fd >= 0 else (),
+                      launcher_config=launcher_config(config, "bubblewrap", BWRAP_WORKDIR, cgroup_fd),
+                      piped_args=tuple(argv))
 
 
 def host_command(config: SandboxConfig, backend: BackendName, workdir: str, cgroup_fd: int = -1) -> LaunchSpec:
     """landlock / unconfined: the interpreter runs directly, in its own session, in ``workdir``."""
-    return LaunchSpec(argv=interpreter_command(config, backend, workdir, cgroup_fd), env=clean_env(workdir),
-                      cwd=workdir, pass_fds=(cgroup_fd,) if cgroup_fd >= 0 else ())
+    return LaunchSpec(argv=interpreter_command(config, backend), env=clean_env(workdir), cwd=workdir,
+                      pass_fds=(cgroup_fd,) if cgroup_fd >= 0 else (),
+                      launcher_config=launcher_config(config, backend, workdir, cgroup_fd))
 
 
 @functools.cache

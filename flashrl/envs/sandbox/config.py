@@ -62,7 +62,13 @@ class SandboxConfig:
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """What one run produced."""
+    """What one run produced.
+
+    ``stdout`` and ``stderr`` are kept exact (terminal controls included): they are what the model reads
+    back and is trained on, and escaping them would change that data. What shows them to a person
+    escapes them there (``flashrl.terminal_text.escape_terminal``: ``flashrl show``, log records); the
+    dataclass's repr escapes them too (``repr`` of a str writes controls as escapes).
+    """
 
     stdout: str
     """Standard output (UTF-8, invalid bytes replaced), truncated with a marker past the limit."""

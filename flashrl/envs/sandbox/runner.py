@@ -191,18 +191,28 @@ def _execute(
     spec: backends.LaunchSpec, code: bytes, config: SandboxConfig, backend: BackendName, watched: str | None = None,
 ) -> SandboxResult:
     start = time.monotonic()
-    proc = subprocess.Popen(
-        spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=spec.env, cwd=spec.cwd, start_new_session=True, close_fds=True, pass_fds=spec.pass_fds,
-    )
+    argv, pass_fds, args_fd = list(spec.argv), spec.pass_fds, -1
+    if spec.piped_args:
+        args_fd = _args_pipe(spec.piped_args)
+        argv, pass_fds = [argv[0], "--args", str(args_fd), *argv[1:]], (*pass_fds, args_fd)
     try:
-        # Header for the launcher: the pid the seccomp program was compiled for and its length.
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=spec.env, cwd=spec.cwd, start_new_session=True, close_fds=True, pass_fds=pass_fds,
+        )
+    finally:
+        if args_fd >= 0:
+            os.close(args_fd)
+    try:
+        # Header for the launcher: the pid the seccomp program was compiled for, the lengths of its
+        # settings and of the program, then both (settings on stdin: the code can read its cmdline).
+        settings = spec.launcher_config
         if backend == "unconfined":
-            header = f"{proc.pid} 0\n".encode()
+            header = f"{proc.pid} 0 {len(settings)}\n".encode() + settings
         else:
             pid = backends.BWRAP_CHILD_PID if backend == "bubblewrap" else proc.pid
             program = backends.seccomp_program(pid)
-            header = f"{pid} {len(program)}\n".encode() + program
+            header = f"{pid} {len(program)} {len(settings)}\n".encode() + settings + program
         # A separate thread writes it and the code, so a child that never reads cannot block us past
         # the wall-clock limit.
         threading.Thread(target=_feed_stdin, args=(proc, header + code), daemon=True).start()
@@ -232,6 +242,22 @@ def _normalise_status(status: int, backend: BackendName) -> int:
     if backend == "bubblewrap" and 128 < status < 128 + 65:
         return -(status - 128)
     return status
+
+
+def _args_pipe(args: tuple[str, ...]) -> int:
+    """The read end of a pipe holding ``args`` NUL-separated, as ``bwrap --args FD`` reads them."""
+    data = b"".join(os.fsencode(arg) + b"\0" for arg in args)
+    read, write = os.pipe()
+    try:
+        if len(data) > 65536:  # more than a pipe holds before a reader drains it (Linux default)
+            raise OSError(f"bubblewrap's arguments take {len(data)} bytes, over a pipe's 65536")
+        os.write(write, data)
+    except BaseException:
+        os.close(read)
+        raise
+    finally:
+        os.close(write)
+    return read
 
 
 def _feed_stdin(proc: subprocess.Popen, code: bytes) -> None:
