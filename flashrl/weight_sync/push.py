@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -92,7 +92,7 @@ class PushSender(WeightSender):
 
     messages = (StartPush, Push, StopPush)
 
-    def __init__(self, weights: WeightExtractor, *, rank: int, version: Any) -> None:
+    def __init__(self, weights: WeightExtractor, *, rank: int, version: Callable[[], int]) -> None:
         super().__init__(weights, rank=rank, version=version)
         self._push: Any = None
         """vLLM's trainer weight-transfer engine while a group is formed (``StartPush``)."""

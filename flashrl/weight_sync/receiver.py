@@ -1,4 +1,4 @@
-"""An env runner's side of weight sync: the ``WeightReceiver`` interface, and the inbox that holds one of each.
+"""An env runner's side of weight sync: the ``WeightReceiver`` interface and the ``ReceiverSlot`` its receivers share.
 
 A transport's runner half is a ``WeightReceiver``: it takes the typed messages it declares
 (``messages``) and loads what arrives into the runner's engine. Every receiver of a runner shares

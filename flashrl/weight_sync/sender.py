@@ -1,4 +1,4 @@
-"""A learner rank's side of weight sync: the ``WeightSender`` interface, and the outbox that holds one of each.
+"""A learner rank's side of weight sync: the ``WeightSender`` interface and the ``WeightExtractor`` it sends from.
 
 A transport's learner half is a ``WeightSender``: it takes the typed messages it declares
 (``messages``) and sends the learner's weights the transport's way. What it sends comes from a
