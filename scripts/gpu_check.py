@@ -82,8 +82,8 @@ import torch
 
 # The flashrl modules the phases import are named inside each phase (and only there), so a phase
 # whose modules need what this machine lacks fails alone. The weight-sync modules that `push` uses:
-WEIGHT_SYNC_MODULES = ("flashrl.weight_sync.route", "flashrl.weight_sync.vllm_push",
-                       "flashrl.learners.weight_sender")
+WEIGHT_SYNC_MODULES = ("flashrl.weight_sync.route", "flashrl.weight_sync.push", "flashrl.weight_sync.nccl",
+                       "flashrl.weight_sync.ipc", "flashrl.learners.weight_gather")
 
 PHASES = ("matmul", "learner", "logprobs", "engine", "fsdp", "packed", "push")
 

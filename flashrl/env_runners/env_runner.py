@@ -69,8 +69,10 @@ from flashrl.env_runners.types import EVAL_STREAM, TRAIN_STREAM, RunnerReport
 from flashrl.episode import Episode
 from flashrl.seeds import stream_seed
 from flashrl.weight_sync.buckets import Weights
+from flashrl.weight_sync.endpoints import WeightInbox
 from flashrl.weight_sync.layout import gpu_slots
-from flashrl.weight_sync.receiver import WeightReceiver
+from flashrl.weight_sync.messages import LoadWeights
+from flashrl.weight_sync.receiver import RunnerMessage
 
 logger = logging.getLogger("flashrl.env_runners")
 
@@ -123,8 +125,8 @@ class EnvRunner:
         self._changed: asyncio.Event | None = None
         self._arrived: asyncio.Event | None = None
         self._fatal: BaseException | None = None
-        self.weight_receiver = WeightReceiver(lambda: self._engine, ready=self.setup, on_abort=self._transfer_aborted)
-        """This runner's side of weight sync (`flashrl.weight_sync.receiver`): streamed and pushed updates."""
+        self.weight_inbox = WeightInbox(lambda: self._engine, ready=self.setup, on_abort=self._transfer_aborted)
+        """This runner's side of weight sync (`flashrl.weight_sync.endpoints`): every transport's receiver."""
         self._accounts = _Accounts()  # the stream's, since the last poll
         self._start_limit: int | None = None
         """No training episode starts once the data cursor reaches it (None = no limit)."""
@@ -197,7 +199,7 @@ class EnvRunner:
         if start_limit is not None:
             await self.set_start_limit(start_limit)
         if weights is not None:
-            await self.set_weights(int(version or 0), weights)
+            await self.weight_sync(LoadWeights(int(version or 0), weights))
         if self._stream_task is None:
             self._stream_task = asyncio.get_running_loop().create_task(self._stream())
 
@@ -216,7 +218,7 @@ class EnvRunner:
 
     async def stop(self) -> None:
         """Cancel in-flight episodes and release the engine; later weight pushes are ignored."""
-        self.weight_receiver.close()
+        self.weight_inbox.close()
         if self._stream_task is not None:
             self._stream_task.cancel()
         for task in list(self._tasks):
@@ -248,41 +250,15 @@ class EnvRunner:
     # ------------------------------------------------------------------------------------------
     # weights
     # ------------------------------------------------------------------------------------------
-    async def set_weights(self, version: int, weights: Weights) -> int:
-        """Load new weights while sampling goes on; returns the version now served (-1 once stopped).
+    async def weight_sync(self, message: RunnerMessage) -> Any:
+        """One weight-sync message (`flashrl.weight_sync`), handed to this runner's receiver of its transport.
 
-        ``weights`` is a full ``{name: tensor}`` dict or a ``WeightBuckets`` stream, fetched one bucket
-        at a time; calls coalesce to the newest version (``WeightReceiver.set_weights``).
+        The driver's group sends `LoadWeights` (a full ``{name: tensor}`` dict or a ``WeightBuckets``
+        stream, fetched one bucket at a time while sampling goes on; calls coalesce to the newest
+        version and answer the version now served, -1 once stopped); learner rank 0 sends a push
+        transport's begin / receive / end / abort (`flashrl.weight_sync.vllm_push`).
         """
-        return await self.weight_receiver.set_weights(version, weights)
-
-    # The GPU push routes (vLLM's NCCL / IPC weight-transfer engines): learner rank 0 drives these
-    # through `flashrl.weight_sync.vllm_push.EnvRunnerSyncClient`; `WeightReceiver` does the work.
-    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
-        await self.weight_receiver.init_transfer(init_info)
-
-    async def check_weight_plan(self, plan: list[tuple[str, str, list[int]]]) -> int:
-        """The engine checks a push's names and shapes against its checkpoint (before any broadcast)."""
-        return await self.weight_receiver.check_plan(plan)
-
-    async def begin_weight_transfer(self, lease_s: float | None = None) -> None:
-        """Pause for a pushed transfer, aborted unless it ends within ``lease_s`` (``WeightReceiver.begin``)."""
-        await self.weight_receiver.begin(lease_s)
-
-    async def receive_weight_transfer(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        await self.weight_receiver.receive(update_info)
-
-    async def end_weight_transfer(self, version: int) -> int:
-        return await self.weight_receiver.end(version)
-
-    async def abort_weight_transfer(self, reason: str) -> None:
-        """Drop this runner's side of a failed pushed transfer: its engine (possibly half-loaded) is
-        broken, the runner fails its next poll and is restarted with the current weights."""
-        await self.weight_receiver.abort(reason)
-
-    async def end_weight_push(self) -> None:
-        """The learner tore the transfer group down: release the engine's side of it."""
-        await self.weight_receiver.release()
+        return await self.weight_inbox.handle(message)
 
     def _transfer_aborted(self, reason: str) -> None:
         """A pushed transfer was aborted: the next poll raises, so the group restarts this runner."""
@@ -297,13 +273,13 @@ class EnvRunner:
         """Colocated learner's update ahead: the engine frees its GPU memory (vLLM sleep mode) and
         generation waits until the next weight update or ``wake_engine``."""
         await self.setup()
-        async with self.weight_receiver.lock:
+        async with self.weight_inbox.lock:
             await self._engine.sleep()
 
     async def wake_engine(self) -> None:
         """Wake the engine if no weight update woke it (a skipped update); an awake engine: nothing."""
         await self.setup()
-        async with self.weight_receiver.lock:
+        async with self.weight_inbox.lock:
             await self._engine.wake_up()
 
     # ------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from flashrl.env_runners.env_runner import EnvRunner
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import RunnerReport
 from flashrl.user_code import Shipped
+from flashrl.weight_sync.messages import LoadWeights
 
 logger = logging.getLogger("flashrl.env_runners")
 
@@ -226,7 +227,7 @@ class EnvRunnerGroup:
     def broadcast_weights(self, version: int, weights_ref: Any, *, wait: bool = False) -> float:
         """Send the weights to every runner; returns seconds spent.
 
-        `weights_ref` is a `WeightBuckets` of object refs (the learner's `put_weight_buckets`: each
+        `weights_ref` is a `WeightBuckets` of object refs (the learners' `PutBuckets` answer: each
         runner fetches and loads one bucket at a time, so no runner holds a full copy) or one
         object ref of a full state dict (Ray resolves it before the call runs: a full copy per
         runner). The same object goes to every runner and is kept for restarts: a replacement runner
@@ -238,7 +239,7 @@ class EnvRunnerGroup:
         start = time.perf_counter()
         self._weights = (int(version), weights_ref)
         self._check_weight_calls()
-        calls = [slot.actor.set_weights.remote(int(version), weights_ref) for slot in self._slots.values()]
+        calls = [slot.actor.weight_sync.remote(LoadWeights(int(version), weights_ref)) for slot in self._slots.values()]
         if wait:
             self._settle(calls, "load new weights")
         else:
@@ -278,7 +279,7 @@ class EnvRunnerGroup:
             except RayError as err:
                 self._restart(index, err)
                 if self._weights is not None:
-                    self._get(self._slots[index].actor.set_weights.remote(*self._weights), what)
+                    self._get(self._slots[index].actor.weight_sync.remote(LoadWeights(*self._weights)), what)
 
     # ------------------------------------------------------------------------------------------
     # the async stream
@@ -303,7 +304,7 @@ class EnvRunnerGroup:
             slot.granted = slot.started
         weights = weights if weights is not None else self._weights
         version, weights = weights if weights is not None else (None, None)
-        # One call: a separate set_weights could land after the stream started (async actors do not
+        # One call: a separate LoadWeights could land after the stream started (async actors do not
         # run calls in order, and this one waits for its weights to be fetched first).
         slot.actor.start.remote(version, weights, slot.granted)
         slot.poll = slot.actor.poll.remote(self.spec.train_batch_size, POLL_TIMEOUT_S)
@@ -392,7 +393,7 @@ class EnvRunnerGroup:
             except RayError as err:
                 self._restart(index, err, lost=len(shares[index]) * group_size)
                 if self._weights is not None:
-                    self._get(self._slots[index].actor.set_weights.remote(*self._weights), "load weights")
+                    self._get(self._slots[index].actor.weight_sync.remote(LoadWeights(*self._weights)), "load weights")
                 reports.append(
                     self._get(self._slots[index].actor.sample.remote(shares[index], **options), "finish their episodes")
                 )
@@ -437,7 +438,7 @@ class EnvRunnerGroup:
         if self._streaming:
             self._start_slot(index, weights)  # loads the current weights before its first episode
         elif weights is not None:
-            new.actor.set_weights.remote(*weights)
+            new.actor.weight_sync.remote(LoadWeights(*weights))
 
     def _stop_on_a_repeated_error(self, index: int, err: BaseException) -> None:
         """An error raised by the runner's code (not its death) that repeats is deterministic, e.g. an env

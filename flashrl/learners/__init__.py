@@ -9,7 +9,7 @@ The learner is generic (RLlib style): the algorithm supplies its loss as a ``Los
     spec = LearnerSpec(model=path, lr=1e-6, max_tokens_per_micro_batch=8192, loss=FlashReinforceLossSpec(delta=0.01))
     group = LearnerGroup(spec, num_learners=2)  # Ray actors, the policy sharded over them
     metrics = group.update(TrainBatch.from_episodes(episodes, pad_token_id=tokenizer.pad_token_id))
-    weights = group.weight_buckets_refs()  # object refs, one per bucket, for every engine's update_weights
+    weights = group.sync_weights(PutBuckets())  # object refs, one per bucket (flashrl.weight_sync.messages)
     group.save_policy("policy/")           # a Hugging Face folder that transformers and vLLM load
     group.shutdown()
 """

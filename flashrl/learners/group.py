@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,7 +30,9 @@ from flashrl.learners import distributed
 from flashrl.learners.batch import TrainBatch
 from flashrl.learners.learner import Learner
 from flashrl.learners.spec import LearnerSpec
-from flashrl.weight_sync.wire import DEFAULT_BUCKET_BYTES, WeightBuckets
+from flashrl.weight_sync.messages import PutBuckets
+from flashrl.weight_sync.sender import LearnerMessage
+from flashrl.weight_sync.vllm_push import StartPush
 
 if TYPE_CHECKING:
     from typing import Self
@@ -85,17 +88,8 @@ class LearnerActor:
     def get_weights(self) -> dict[str, torch.Tensor]:
         return self._learner.get_weights()
 
-    def weight_buckets(self, bucket_bytes: int, names: str = "model") -> WeightBuckets | None:
-        return self._learner.weight_buckets(bucket_bytes, names)
-
-    def start_weight_push(self, route: str, runners: list[Any], workers: list[int], **kwargs: Any) -> None:
-        self._learner.start_weight_push(route, runners, workers, **kwargs)
-
-    def push_weights(self) -> int:
-        return self._learner.push_weights()
-
-    def stop_weight_push(self) -> None:
-        self._learner.stop_weight_push()
+    def sync_weights(self, message: LearnerMessage) -> Any:
+        return self._learner.sync_weights(message)
 
     def get_state(self) -> dict[str, Any]:
         return self._learner.get_state()
@@ -250,24 +244,29 @@ class LearnerGroup:
             return self._local.get_weights()
         return self._call("get_weights", [actor.get_weights.remote() for actor in self._actors])[0]
 
-    def weight_buckets_refs(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, names: str = "model") -> WeightBuckets:
-        """The weights as ``WeightBuckets`` of object refs (one per bucket) for the ``shm`` route.
+    def sync_weights(self, message: LearnerMessage) -> Any:
+        """One weight-sync message (``flashrl.weight_sync``) to every learner rank; rank 0's answer.
 
-        ``names``: ``model`` (the learner's state-dict names) or ``checkpoint`` (what vLLM loads;
-        ``flashrl.learners.weight_gather``).
-
-        The refs are owned by learner rank 0 (or this process when local), which must stay alive while
-        the runners fetch them.
+        Every rank takes it (the gathers of a sharded policy are collectives). ``PutBuckets``' answer is
+        a ``WeightBuckets`` of object refs owned by learner rank 0 (or this process when local), which
+        must stay alive while the runners fetch them. A ``StartPush`` without an address gets a free
+        port on learner rank 0's node (this node for a local learner) for ``nccl``'s rendezvous.
         """
         import ray
 
         self._check_usable()
+        if isinstance(message, StartPush) and message.master_address is None:
+            if self._local is not None:
+                address, port = ray.util.get_node_ip_address(), distributed.find_free_port()
+            else:
+                address, port = self._call("find a transfer port", [self._actors[0].rendezvous_address.remote()])[0]
+            message = replace(message, master_address=address, master_port=port)
         if self._local is not None:
-            if not ray.is_initialized():
-                raise LearnerGroupError("weight_buckets_refs() needs a running Ray cluster; call ray.init() first.")
-            return self._local.weight_buckets(bucket_bytes, names)
-        refs = [actor.weight_buckets.remote(bucket_bytes, names) for actor in self._actors]  # every rank gathers
-        return self._call("weight_buckets", refs)[0]
+            if isinstance(message, PutBuckets) and not ray.is_initialized():
+                raise LearnerGroupError("sync_weights(PutBuckets) needs a running Ray cluster; call ray.init() first.")
+            return self._local.sync_weights(message)
+        refs = [actor.sync_weights.remote(message) for actor in self._actors]
+        return self._call(f"sync_weights({type(message).__name__})", refs)[0]
 
     # -- GPU push routes (vLLM's NCCL / IPC weight-transfer engines) ---------------------------------
     def transfer_devices(self) -> list[list[str]]:
@@ -279,49 +278,6 @@ class LearnerGroup:
             return [list(gpu_slots(self._local.device))]
         devices = self._call("report their devices", [actor.transfer_devices.remote() for actor in self._actors])
         return [list(d) for d in devices]
-
-    def start_weight_push(
-        self,
-        route: str,
-        runners: Sequence[Any],
-        workers_per_runner: Sequence[int],
-        *,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    ) -> None:
-        """Form the push route's transfer group with ``runners`` (EnvRunner actors); replaces an earlier one.
-
-        Every rank joins (``Learner.start_weight_push``); ``nccl`` rendezvous at a free port on learner
-        rank 0's node (this node for a local learner).
-        """
-        import ray
-
-        self._check_usable()
-        runners, workers = list(runners), [int(w) for w in workers_per_runner]
-        if self._local is not None:
-            address, port = ray.util.get_node_ip_address(), distributed.find_free_port()
-            self._local.start_weight_push(
-                route, runners, workers, master_address=address, master_port=port, bucket_bytes=bucket_bytes
-            )
-            return
-        address, port = self._call("find a transfer port", [self._actors[0].rendezvous_address.remote()])[0]
-        kwargs = {"master_address": address, "master_port": port, "bucket_bytes": bucket_bytes}
-        refs = [actor.start_weight_push.remote(route, runners, workers, **kwargs) for actor in self._actors]
-        self._call("start_weight_push", refs)
-
-    def push_weights(self) -> int:
-        """Push the current weights to every runner of the group formed by ``start_weight_push``."""
-        self._check_usable()
-        if self._local is not None:
-            return self._local.push_weights()
-        return int(self._call("push_weights", [actor.push_weights.remote() for actor in self._actors])[0])
-
-    def stop_weight_push(self) -> None:
-        """Tear the transfer group down on every rank (idempotent)."""
-        self._check_usable()
-        if self._local is not None:
-            self._local.stop_weight_push()
-            return
-        self._call("stop_weight_push", [actor.stop_weight_push.remote() for actor in self._actors])
 
     def get_state(self) -> dict[str, Any]:
         """``Learner.get_state()``: full tensors gathered to rank 0 (loadable by any number of learners)."""

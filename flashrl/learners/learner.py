@@ -63,8 +63,9 @@ from flashrl.learners.policies import LocalPolicy, ShardedPolicy
 from flashrl.learners.schedule import make_lr_scheduler
 from flashrl.learners.segments import from_segments, split_segments, to_segments
 from flashrl.learners.spec import LearnerSpec
-from flashrl.learners.weight_sender import WeightSender
-from flashrl.weight_sync.wire import DEFAULT_BUCKET_BYTES, WeightBuckets
+from flashrl.learners.weight_gather import PolicyWeights
+from flashrl.weight_sync.endpoints import WeightOutbox
+from flashrl.weight_sync.sender import LearnerMessage
 
 __all__ = ["STATE_FORMAT", "Learner"]
 
@@ -124,9 +125,9 @@ class Learner:
         self.lr_scheduler = make_lr_scheduler(self.optimizer, spec)
         self.version = 0
         """Number of applied updates (a skipped batch does not count)."""
-        self.weight_sender = WeightSender(lambda: self.policy.sync_model, rank=rank, dtype=spec.sync_torch_dtype,
-                                          device=self.device, version=lambda: self.version)  # fmt: skip
-        """This rank's side of weight sync (``flashrl.learners.weight_sender``): every route, every push."""
+        weights = PolicyWeights(lambda: self.policy.sync_model, dtype=spec.sync_torch_dtype, device=self.device)
+        self.weight_outbox = WeightOutbox(weights, rank=rank, version=lambda: self.version)
+        """This rank's side of weight sync (``flashrl.weight_sync.endpoints``): every transport's sender."""
         self.skip_counts: Counter[str] = Counter()
         """Skipped batches by reason."""
 
@@ -357,29 +358,15 @@ class Learner:
         """
         return self.policy.full_weights()
 
-    def weight_buckets(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, names: str = "model") -> WeightBuckets | None:
-        """The policy's weights as object refs, one ``ray.put`` per bucket (rank 0; None on other ranks).
+    def sync_weights(self, message: LearnerMessage) -> Any:
+        """One weight-sync message (``flashrl.weight_sync``), handed to this rank's sender of its transport.
 
-        In ``weight_sync_dtype`` (default: the compute dtype); a bfloat16 learner syncing at float32
-        sends its float32 master weights (``LocalPolicy.sync_model``). Sharded, every rank calls this
-        (``WeightSender.buckets``). EnvRunners fetch the buckets one at a time (``docs/engines.md``,
-        Weight sync).
+        The weights sent are in ``weight_sync_dtype`` (default: the compute dtype); a bfloat16 learner
+        syncing at float32 sends its float32 master weights (``LocalPolicy.sync_model``). Sharded,
+        every rank takes every message (the gathers are collectives); rank 0 answers (e.g.
+        ``PutBuckets``: the object refs, one ``ray.put`` per bucket; ``docs/engines.md``, Weight sync).
         """
-        return self.weight_sender.buckets(bucket_bytes, names)
-
-    # -- GPU push routes (vLLM's NCCL / IPC weight-transfer engines): ``WeightSender`` --------------
-    def start_weight_push(self, route: str, runners: Sequence[Any], workers_per_runner: Sequence[int],
-                          **options: Any) -> None:  # fmt: skip
-        """Form the transfer group with the runners' engines (every rank): ``WeightSender.start_push``."""
-        self.weight_sender.start_push(route, runners, workers_per_runner, **options)
-
-    def push_weights(self) -> int:
-        """Send the current weights through the push route (every rank): ``WeightSender.push``."""
-        return self.weight_sender.push()
-
-    def stop_weight_push(self) -> None:
-        """Tear the transfer group down on both sides (idempotent): ``WeightSender.stop_push``."""
-        self.weight_sender.stop_push()
+        return self.weight_outbox.handle(message)
 
     def get_state(self) -> dict[str, Any]:
         """Everything needed to continue training exactly: weights, optimizer, schedule, RNG, counters.

@@ -1,4 +1,4 @@
-"""The learner's weights gathered as bounded buckets: the extraction half of its ``WeightSender``.
+"""The learner's weights gathered as bounded buckets: the weight extractor its weight senders send from.
 
 ``weight_manifest`` declares every tensor (Hugging Face names, a tied parameter once under its first
 name, global shapes of sharded tensors) cut into buckets of at most ``bucket_bytes`` at layer
@@ -8,11 +8,11 @@ is all-gathered: a collective, so every rank consumes the generator to the end) 
 ``put_weight_buckets`` puts each bucket into the Ray object store as soon as it is complete, so the
 learner holds at most one bucket beyond its model; the env runners fetch the refs one at a time.
 
-The push routes (vLLM's NCCL / IPC weight-transfer engines) are fed from the same
-``iter_weight_buckets`` (``flashrl.learners.weight_sender``).
-
-This module lives with the learners, not in ``flashrl.weight_sync``: gathering a sharded model is the
-learners' business (``flashrl.learners.fsdp``); weight sync only defines what a bucket stream is.
+``PolicyWeights`` is these functions over a learner's policy, as the ``WeightExtractor`` that
+``flashrl.weight_sync`` sends from (every transport: the object-store buckets of ``shm``, the push
+routes' vLLM weight source). This module lives with the learners, not in ``flashrl.weight_sync``:
+gathering a sharded model is the learners' business (``flashrl.learners.fsdp``); weight sync only
+defines what a bucket stream is and gets the extractor as an object.
 
 Names: ``names="model"`` sends the learner's own state-dict names (what an engine holding the same
 transformers model loads: the torch engine); ``names="checkpoint"`` sends the names and shapes of
@@ -35,6 +35,7 @@ from torch import nn
 
 from flashrl.learners.fsdp import clean_name, iter_full_tensors
 from flashrl.weight_sync.buckets import cut_buckets
+from flashrl.weight_sync.shm import put_buckets
 from flashrl.weight_sync.wire import (
     DEFAULT_BUCKET_BYTES,
     WEIGHT_NAMES,
@@ -44,7 +45,7 @@ from flashrl.weight_sync.wire import (
     WeightNames,
 )
 
-__all__ = ["checkpoint_items", "iter_weight_buckets", "put_weight_buckets", "weight_manifest"]
+__all__ = ["PolicyWeights", "checkpoint_items", "iter_weight_buckets", "put_weight_buckets", "weight_manifest"]
 
 
 def checkpoint_items(
@@ -161,6 +162,32 @@ def iter_weight_buckets(
         )
 
 
+class PolicyWeights:
+    """A learner's weights as a ``flashrl.weight_sync.sender.WeightExtractor``.
+
+    Args:
+        model: the module whose weights the engines receive, asked for at each use (the policy's
+            ``sync_model``: float32 masters of a bfloat16 learner syncing at float32).
+        dtype: the dtype the engines receive (``LearnerSpec.sync_torch_dtype``); None keeps each tensor's.
+        device: the learner's device (a push gathers each tensor there).
+    """
+
+    def __init__(
+        self, model: Callable[[], nn.Module], *, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+    ) -> None:
+        self._model = model
+        self.dtype = dtype
+        self.device = device
+
+    def manifest(self, bucket_bytes: int, names: WeightNames) -> WeightManifest:
+        return weight_manifest(self._model(), bucket_bytes=bucket_bytes, dtype=self.dtype, names=names)
+
+    def buckets(
+        self, manifest: WeightManifest, names: WeightNames, device: torch.device | str | None
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        return iter_weight_buckets(self._model(), manifest, dtype=self.dtype, device=device, names=names)
+
+
 def put_weight_buckets(
     model: nn.Module,
     *,
@@ -170,21 +197,12 @@ def put_weight_buckets(
     put: Callable[[Any], Any] | None = None,
     names: WeightNames = "model",
 ) -> WeightBuckets | None:
-    """The weights as a ``WeightBuckets`` of Ray object refs, one ``ray.put`` per bucket.
+    """``model``'s weights as a ``WeightBuckets`` of Ray object refs, one ``ray.put`` per bucket.
 
-    Each bucket is put as soon as it is complete and then dropped: the learner holds at most one
-    bucket beyond its model. On a sharded model every rank calls this (the gathers are collectives);
-    ranks with ``is_sender=False`` put nothing and get None. ``put`` defaults to ``ray.put``;
-    ``names`` as in the module docstring (``checkpoint`` for vLLM engines).
+    ``flashrl.weight_sync.shm.put_buckets`` over ``PolicyWeights(model)``: the learner holds at most
+    one bucket beyond its model. On a sharded model every rank calls this (the gathers are
+    collectives); ranks with ``is_sender=False`` put nothing and get None. ``put`` defaults to
+    ``ray.put``; ``names`` as in the module docstring (``checkpoint`` for vLLM engines).
     """
-    if put is None:
-        import ray
-
-        put = ray.put
-    manifest = weight_manifest(model, bucket_bytes=bucket_bytes, dtype=dtype, names=names)
-    refs = []
-    for bucket in iter_weight_buckets(model, manifest, dtype=dtype, names=names):
-        if is_sender:
-            refs.append(put(bucket))
-        del bucket
-    return WeightBuckets(manifest, refs) if is_sender else None
+    weights = PolicyWeights(lambda: model, dtype=dtype)
+    return put_buckets(weights, bucket_bytes=bucket_bytes, names=names, is_sender=is_sender, put=put)

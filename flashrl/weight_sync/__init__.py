@@ -1,20 +1,28 @@
 """Weight sync: how each new policy version gets from the learners into the env runners' engines.
 
-- ``wire``: what crosses between the two sides, defined once (``TensorMeta``, ``WeightManifest``,
-  ``WeightBuckets``, ``WeightEntry``, ``DEFAULT_BUCKET_BYTES`` and the transfer constants); it
-  imports nothing of flashrl and no torch.
-- ``buckets``: weights as a stream of bounded buckets (cutting a manifest, checking a stream).
-- ``shm``: the shared-memory files that carry one bucket from an engine's process to its vLLM workers.
-- ``resolve``: an engine's ``weight_sync`` option resolved to a route (``shm``, ``nccl``, ``ipc``).
-- ``layout``: the route a run's resource layout allows, planned before the engines start and checked after.
-- ``vllm_push``: the push routes' protocol (vLLM's client over the env runners, init info, deadlines).
-- ``receiver``: an env runner's side (``WeightReceiver``: streamed and pushed updates into its engine).
-- ``route``: a run's route behind one interface (``WeightSyncRoute``), chosen from the runners' facts.
+This package owns the protocol end to end. The interfaces:
 
-The learner's side (``WeightSender``, and gathering a possibly sharded policy into buckets) is
-``flashrl.learners.weight_sender`` and ``flashrl.learners.weight_gather``: this package sits below
-the learners, the engines and the env runners and imports none of them.
+- ``transport``: what a transport is (``Transport``: its learner half, its runner half, the
+  driver's ``WeightSyncRoute``, what a vLLM engine needs to start with it);
+- ``sender``: a transport's learner half (``WeightSender``) and the ``WeightExtractor`` it sends
+  from (the learners hand theirs in: ``flashrl.learners.weight_gather.PolicyWeights``);
+- ``receiver``: a transport's runner half (``WeightReceiver``), sharing the runner's engine and lock;
+- ``endpoints``: the one door on each side (``WeightOutbox`` behind ``Learner.sync_weights``,
+  ``WeightInbox`` behind ``EnvRunner.weight_sync``), routing typed messages by their type;
+- ``registry``: the transports by name (``TRANSPORTS``: one line each).
 
+One file per transport: ``shm`` (object-store buckets pulled by the runners; also the bucket files a
+vLLM engine hands its workers), ``nccl`` and ``ipc`` (pushed through vLLM's weight-transfer engines;
+their shared halves are ``push``, their protocol and messages ``vllm_push``).
+
+Underneath: ``wire`` (what crosses between the two sides: ``TensorMeta``, ``WeightManifest``,
+``WeightBuckets``, ``WeightEntry``, the constants; no flashrl, no torch), ``messages`` (the streamed
+weights' ``PutBuckets`` / ``LoadWeights``, every transport's fallback), ``buckets`` (cutting and
+checking a stream), ``resolve`` (an engine's ``weight_sync`` option resolved to a transport),
+``layout`` (the transport a run's resource layout allows) and ``route`` (``route_for``: the driver's
+choice from the runners' facts).
+
+This package sits below the learners, the engines and the env runners and imports none of them.
 The submodules are imported by name: this package imports nothing itself, so that reading an
 engine option (``resolve``) needs no torch.
 """

@@ -1,4 +1,7 @@
-"""Which route new weights take to the vLLM workers, per platform (an engine option, resolved once).
+"""Which transport new weights take to the vLLM workers, per platform (an engine option, resolved once).
+
+The names are the registry's (``flashrl.weight_sync.registry.TRANSPORTS``); each transport is one
+file of this package:
 
 | route | where | how |
 | --- | --- | --- |
@@ -6,16 +9,17 @@
 | ``nccl`` | GPU (``auto``) | vLLM's ``NCCLWeightTransferEngine``: learner rank 0 broadcasts to every worker of every engine (across nodes and tensor-parallel ranks) in one NCCL group, packed into bounded buffers |
 | ``ipc`` | GPU, learner and engine on one device | vLLM's ``IPCWeightTransferEngine``: the workers map the learner's CUDA tensors |
 
-``nccl`` and ``ipc`` are *push* routes: the learner side drives them
-(``flashrl.learners.weight_sender.start_push_transfer``; a run keeps its transfer group in
-``flashrl.weight_sync.route.PushRoute``). An engine started with them still takes the ``shm`` pull
-route through ``update_weights``, so a runner restarted outside the NCCL group, or a learner that
-does not push, still gets its weights.
+``nccl`` and ``ipc`` are *push* routes: the learner side drives them (``flashrl.weight_sync.push``;
+a run keeps its transfer group in ``PushRoute``). An engine started with them still takes the
+``shm`` pull route through ``update_weights``, so a runner restarted outside the NCCL group, or a
+learner that does not push, still gets its weights.
 """
 
 from __future__ import annotations
 
 from typing import Literal
+
+from flashrl.weight_sync.registry import TRANSPORTS, transport
 
 __all__ = [
     "PUSH_ROUTES",
@@ -28,11 +32,12 @@ __all__ = [
 ]
 
 RouteName = Literal["shm", "nccl", "ipc"]
-ROUTE_NAMES: tuple[RouteName, ...] = ("shm", "nccl", "ipc")
+"""For type checkers: the registered transports' names (``ROUTE_NAMES`` is the truth)."""
+ROUTE_NAMES: tuple[RouteName, ...] = tuple(TRANSPORTS)  # type: ignore[assignment]
 """What an engine's ``weight_sync`` option resolves to (its ``facts["weight_sync"]``)."""
 WEIGHT_SYNC_OPTIONS = ("auto", *ROUTE_NAMES)
 """The values of the engine option ``weight_sync``."""
-PUSH_ROUTES: tuple[RouteName, ...] = ("nccl", "ipc")
+PUSH_ROUTES: tuple[RouteName, ...] = tuple(n for n, entry in TRANSPORTS.items() if entry.vllm_backend)  # type: ignore[assignment]
 """Routes whose data plane is one of vLLM's weight-transfer engines."""
 
 
@@ -57,27 +62,12 @@ def resolve_weight_sync(option: str, *, on_cpu: bool) -> RouteName:
     return option  # type: ignore[return-value]
 
 
-INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
-"""vLLM's setting (``vllm/envs.py``) that lets its msgpack encoder fall back to pickle."""
-
-
 def route_environment(route: str) -> dict[str, str]:
-    """Environment the engine's process needs for ``route``, set before vLLM starts.
-
-    ``ipc``: ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``. Each update carries CUDA IPC handles
-    (``torch.multiprocessing.reductions.reduce_tensor``'s arguments: the tensor and storage
-    classes, a ``torch.dtype``), which vLLM's msgpack encoder refuses without it
-    (``vllm/v1/serial_utils.py``, ``MsgpackEncoder.enc_hook``): the first push would fail and leave
-    the engine broken. With it they are pickled over the engine's local process sockets; vLLM's own
-    example (``examples/rl/rlhf_ipc.py``) and Molt 0.2.1 (``molt/trainer/vllm/vllm_engine.py``,
-    ``_configure_vllm_env``) set the same. ``nccl`` and ``shm`` send only names, dtype names and
-    shapes, and need nothing.
-    """
-    return {INSECURE_SERIALIZATION: "1"} if route == "ipc" else {}
+    """Environment the engine's process needs for ``route``, set before vLLM starts (``Transport.engine_environment``;
+    ``ipc``: ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, ``flashrl.weight_sync.ipc``)."""
+    return transport(route).engine_environment()
 
 
 def vllm_transfer_args(route: RouteName) -> dict[str, object]:
-    """The ``vllm.AsyncEngineArgs`` fields a route needs (``weight_transfer_config`` for push routes)."""
-    if route in PUSH_ROUTES:
-        return {"weight_transfer_config": {"backend": route}}
-    return {}
+    """The ``vllm.AsyncEngineArgs`` fields a route needs (``Transport.engine_args``: ``weight_transfer_config`` for push routes)."""
+    return transport(route).engine_args()

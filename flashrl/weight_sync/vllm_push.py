@@ -1,11 +1,10 @@
-"""The push routes' protocol: vLLM's client over the EnvRunners, the init info, the deadline.
+"""The protocol of the transports whose data plane is one of vLLM's weight-transfer engines (``nccl``, ``ipc``).
 
-``EnvRunnerSyncClient`` is vLLM's client protocol over the EnvRunner actors: learner rank 0 drives
-their begin / receive / end calls (the runners' side is ``flashrl.weight_sync.receiver``).
-``push_init_info`` builds vLLM's trainer init info and ``send_with_deadline`` bounds a send. The
-learner's side, which gathers the policy into vLLM's trainer engine, is
-``flashrl.learners.weight_sender`` (``start_push_transfer``, ``WeightSender``);
-``flashrl.weight_sync.route.PushRoute`` keeps a run's transfer group.
+Its messages (learner rank: ``StartPush``, ``Push``, ``StopPush``; runner: ``InitTransfer`` ...
+``ReleaseTransfer``), ``EnvRunnerSyncClient`` (vLLM's client protocol over the EnvRunners: learner
+rank 0 drives their begin / receive / end through it) and ``send_with_deadline``. The two halves
+and the driver's side that speak it are ``flashrl.weight_sync.push``; what differs between ``nccl``
+and ``ipc`` (vLLM's trainer init info, the engine's settings) is their own file.
 
 What can go wrong inside a collective is made to fail, and fail whole:
 
@@ -19,10 +18,10 @@ What can go wrong inside a collective is made to fail, and fail whole:
   whole ``send_weights`` too (``send_with_deadline``; the broadcast itself has no timeout).
 - **Both sides torn down.** A transfer that failed or ran out of time aborts the learner's side
   (vLLM's ``shutdown``: the NCCL communicator is aborted) and every runner's
-  (``abort_weight_transfer``: the engine, which may hold a half-loaded mixture, is dropped and the
+  (``AbortTransfer``: the engine, which may hold a half-loaded mixture, is dropped and the
   runner restarted with the current weights). ``EnvRunnerSyncClient.shutdown`` releases the
-  runners' side at a normal stop.
-- **A lease.** ``begin_weight_transfer`` pauses a runner for at most ``LEASE_FACTOR x deadline_s``:
+  runners' side at a normal stop (``ReleaseTransfer``).
+- **A lease.** ``BeginTransfer`` pauses a runner for at most ``LEASE_FACTOR x deadline_s``:
   a learner that dies between the begin and the end of a transfer cannot leave it paused for good.
 """
 
@@ -31,23 +30,115 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from flashrl.weight_sync.wire import (
-    LEASE_FACTOR,
-    TRANSFER_DEADLINE_S,
-    VLLM_PACKED_BUFFER_BYTES,
-    WeightManifest,
-)
+from flashrl.weight_sync.receiver import RunnerMessage
+from flashrl.weight_sync.sender import LearnerMessage
+from flashrl.weight_sync.wire import DEFAULT_BUCKET_BYTES, LEASE_FACTOR, TRANSFER_DEADLINE_S, WeightManifest
 
 __all__ = [
+    "AbortTransfer",
+    "BeginTransfer",
+    "CheckPlan",
+    "EndTransfer",
     "EnvRunnerSyncClient",
+    "InitTransfer",
+    "Plan",
+    "Push",
+    "ReceiveTransfer",
+    "ReleaseTransfer",
+    "StartPush",
+    "StopPush",
     "TransferTimeout",
-    "ipc_buffer_bytes",
     "plan_of",
-    "push_init_info",
     "send_with_deadline",
 ]
+
+Plan = list[tuple[str, str, list[int]]]
+"""``(name, dtype, shape)`` of every tensor a push will send, in order."""
+
+
+# -- to every learner rank ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StartPush(LearnerMessage):
+    """Form the transfer group with the runners' engines (every rank; replaces an earlier group).
+
+    ``nccl`` rendezvous at ``master_address``:``master_port`` (a free port on learner rank 0's node;
+    ``LearnerGroup.sync_weights`` fills them in). ``deadline_s`` bounds every transfer.
+    """
+
+    route: str
+    """The transport: ``nccl`` or ``ipc``."""
+    runners: tuple[Any, ...]
+    """The EnvRunner actors."""
+    workers_per_runner: tuple[int, ...]
+    """Per runner, its engine's workers (their ranks in the group)."""
+    master_address: str | None = None
+    master_port: int | None = None
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    deadline_s: float = TRANSFER_DEADLINE_S
+
+
+@dataclass(frozen=True)
+class Push(LearnerMessage):
+    """Send the current weights through the group ``StartPush`` formed (every rank). Answer: the version sent."""
+
+
+@dataclass(frozen=True)
+class StopPush(LearnerMessage):
+    """Tear the transfer group down on both sides (every rank; idempotent)."""
+
+
+# -- to every runner (learner rank 0 sends them through EnvRunnerSyncClient) --------------------------
+@dataclass(frozen=True)
+class InitTransfer(RunnerMessage):
+    """Join vLLM's transfer group: ``init_info`` is the worker init payload (its ranks for ``nccl``)."""
+
+    init_info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CheckPlan(RunnerMessage):
+    """Check a push's names and shapes against the engine's checkpoint (before any broadcast).
+
+    Answer: the number of tensors checked; an engine that would refuse one raises.
+    """
+
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class BeginTransfer(RunnerMessage):
+    """Pause for a pushed transfer; aborted unless ``EndTransfer`` comes within ``lease_s`` (None: no lease)."""
+
+    lease_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ReceiveTransfer(RunnerMessage):
+    """Take the learner's broadcast (vLLM's ``update_info``), concurrently with it."""
+
+    update_info: dict[str, Any] | list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class EndTransfer(RunnerMessage):
+    """Finish the transfer: the engine serves ``version``. Answer: the version now served."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class AbortTransfer(RunnerMessage):
+    """Drop a failed transfer: the engine (possibly half-loaded) is broken and the runner restarted."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReleaseTransfer(RunnerMessage):
+    """The learner tore the transfer group down: release the engine's side of it."""
 
 logger = logging.getLogger("flashrl.weight_sync")
 
@@ -56,20 +147,9 @@ class TransferTimeout(TimeoutError):
     """A pushed weight transfer did not finish within its deadline (both sides were torn down)."""
 
 
-def plan_of(manifest: WeightManifest) -> list[tuple[str, str, list[int]]]:
+def plan_of(manifest: WeightManifest) -> Plan:
     """``(name, dtype, shape)`` of every tensor a push will send, in order: what the engines check."""
     return [(m.name, m.dtype, list(m.shape)) for bucket in manifest for m in bucket]
-
-
-def ipc_buffer_bytes(manifest: WeightManifest) -> int:
-    """The IPC packed buffer: vLLM's 1 GiB, or the largest tensor when that is larger.
-
-    vLLM's ``packed_ipc_producer`` copies each tensor whole into one reusable CUDA buffer and raises
-    for a tensor larger than it (``vllm/distributed/weight_transfer/packed_tensor.py``); Qwen2.5-7B's
-    embedding alone is 152,064 x 3,584 x 2 bytes = 1.09 GB.
-    """
-    largest = max((m.nbytes for bucket in manifest for m in bucket), default=0)
-    return max(VLLM_PACKED_BUFFER_BYTES, int(largest))
 
 
 class EnvRunnerSyncClient:
@@ -98,33 +178,35 @@ class EnvRunnerSyncClient:
         """The NCCL group: the learner (rank 0) and every worker of every engine."""
         return 1 + sum(self.workers)
 
-    def _all(self, method: str, per_runner: Sequence[Any] | None = None, *args: Any) -> None:
+    def _all(self, messages: Sequence[RunnerMessage]) -> None:
+        """``messages[i]`` to runner ``i`` (``EnvRunner.weight_sync``), all at once; waits ``timeout_s``."""
         import ray
 
-        calls = [
-            getattr(r, method).remote(*(((per_runner[i],) if per_runner is not None else ()) + args))
-            for i, r in enumerate(self.runners)
-        ]
+        calls = [runner.weight_sync.remote(message) for runner, message in zip(self.runners, messages, strict=True)]
         ray.get(calls, timeout=self.timeout_s)
 
-    def _all_quietly(self, method: str, *args: Any) -> None:
-        """``_all`` for teardown: every runner is asked, failures are logged, nothing raises."""
-        try:
-            self._all(method, None, *args)
-        except Exception:  # a runner that died or hung is replaced anyway
-            logger.warning("tearing down the runners' side of a weight transfer: %s failed", method, exc_info=True)
+    def _each(self, message: RunnerMessage) -> None:
+        self._all([message] * len(self.runners))
 
-    def check_plan(self, plan: list[tuple[str, str, list[int]]]) -> None:
+    def _each_quietly(self, message: RunnerMessage) -> None:
+        """``_each`` for teardown: every runner is asked, failures are logged, nothing raises."""
+        try:
+            self._each(message)
+        except Exception:  # a runner that died or hung is replaced anyway
+            logger.warning("tearing down the runners' side of a weight transfer: %s failed",
+                           type(message).__name__, exc_info=True)  # fmt: skip
+
+    def check_plan(self, plan: Plan) -> None:
         """Every engine checks the names and shapes of ``plan`` against its checkpoint (raises if one refuses)."""
-        self._all("check_weight_plan", None, plan)
+        self._each(CheckPlan(plan))
 
     def abort(self, reason: str) -> None:
         """A transfer failed or ran out of time: every runner drops its engine's side (never raises)."""
-        self._all_quietly("abort_weight_transfer", reason)
+        self._each_quietly(AbortTransfer(reason))
 
     def shutdown(self) -> None:
         """The transfer group is torn down: every runner releases its engine's side (never raises)."""
-        self._all_quietly("end_weight_push")
+        self._each_quietly(ReleaseTransfer())
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         infos = []
@@ -132,17 +214,17 @@ class EnvRunnerSyncClient:
         for workers in self.workers:
             infos.append({**init_info, "rank_offset": offset} if "rank_offset" in init_info else dict(init_info))
             offset += workers
-        self._all("init_weight_transfer", infos)
+        self._all([InitTransfer(info) for info in infos])
 
     def start_weight_update(self) -> None:
-        self._all("begin_weight_transfer", None, LEASE_FACTOR * self.timeout_s)
+        self._each(BeginTransfer(LEASE_FACTOR * self.timeout_s))
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self._all("receive_weight_transfer", None, update_info)
+        self._each(ReceiveTransfer(update_info))
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         version = int(weight_version) if weight_version is not None else int(self.version())
-        self._all("end_weight_transfer", None, version)
+        self._each(EndTransfer(version))
 
 
 def send_with_deadline(engine: Any, deadline_s: float, *, on_timeout: Callable[[], None]) -> None:
@@ -174,33 +256,3 @@ def send_with_deadline(engine: Any, deadline_s: float, *, on_timeout: Callable[[
         )
     if outcome and outcome[0] is not None:
         raise outcome[0]
-
-
-def push_init_info(
-    route: str,
-    *,
-    rank: int,
-    world_size: int,
-    master_address: str | None,
-    master_port: int | None,
-    ipc_buffer: int = VLLM_PACKED_BUFFER_BYTES,
-) -> Any:
-    """vLLM's ``NCCLTrainerInitInfo`` / ``IPCTrainerInitInfo`` for ``route`` (packed transfers).
-
-    ``ipc_buffer``: the IPC route's packed buffer (``ipc_buffer_bytes``: at least the largest tensor).
-    The NCCL producer needs no such bound (a tensor larger than its buffer is sent as a chunk of its own).
-    """
-    if route == "nccl":
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-        if not master_address or not master_port:
-            raise ValueError(
-                "weight_sync='nccl' needs master_address and master_port (a free port on learner rank 0's node)."
-            )
-        return NCCLTrainerInitInfo(master_address=master_address, master_port=int(master_port),
-                                   world_size=int(world_size), packed=True, rank=int(rank))  # fmt: skip
-    if route == "ipc":
-        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
-
-        return IPCTrainerInitInfo(packed=True, rank=int(rank), packed_buffer_size_bytes=int(ipc_buffer))
-    raise ValueError(f"push routes are 'nccl' and 'ipc'; got {route!r} (the 'shm' route is put_weight_buckets).")

@@ -4,8 +4,8 @@ a tensor's place in a bucket file, and the constants both sides agree on.
 The ground floor of weight sync: this module imports nothing of flashrl and no torch at import time,
 so every layer may import it (the engines' vLLM workers, the learners, the env runners, the memory
 plan of ``flashrl.recipes``). What works on these types lives above it: ``buckets`` (cutting and
-checking a stream), ``shm`` (bucket files), ``vllm_push`` (the push routes' protocol), ``receiver``
-(an env runner's side), ``flashrl.learners.weight_sender`` (the learner's side).
+checking a stream), the interfaces (``transport``, ``sender``, ``receiver``) and one file per
+transport (``shm``, ``nccl``, ``ipc``; ``push`` and ``vllm_push`` shared by the last two).
 """
 
 from __future__ import annotations

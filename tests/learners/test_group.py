@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from flashrl.learners import Learner, LearnerGroup, LearnerGroupError
+from flashrl.weight_sync.messages import PutBuckets
 
 pytestmark = pytest.mark.ray
 
@@ -75,7 +76,7 @@ def test_state_weight_stream_and_policy_through_actors(two_learners, make_spec, 
     two_learners.set_state(state)  # both replicas
     assert two_learners.version == 0
     # The weight stream the runners fetch: buckets of object refs, every tensor once (tied ones once).
-    buckets = two_learners.weight_buckets_refs(bucket_bytes=64 * 1024)
+    buckets = two_learners.sync_weights(PutBuckets(bucket_bytes=64 * 1024))
     assert len(buckets.buckets) > 1
     streamed: dict[str, torch.Tensor] = {}
     for ref, metas in zip(buckets.buckets, buckets.manifest):

@@ -14,6 +14,7 @@ from flashrl.algorithms.flash_reinforce.loss import flash_reinforce_loss
 from flashrl.checkpoints import CheckpointError
 from flashrl.learners import Learner, TrainBatch
 from flashrl.models import compute_token_logprobs
+from flashrl.weight_sync.messages import PutBuckets
 
 TIME_KEYS = {"update_time_s", "logprob_time_s"}
 
@@ -280,7 +281,7 @@ def test_bfloat16_learner_syncs_its_float32_masters_when_asked(make_spec, batch,
     monkeypatch.setattr(ray, "put", lambda bucket: bucket)  # the buckets themselves, no cluster
 
     def sent(learner: Learner) -> dict[str, torch.Tensor]:
-        return {name: t for bucket in learner.weight_buckets(bucket_bytes=2**16).buckets for name, t in bucket.items()}
+        return {name: t for bucket in learner.sync_weights(PutBuckets(bucket_bytes=2**16)).buckets for name, t in bucket.items()}
 
     learner = Learner(make_spec(dtype="bfloat16", weight_sync_dtype="float32", optimizer="adamw", lr=1e-5))
     default = Learner(make_spec(dtype="bfloat16", optimizer="adamw", lr=1e-5))

@@ -12,6 +12,7 @@ import torch
 
 from flashrl.env_runners import EnvRunner, RunnerReport, skip_reason, stream_seed
 from flashrl.episode import Episode
+from flashrl.weight_sync.messages import LoadWeights
 
 
 def _runner(config, **kwargs) -> EnvRunner:
@@ -39,9 +40,9 @@ def test_stream_delivers_token_exact_episodes_with_versions(tiny_config):
         # New weights (a perturbed copy) while the runner keeps sampling.
         weights = {k: v.clone() for k, v in runner._engine.model.state_dict().items()}
         weights["model.norm.weight"] += 0.5
-        assert await runner.set_weights(3, weights) == 3
+        assert await runner.weight_sync(LoadWeights(3, weights)) == 3
         # An older version is ignored (coalescing keeps the newest).
-        assert await runner.set_weights(2, weights) == 3
+        assert await runner.weight_sync(LoadWeights(2, weights)) == 3
         later = await _collect(runner, 8)
         await runner.stop()
         return first, later
@@ -178,7 +179,7 @@ def test_weights_reach_the_engine(tiny_config):
 
     async def scenario():
         weights = await _set_up_with_zero_weights(runner)
-        await runner.set_weights(1, weights)
+        await runner.weight_sync(LoadWeights(1, weights))
         served = runner._engine.model.state_dict()["model.norm.weight"].clone()
         await runner.stop()
         return served
@@ -194,12 +195,12 @@ def test_a_weight_push_racing_stop_loads_nothing(tiny_config):
 
     async def scenario():
         weights = await _set_up_with_zero_weights(runner)
-        async with runner.weight_receiver.lock:  # a load in progress: the push waits for the lock
-            push = asyncio.create_task(runner.set_weights(1, weights))
+        async with runner.weight_inbox.lock:  # a load in progress: the push waits for the lock
+            push = asyncio.create_task(runner.weight_sync(LoadWeights(1, weights)))
             await asyncio.sleep(0.05)
             await runner.stop()
         raced = await push
-        late = await runner.set_weights(2, weights)
+        late = await runner.weight_sync(LoadWeights(2, weights))
         return raced, late, runner._engine
 
     assert asyncio.run(scenario()) == (-1, -1, None)

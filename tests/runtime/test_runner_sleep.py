@@ -12,6 +12,8 @@ import asyncio
 import pytest
 
 from flashrl.env_runners.env_runner import EnvRunner
+from flashrl.weight_sync.messages import LoadWeights
+from flashrl.weight_sync.vllm_push import BeginTransfer, EndTransfer
 
 
 class SleepEngine:
@@ -56,11 +58,11 @@ def test_a_wake_queued_behind_a_weight_update_waits_for_it(runner) -> None:
     async def iteration() -> None:
         await runner.sleep_engine()
         # the shm route's broadcast does not wait; the driver's wake comes right after it
-        await asyncio.gather(runner.set_weights(1, {}), runner.wake_engine())
+        await asyncio.gather(runner.weight_sync(LoadWeights(1, {})), runner.wake_engine())
 
     loop.run_until_complete(iteration())
     assert runner._engine.calls == ["sleep", ("update start", 1), ("update end", 1), "wake_up"]
-    assert not runner.weight_receiver.lock.locked()
+    assert not runner.weight_inbox.lock.locked()
 
 
 def test_sleep_waits_for_an_open_pushed_transfer(runner) -> None:
@@ -69,11 +71,11 @@ def test_sleep_waits_for_an_open_pushed_transfer(runner) -> None:
     runner._engine.end_weight_transfer = lambda version: runner._engine.calls.append("end") or asyncio.sleep(0)
 
     async def overlap() -> None:
-        await runner.begin_weight_transfer()
+        await runner.weight_sync(BeginTransfer())
         sleeping = asyncio.ensure_future(runner.sleep_engine())
         await asyncio.sleep(0.05)
         assert not sleeping.done()  # the transfer holds the weights lock
-        await runner.end_weight_transfer(2)
+        await runner.weight_sync(EndTransfer(2))
         await sleeping
 
     loop.run_until_complete(overlap())

@@ -129,7 +129,7 @@ def test_a_failed_ping_or_weight_load_replaces_the_runner_too(monkeypatch, kind)
     group, _ = _group(monkeypatch, {"ping-runner1-1": DEATHS[kind]()})
     assert group.check_alive() == 1
     assert group.created == [(1, 5)]
-    group, _ = _group(monkeypatch, {"set_weights-runner0-1": DEATHS[kind]()})
+    group, _ = _group(monkeypatch, {"weight_sync-runner0-1": DEATHS[kind]()})
     group._streaming = False
     group.broadcast_weights(1, "weights", wait=True)
     assert group.num_restarts == 1 and group.created == [(0, 7)]

@@ -15,7 +15,9 @@ from flashrl.weight_sync.layout import (
     plan_route,
     planned_engine_options,
 )
-from flashrl.weight_sync.route import PushRoute, ShmRoute, route_for
+from flashrl.weight_sync.push import PushRoute
+from flashrl.weight_sync.route import route_for
+from flashrl.weight_sync.shm import ShmRoute
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """The GPU push route's control flow on CPU: when the transfer group is formed, re-formed and used.
 
 vLLM's trainer engine (the NCCL broadcast / CUDA-IPC mapping) needs a GPU, so here it is replaced at
-the one seam where flashrl hands over to vLLM (`start_push_transfer`); everything around it is real:
+the one seam where flashrl hands over to vLLM (`flashrl.weight_sync.push.start_push_transfer`); everything around it is real:
 the `Learner` and its `LearnerGroup`, the `EnvRunnerSyncClient` they build, and `PushRoute`. What
 these cannot show is that the data plane runs on a GPU.
 """
@@ -11,9 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashrl.learners import Learner, LearnerGroup, weight_sender
-from flashrl.weight_sync import vllm_push
-from flashrl.weight_sync.route import PushRoute
+from flashrl.learners import Learner, LearnerGroup
+from flashrl.weight_sync import push, vllm_push
+from flashrl.weight_sync.messages import PutBuckets
+from flashrl.weight_sync.push import PushRoute
+from flashrl.weight_sync.vllm_push import AbortTransfer, Push, ReleaseTransfer, StartPush, StopPush
 
 
 class FakeTrainerEngine:
@@ -39,41 +41,43 @@ def fake_engines(monkeypatch):
     engines: list[FakeTrainerEngine] = []
     log: list = []
 
-    def fake_start(route, model, client, **kwargs):
-        engine = FakeTrainerEngine(log, route, client, {"model": model, **kwargs})
+    def fake_start(transport, weights, client, **kwargs):
+        engine = FakeTrainerEngine(log, transport.name, client, {"weights": weights, **kwargs})
         engines.append(engine)
-        log.append(("start", route))
+        log.append(("start", transport.name))
         return engine
 
-    monkeypatch.setattr(weight_sender, "start_push_transfer", fake_start)
+    monkeypatch.setattr(push, "start_push_transfer", fake_start)
     return engines, log
 
 
 def test_learner_forms_pushes_and_tears_down(make_spec, batch, fake_engines) -> None:
     engines, log = fake_engines
     learner = Learner(make_spec(dtype="bfloat16"))
-    with pytest.raises(RuntimeError, match="before start_weight_push"):
-        learner.push_weights()
+    with pytest.raises(RuntimeError, match="Push before StartPush"):
+        learner.sync_weights(Push())
     runners = ["runner-a", "runner-b"]
-    learner.start_weight_push("nccl", runners, [2, 1], master_address="10.0.0.1", master_port=29555, bucket_bytes=2**20)
+    learner.sync_weights(StartPush("nccl", tuple(runners), (2, 1), master_address="10.0.0.1", master_port=29555,
+                                   bucket_bytes=2**20))  # fmt: skip
     (engine,) = engines
     assert engine.route == "nccl"
-    assert engine.kwargs["model"] is learner.policy.model
-    assert engine.kwargs["rank"] == 0 and engine.kwargs["device"] == torch.device("cpu")
-    assert engine.kwargs["dtype"] == torch.bfloat16  # what the engine serves, as on the shm route
+    weights = engine.kwargs["weights"]  # the learner's extractor: its policy, gathered on its device
+    assert weights._model() is learner.policy.model
+    assert engine.kwargs["rank"] == 0 and weights.device == torch.device("cpu")
+    assert weights.dtype == torch.bfloat16  # what the engine serves, as on the shm route
     assert (engine.kwargs["master_address"], engine.kwargs["master_port"]) == ("10.0.0.1", 29555)
     assert engine.kwargs["bucket_bytes"] == 2**20
     # one group: the learner (rank 0) and the 3 workers of the two engines
     assert engine.client.runners == runners and engine.client.world_size == 4
 
     learner.update(batch)
-    assert learner.push_weights() == 1
+    assert learner.sync_weights(Push()) == 1
     assert log[-1] == ("send", 1)  # the client stamps the runners with the learner's version
 
-    learner.start_weight_push("nccl", runners, [2, 1], master_address="10.0.0.1", master_port=29556)
+    learner.sync_weights(StartPush("nccl", tuple(runners), (2, 1), master_address="10.0.0.1", master_port=29556))
     assert engines[0].closed and not engines[1].closed  # forming again tears the old group down first
-    learner.stop_weight_push()
-    learner.stop_weight_push()  # idempotent
+    learner.sync_weights(StopPush())
+    learner.sync_weights(StopPush())  # idempotent
     assert engines[1].closed and log.count(("shutdown",)) == 2
 
 
@@ -86,56 +90,57 @@ def test_a_hung_or_failed_push_is_torn_down_on_both_sides(make_spec, fake_engine
 
     engines, log = fake_engines
     learner = Learner(make_spec())
-    learner.start_weight_push("nccl", ["r0", "r1"], [1, 1], master_address="h", master_port=1, deadline_s=0.3)
+    learner.sync_weights(StartPush("nccl", ("r0", "r1"), (1, 1), master_address="h", master_port=1, deadline_s=0.3))
     (engine,) = engines
     runner_calls: list = []
-    engine.client._all = lambda method, per_runner=None, *args: runner_calls.append((method, args))
+    engine.client._all = runner_calls.append
     release = threading.Event()
     engine.send_weights = lambda: release.wait(30)  # hangs until the communicator is aborted
     engine.shutdown = lambda: (log.append(("shutdown",)), release.set())
+    aborted = [[AbortTransfer("a pushed transfer ran out of time")] * 2]  # one message per runner
     with pytest.raises(TransferTimeout):
-        learner.push_weights()
+        learner.sync_weights(Push())
     assert log[-1] == ("shutdown",)
-    assert runner_calls == [("abort_weight_transfer", ("a pushed transfer ran out of time",))]
-    with pytest.raises(RuntimeError, match="before start_weight_push"):
-        learner.push_weights()  # the group is gone
-    learner.stop_weight_push()  # nothing left to tear down
-    assert runner_calls == [("abort_weight_transfer", ("a pushed transfer ran out of time",))]
+    assert runner_calls == aborted
+    with pytest.raises(RuntimeError, match="Push before StartPush"):
+        learner.sync_weights(Push())  # the group is gone
+    learner.sync_weights(StopPush())  # nothing left to tear down
+    assert runner_calls == aborted
 
-    learner.start_weight_push("nccl", ["r0", "r1"], [1, 1], master_address="h", master_port=1, deadline_s=5)
+    learner.sync_weights(StartPush("nccl", ("r0", "r1"), (1, 1), master_address="h", master_port=1, deadline_s=5))
     engine = engines[-1]
-    engine.client._all = lambda method, per_runner=None, *args: runner_calls.append((method, args))
+    engine.client._all = runner_calls.append
 
     def broken() -> None:
         raise RuntimeError("NCCL error: remote process exited")
 
     engine.send_weights = broken
     with pytest.raises(RuntimeError, match="NCCL error"):
-        learner.push_weights()
-    assert engine.closed and runner_calls[-1][0] == "abort_weight_transfer"
-    assert "NCCL error" in runner_calls[-1][1][0]
+        learner.sync_weights(Push())
+    assert engine.closed and all(isinstance(m, AbortTransfer) for m in runner_calls[-1])
+    assert "NCCL error" in runner_calls[-1][0].reason
 
 
 def test_a_normal_stop_releases_the_runners_side_too(make_spec, fake_engines) -> None:
     engines, _ = fake_engines
     learner = Learner(make_spec())
-    learner.start_weight_push("ipc", ["r0"], [1], master_address="h", master_port=1)
+    learner.sync_weights(StartPush("ipc", ("r0",), (1,), master_address="h", master_port=1))
     runner_calls: list = []
-    engines[0].client._all = lambda method, per_runner=None, *args: runner_calls.append(method)
-    learner.stop_weight_push()
-    assert engines[0].closed and runner_calls == ["end_weight_push"]
+    engines[0].client._all = runner_calls.append
+    learner.sync_weights(StopPush())
+    assert engines[0].closed and runner_calls == [[ReleaseTransfer()]]
 
 
 def test_local_learner_group_passes_a_rendezvous_address(make_spec, fake_engines) -> None:
     engines, _ = fake_engines
     group = LearnerGroup(make_spec(), local=True)
     try:
-        group.start_weight_push("ipc", ["runner"], [1])
+        group.sync_weights(StartPush("ipc", ("runner",), (1,)))
         (engine,) = engines
         assert isinstance(engine.kwargs["master_address"], str) and engine.kwargs["master_address"]
         assert 0 < engine.kwargs["master_port"] < 65536
-        assert group.push_weights() == 0 and engines[0].sent == 1
-        group.stop_weight_push()
+        assert group.sync_weights(Push()) == 0 and engines[0].sent == 1
+        group.sync_weights(StopPush())
         assert engines[0].closed
     finally:
         group.shutdown()
@@ -146,19 +151,21 @@ class FakeLearners:
         self.version = 0
         self.calls: list = []
 
-    def start_weight_push(self, route, actors, workers, *, bucket_bytes) -> None:
-        self.calls.append(("start", route, list(actors), list(workers)))
-
-    def push_weights(self) -> int:
-        self.calls.append(("push", self.version))
-        return self.version
-
-    def stop_weight_push(self) -> None:
-        self.calls.append(("stop",))
-
-    def weight_buckets_refs(self, bucket_bytes, names="model"):
-        assert names == "checkpoint"  # a replacement runner of a push route hosts vLLM: checkpoint names
-        return f"buckets of v{self.version} ({bucket_bytes} B)"
+    def sync_weights(self, message):
+        match message:
+            case StartPush(route, actors, workers):
+                self.calls.append(("start", route, list(actors), list(workers)))
+            case Push():
+                self.calls.append(("push", self.version))
+                return self.version
+            case StopPush():
+                self.calls.append(("stop",))
+            case PutBuckets(bucket_bytes, names):
+                assert names == "checkpoint"  # a replacement runner of a push route hosts vLLM: checkpoint names
+                return f"buckets of v{self.version} ({bucket_bytes} B)"
+            case _:
+                raise AssertionError(f"unexpected message {message!r}")
+        return None
 
 
 class FakeRunners:

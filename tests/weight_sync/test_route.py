@@ -1,6 +1,6 @@
 """The run's weight-sync route: chosen from the runners' facts, one interface, each route's moves.
 
-Fakes stand in for the learner and runner groups (the surface `flashrl.weight_sync.route.Learners`
+Fakes stand in for the learner and runner groups (the surface `flashrl.weight_sync.transport.Learners`
 and `Runners` name); `test_runners.py` and `test_push_route.py` run the real groups.
 """
 
@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from flashrl.weight_sync.route import PushRoute, ShmRoute, WeightSyncRoute, route_for
+from flashrl.weight_sync.messages import PutBuckets
+from flashrl.weight_sync.push import PushRoute
+from flashrl.weight_sync.route import route_for
+from flashrl.weight_sync.shm import ShmRoute
+from flashrl.weight_sync.transport import WeightSyncRoute
+from flashrl.weight_sync.vllm_push import Push, StartPush, StopPush
 from flashrl.weight_sync.wire import DEFAULT_BUCKET_BYTES
 
 
@@ -18,20 +23,22 @@ class Learners:
         self.calls: list = []
         self.names: list[str] = []
 
-    def weight_buckets_refs(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, names: str = "model") -> str:
-        self.calls.append(("buckets", bucket_bytes))
-        self.names.append(names)
-        return f"v{self.version}/{bucket_bytes}"
-
-    def start_weight_push(self, route, runners, workers_per_runner, *, bucket_bytes=DEFAULT_BUCKET_BYTES) -> None:
-        self.calls.append(("start", route, list(runners), list(workers_per_runner), bucket_bytes))
-
-    def push_weights(self) -> int:
-        self.calls.append(("push", self.version))
-        return self.version
-
-    def stop_weight_push(self) -> None:
-        self.calls.append(("stop",))
+    def sync_weights(self, message) -> str | int | None:
+        match message:
+            case PutBuckets(bucket_bytes, names):
+                self.calls.append(("buckets", bucket_bytes))
+                self.names.append(names)
+                return f"v{self.version}/{bucket_bytes}"
+            case StartPush(route, runners, workers_per_runner, bucket_bytes=bucket_bytes):
+                self.calls.append(("start", route, list(runners), list(workers_per_runner), bucket_bytes))
+            case Push():
+                self.calls.append(("push", self.version))
+                return self.version
+            case StopPush():
+                self.calls.append(("stop",))
+            case _:
+                raise AssertionError(f"unexpected message {message!r}")
+        return None
 
 
 class Runners:

@@ -12,6 +12,13 @@ import asyncio
 import pytest
 
 from flashrl.env_runners.env_runner import EnvRunner
+from flashrl.weight_sync.vllm_push import (
+    AbortTransfer,
+    BeginTransfer,
+    CheckPlan,
+    EndTransfer,
+    ReleaseTransfer,
+)
 
 
 class PushEngine:
@@ -66,14 +73,14 @@ def test_a_transfer_ended_in_time_keeps_the_runner(runner) -> None:
     runner, loop = runner
 
     async def transfer() -> int:
-        await runner.begin_weight_transfer(lease_s=0.5)
-        assert runner.weight_receiver.lock.locked()
-        version = await runner.end_weight_transfer(3)
+        await runner.weight_sync(BeginTransfer(lease_s=0.5))
+        assert runner.weight_inbox.lock.locked()
+        version = await runner.weight_sync(EndTransfer(3))
         await asyncio.sleep(0.7)  # past the lease: it was cancelled
         return version
 
     assert loop.run_until_complete(transfer()) == 3
-    assert runner._engine.calls == ["begin", ("end", 3)] and not runner.weight_receiver.lock.locked()
+    assert runner._engine.calls == ["begin", ("end", 3)] and not runner.weight_inbox.lock.locked()
     assert runner._fatal is None
 
 
@@ -81,32 +88,32 @@ def test_a_learner_that_never_ends_the_transfer_loses_the_lease(runner) -> None:
     runner, loop = runner
 
     async def abandoned() -> None:
-        await runner.begin_weight_transfer(lease_s=0.2)
+        await runner.weight_sync(BeginTransfer(lease_s=0.2))
         await asyncio.sleep(0.6)  # the learner died between begin and end
 
     loop.run_until_complete(abandoned())
     engine = runner._engine
     assert engine.calls[0] == "begin" and engine.calls[1][0] == "abort"
     assert "within its 0.2 s lease" in engine.calls[1][1] and not engine.paused
-    assert not runner.weight_receiver.lock.locked()  # a streamed update could load again
+    assert not runner.weight_inbox.lock.locked()  # a streamed update could load again
     with pytest.raises(RuntimeError, match="a pushed weight transfer was aborted"):
         loop.run_until_complete(runner.poll(1, 0.1))  # the group restarts this runner
     with pytest.raises(RuntimeError, match="no transfer is open"):
-        loop.run_until_complete(runner.end_weight_transfer(4))  # a late end is refused
+        loop.run_until_complete(runner.weight_sync(EndTransfer(4)))  # a late end is refused
 
 
 def test_an_abort_from_the_learner_and_a_normal_release(runner) -> None:
     runner, loop = runner
-    loop.run_until_complete(runner.end_weight_push())
+    loop.run_until_complete(runner.weight_sync(ReleaseTransfer()))
     assert runner._engine.calls == ["shutdown"]
-    loop.run_until_complete(runner.begin_weight_transfer())  # no lease
-    loop.run_until_complete(runner.abort_weight_transfer("a broadcast hung"))
-    assert runner._engine.calls[-1] == ("abort", "a broadcast hung") and not runner.weight_receiver.lock.locked()
+    loop.run_until_complete(runner.weight_sync(BeginTransfer()))  # no lease
+    loop.run_until_complete(runner.weight_sync(AbortTransfer("a broadcast hung")))
+    assert runner._engine.calls[-1] == ("abort", "a broadcast hung") and not runner.weight_inbox.lock.locked()
     assert isinstance(runner._fatal, RuntimeError)
 
 
 def test_the_plan_check_reaches_the_engine(runner) -> None:
     runner, loop = runner
-    assert loop.run_until_complete(runner.check_weight_plan([("model.norm.weight", "float32", [128])])) == 1
+    assert loop.run_until_complete(runner.weight_sync(CheckPlan([("model.norm.weight", "float32", [128])]))) == 1
     with pytest.raises(ValueError, match="unknown"):
-        loop.run_until_complete(runner.check_weight_plan([("unknown.weight", "float32", [1])]))
+        loop.run_until_complete(runner.weight_sync(CheckPlan([("unknown.weight", "float32", [1])])))

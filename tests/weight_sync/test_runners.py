@@ -9,6 +9,7 @@ import torch
 
 from flashrl.env_runners import EnvRunner, EnvRunnerGroup
 from flashrl.learners.weight_gather import iter_weight_buckets, put_weight_buckets, weight_manifest
+from flashrl.weight_sync.messages import LoadWeights
 from flashrl.weight_sync.wire import WeightBuckets
 
 
@@ -41,9 +42,10 @@ def test_coalesced_versions_are_never_fetched(tiny_config) -> None:
 
     async def scenario():
         await runner.setup()
-        first = asyncio.create_task(runner.set_weights(1, stream(1, 0.2)))
+        first = asyncio.create_task(runner.weight_sync(LoadWeights(1, stream(1, 0.2))))
         await asyncio.sleep(0.05)  # v1 is loading
-        results = await asyncio.gather(first, runner.set_weights(2, stream(2, 0.0)), runner.set_weights(3, stream(3, 0.0)))
+        results = await asyncio.gather(first, runner.weight_sync(LoadWeights(2, stream(2, 0.0))),
+                                       runner.weight_sync(LoadWeights(3, stream(3, 0.0))))  # fmt: skip
         norm = runner._engine.model.model.norm.weight.detach().clone()
         await runner.stop()
         return results, norm
@@ -113,8 +115,9 @@ def test_the_algorithm_sends_each_update_through_a_push_route(ray_session, tiny_
     """With a push route, `step` pushes every new version (no object-store broadcast), and `stop` tears
     the group down. The torch engine pulls, so the route is set up as `route_for` does for a vLLM
     engine on a GPU, and vLLM's trainer engine is replaced at `start_push_transfer`."""
-    from flashrl.learners import weight_sender
-    from flashrl.weight_sync.route import PushRoute, ShmRoute
+    from flashrl.weight_sync import push
+    from flashrl.weight_sync.push import PushRoute
+    from flashrl.weight_sync.shm import ShmRoute
 
     events: list = []
 
@@ -128,7 +131,7 @@ def test_the_algorithm_sends_each_update_through_a_push_route(ray_session, tiny_
         def shutdown(self) -> None:
             events.append(("shutdown",))
 
-    monkeypatch.setattr(weight_sender, "start_push_transfer", lambda route, model, client, **kwargs: Engine(client))
+    monkeypatch.setattr(push, "start_push_transfer", lambda transport, weights, client, **kwargs: Engine(client))
     algo = tiny_config().build_algo()  # a local learner: the replaced engine runs in this process
     try:
         assert isinstance(algo._weight_sync, ShmRoute)  # the torch engine's route is the shm stream

@@ -12,12 +12,30 @@ import inspect
 import pytest
 import torch
 
-from flashrl.learners.weight_gather import weight_manifest
-from flashrl.learners.weight_sender import bucket_weight_source
+from flashrl.learners.weight_gather import PolicyWeights, weight_manifest
+from flashrl.weight_sync.push import JoinInfo, PushTransport, bucket_weight_source
+from flashrl.weight_sync.registry import TRANSPORTS, transport
 from flashrl.weight_sync.resolve import resolve_weight_sync, vllm_transfer_args
-from flashrl.weight_sync.vllm_push import EnvRunnerSyncClient, push_init_info
+from flashrl.weight_sync.vllm_push import (
+    AbortTransfer,
+    BeginTransfer,
+    CheckPlan,
+    EndTransfer,
+    EnvRunnerSyncClient,
+    InitTransfer,
+    ReleaseTransfer,
+)
 
 pytestmark = pytest.mark.vllm  # imports vLLM (starts no engine)
+
+
+def push_init_info(route: str, *, rank: int, world_size: int, master_address: str | None, master_port: int | None,
+                   ipc_buffer: int | None = None):  # fmt: skip
+    """The transport's trainer init info; ``ipc_buffer``: a manifest whose largest tensor is that big."""
+    from flashrl.weight_sync.wire import TensorMeta
+
+    manifest = ((TensorMeta("w", "uint8", (ipc_buffer,)),),) if ipc_buffer else ()
+    return transport(route).init_info(JoinInfo(rank, world_size, master_address, master_port, manifest))
 
 
 def test_route_per_platform() -> None:
@@ -70,8 +88,9 @@ def test_trainer_init_info_is_vllms() -> None:
                       IPCTrainerInitInfo)  # fmt: skip
     with pytest.raises(ValueError, match="master_address and master_port"):
         push_init_info("nccl", rank=0, world_size=5, master_address=None, master_port=None)
-    with pytest.raises(ValueError, match="push routes"):
-        push_init_info("shm", rank=0, world_size=2, master_address=None, master_port=None)
+    # only vLLM's backends have a trainer init info; the registry says which those are
+    assert [name for name in TRANSPORTS if isinstance(transport(name), PushTransport)] == ["nccl", "ipc"]
+    assert [name for name, entry in TRANSPORTS.items() if entry.vllm_backend] == ["nccl", "ipc"]
 
 
 def test_the_runner_client_gives_each_engine_its_own_nccl_ranks() -> None:
@@ -81,21 +100,21 @@ def test_the_runner_client_gives_each_engine_its_own_nccl_ranks() -> None:
     client = EnvRunnerSyncClient(["r0", "r1", "r2"], [2, 1, 4], version=lambda: 7)  # TP 2, 1, 4
     assert isinstance(client, VLLMWeightSyncClient)
     assert client.world_size == 8
-    calls: list[tuple] = []
-    client._all = lambda method, per_runner=None, *args: calls.append((method, per_runner, args))  # type: ignore[method-assign]
+    calls: list[list] = []
+    client._all = calls.append  # type: ignore[method-assign]  # one message per runner
     # exactly what vLLM's NCCLTrainerWeightTransferEngine.trainer_init sends (workers from rank 1)
     payload = worker_init_payload(NCCLWeightTransferInitInfo(
         master_address="10.0.0.1", master_port=29500, rank_offset=1, world_size=8, packed=True))  # fmt: skip
     client.init_weight_transfer_engine(payload)
-    method, infos, _ = calls[-1]
-    assert method == "init_weight_transfer" and [i["rank_offset"] for i in infos] == [1, 3, 4]
+    infos = [message.init_info for message in calls[-1]]
+    assert all(isinstance(m, InitTransfer) for m in calls[-1]) and [i["rank_offset"] for i in infos] == [1, 3, 4]
     assert all(NCCLWeightTransferInitInfo(**i).world_size == 8 for i in infos)  # vLLM parses each
     client.finish_weight_update()
-    assert calls[-1] == ("end_weight_transfer", None, (7,))
+    assert calls[-1] == [EndTransfer(7)] * 3
     client.finish_weight_update("9")
-    assert calls[-1] == ("end_weight_transfer", None, (9,))
+    assert calls[-1] == [EndTransfer(9)] * 3
     client.init_weight_transfer_engine({"packed": True})  # IPC: no ranks, same payload for all
-    assert calls[-1][1] == [{"packed": True}] * 3
+    assert calls[-1] == [InitTransfer({"packed": True})] * 3
     with pytest.raises(ValueError, match="one worker count per runner"):
         EnvRunnerSyncClient(["r0"], [1, 2], version=lambda: 0)
 
@@ -107,7 +126,7 @@ def test_the_bucket_source_passes_vllms_own_checks(tiny_llama_path: str) -> None
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32)
     manifest = weight_manifest(model, bucket_bytes=2**18, dtype=torch.bfloat16)
-    source = bucket_weight_source(model, manifest, dtype=torch.bfloat16, device="cpu")
+    source = bucket_weight_source(PolicyWeights(lambda: model, dtype=torch.bfloat16, device="cpu"), manifest)
     assert isinstance(source, WeightSource)
     meta = source.metadata()
     assert [m.name for m in meta] == [m.name for b in manifest for m in b]
@@ -186,7 +205,7 @@ def test_the_ipc_buffer_holds_the_largest_tensor() -> None:
     from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
     from vllm.distributed.weight_transfer.packed_tensor import DEFAULT_PACKED_BUFFER_SIZE_BYTES
 
-    from flashrl.weight_sync.vllm_push import ipc_buffer_bytes
+    from flashrl.weight_sync.ipc import ipc_buffer_bytes
     from flashrl.weight_sync.wire import VLLM_PACKED_BUFFER_BYTES, TensorMeta
 
     assert VLLM_PACKED_BUFFER_BYTES == DEFAULT_PACKED_BUFFER_SIZE_BYTES == 2**30
@@ -207,7 +226,7 @@ def test_the_engines_check_the_plan_before_the_rendezvous(tiny_llama_path: str, 
     from transformers import AutoModelForCausalLM
     from vllm.distributed.weight_transfer import factory
 
-    from flashrl.learners import weight_sender
+    from flashrl.weight_sync.push import start_push_transfer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32)
     reached: list = []
@@ -216,24 +235,25 @@ def test_the_engines_check_the_plan_before_the_rendezvous(tiny_llama_path: str, 
     client = EnvRunnerSyncClient(["r0", "r1"], [1, 1], version=lambda: 0)
     calls: list = []
 
-    def refuse(method, per_runner=None, *args):
-        calls.append((method, args))
+    def refuse(messages):
+        calls.append(messages)
         raise ValueError("update_weights needs the model's full state_dict(): unknown ['x']")
 
+    weights = PolicyWeights(lambda: model, device="cpu")
+    nccl = transport("nccl")
     client._all = refuse  # type: ignore[method-assign]
     with pytest.raises(ValueError, match="unknown"):
-        weight_sender.start_push_transfer("nccl", model, client, rank=0, device="cpu", master_address="h", master_port=1)
-    (method, (plan,)), = calls
-    assert method == "check_weight_plan" and reached == []
-    assert plan == [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in model.state_dict().items()
-                    if n != "lm_head.weight"]  # fmt: skip  (tied head sent once)
+        start_push_transfer(nccl, weights, client, rank=0, master_address="h", master_port=1)
+    (messages,) = calls
+    assert all(isinstance(m, CheckPlan) for m in messages) and len(messages) == 2 and reached == []
+    assert messages[0].plan == [(n, str(t.dtype).removeprefix("torch."), list(t.shape))
+                                for n, t in model.state_dict().items() if n != "lm_head.weight"]  # fmt: skip  (tied head sent once)
     calls.clear()
-    client._all = lambda method, per_runner=None, *args: calls.append((method, args))  # type: ignore[method-assign]
-    assert weight_sender.start_push_transfer("nccl", model, client, rank=0, device="cpu", master_address="h",
-                                         master_port=1) == "engine"  # fmt: skip
-    assert [m for m, _ in calls] == ["check_weight_plan"] and len(reached) == 1
+    client._all = calls.append  # type: ignore[method-assign]
+    assert start_push_transfer(nccl, weights, client, rank=0, master_address="h", master_port=1) == "engine"
+    assert [type(m) for messages in calls for m in messages] == [CheckPlan, CheckPlan] and len(reached) == 1
     calls.clear()
-    weight_sender.start_push_transfer("nccl", model, client, rank=1, device="cpu", master_address="h", master_port=1)
+    start_push_transfer(nccl, weights, client, rank=1, master_address="h", master_port=1)
     assert calls == []  # only the sender talks to the runners
 
 
@@ -242,14 +262,14 @@ def test_the_client_leases_aborts_and_releases_every_runner() -> None:
 
     client = EnvRunnerSyncClient(["r0", "r1"], [1, 1], version=lambda: 3, timeout_s=5.0)
     calls: list = []
-    client._all = lambda method, per_runner=None, *args: calls.append((method, args))  # type: ignore[method-assign]
+    client._all = calls.append  # type: ignore[method-assign]
     client.start_weight_update()
-    assert calls[-1] == ("begin_weight_transfer", (LEASE_FACTOR * 5.0,))
+    assert calls[-1] == [BeginTransfer(LEASE_FACTOR * 5.0)] * 2
     client.abort("a broadcast hung")
     client.shutdown()
-    assert calls[-2:] == [("abort_weight_transfer", ("a broadcast hung",)), ("end_weight_push", ())]
+    assert calls[-2:] == [[AbortTransfer("a broadcast hung")] * 2, [ReleaseTransfer()] * 2]
 
-    def fail(method, per_runner=None, *args):
+    def fail(messages):
         raise RuntimeError("runner died")
 
     client._all = fail  # type: ignore[method-assign]
