@@ -144,15 +144,15 @@ def test_an_env_config_key_that_agrees_with_the_setting_is_accepted() -> None:
     ("fields", "match"),
     [
         ({"agent_max_calls": 4, "env_config": {"tasks": TASKS, "agent": one_call, "max_calls": 2}},
-         r"agent_max_calls: expected one value, got agent_max_calls = 4 and env_config\['max_calls'\] = 2 .*Fix: "
-         r"keep \.env_runners\(agent_max_calls=\.\.\.\) and remove 'max_calls'"),
+         (r"agent_max_calls: expected one value, got agent_max_calls = 4 and env_config\['max_calls'\] = 2 .*Fix: "
+         r"keep \.env_runners\(agent_max_calls=\.\.\.\) and remove 'max_calls'")),
         ({"env_config": {"tasks": TASKS, "agent": one_call, "wall_time_s": 60},
           "evaluation_env_config": {"wall_time_s": 120}},
-         r"agent_wall_time_s: expected one value for training and evaluation .*got env_config\['wall_time_s'\] = 60 "
-         r"and evaluation_env_config\['wall_time_s'\] = 120"),
+         (r"agent_wall_time_s: expected one value for training and evaluation .*got env_config\['wall_time_s'\] = 60 "
+         r"and evaluation_env_config\['wall_time_s'\] = 120")),
         ({"evaluation_splits": {"held_out": {"max_calls": 3}}},
-         r"agent_max_calls: expected one value for training and evaluation .*got agent_max_calls = 16 and "
-         r"evaluation_splits\['held_out'\]\['max_calls'\] = 3"),
+         (r"agent_max_calls: expected one value for training and evaluation .*got agent_max_calls = 16 and "
+         r"evaluation_splits\['held_out'\]\['max_calls'\] = 3")),
         ({"env_config": {"tasks": TASKS, "agent": one_call, "port": 70000}}, r"agent_port"),
         ({"agent_model_name": ""}, r"agent_model_name: expected a non-empty str"),
         ({"agent_max_calls": 0}, r"agent_max_calls"),
