@@ -101,23 +101,25 @@ async def in_thread(
 
 @dataclass(frozen=True)
 class RolloutLimits:
-    """The runner's limits of one episode, read once from its spec (`EnvRunnerSpec`); each is enforced in one
-    place: the context budget and turn limits by the conversation or the endpoint, the env calls' time by
-    `in_thread`, the agent's calls and tokens by its endpoint session, its wall time by `AgentRollout`."""
+    """The runner's limits of one episode, read from its spec (`EnvRunnerSpec`, which holds their defaults).
+
+    Each is enforced in one place: the context budget and turn limits by the conversation or the endpoint,
+    the env calls' time by `in_thread`, the agent's calls and tokens by its endpoint session, its wall time
+    by `AgentRollout`."""
 
     max_episode_tokens: int
     """Context budget of an episode (the spec's, capped by the engine's ``max_model_len``)."""
-    max_turns: int | None = None
+    max_turns: int | None
     """Model turns of a stepped episode on top of the env's own limit (None: none)."""
-    max_observation_tokens: int | None = None
+    max_observation_tokens: int | None
     """Longest env message (or agent message added to a segment) in tokens, cut past it (None: no limit)."""
-    env_timeout_s: float | None = DEFAULT_ENV_TIMEOUT_S
+    env_timeout_s: float | None
     """Time limit of one env call (reset, step, an agent env's reward_fn); None: none."""
-    max_calls: int = 16
+    max_calls: int
     """An agent's model calls per episode (the endpoint refuses more)."""
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None
     """An agent's completion tokens per episode (None: each call's ``max_tokens`` only)."""
-    wall_time_s: float = 600.0
+    wall_time_s: float
     """An agent's wall time per episode (past it the agent is cancelled and the episode dropped)."""
 
 

@@ -1,8 +1,15 @@
-"""The CPU agent job: an agent written on the official `openai` client, trained with FlashREINFORCE on 2 CPU cores.
+"""The CPU tool job as an agent written on the official `openai` client (`flashrl/Agent-v0`), on 2 CPU cores.
 
-    python tuned_examples/smollm2_tool_agent_cpu.py                      # the whole run
-    python tuned_examples/smollm2_tool_agent_cpu.py --agent summarising  # the agent that rewrites its context
-    python tuned_examples/smollm2_tool_agent_cpu.py --dry-run            # the plan, nothing started
+The tuned example of this task is `tuned_examples/smollm2_python_tool_cpu.py` (the env form: the README's
+agentic job, the paired comparison's tool task). This is the same job in the agent form, the job that
+`benchmarks/agentic_learning.py --job agent` (and `--job agent_summarising`) and
+`benchmarks/agent_prompt_probe.py` measure (docs/agents.md, "The laptop demonstration"); until the two
+forms were made one tool job it was `tuned_examples/smollm2_tool_agent_cpu.py`, the name its recorded
+reports keep. It runs on its own too:
+
+    python benchmarks/agent_tool_job.py                      # the whole run
+    python benchmarks/agent_tool_job.py --agent summarising  # the agent that rewrites its context
+    python benchmarks/agent_tool_job.py --dry-run            # the plan, nothing started
 
 The task is the CPU tool job's (`smollm2_python_tool_cpu.py`: "What is a * b?", a and b in 11..99, the same
 2048 training and 64 held-out products, the same sandbox, the same verifier), but the episode is not a
@@ -42,8 +49,9 @@ from flashrl.envs.python_tool import (
 from flashrl.envs.sandbox import Sandbox
 from flashrl.recipes import CPU_PINS, NodePlan, Preset, run_preset
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # when loaded by path (benchmarks/)
-from smollm2_python_tool_cpu import TEMPERATURE, products  # the tool job's tasks, not a copy
+# the tool job's tasks, not a copy (tuned examples are scripts, not a package)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuned_examples"))
+from smollm2_python_tool_cpu import TEMPERATURE, products
 
 SYSTEM_PROMPT = (
     "You can call a python tool that runs code and returns what it printed (use print). When you know the "
@@ -70,7 +78,7 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": PYTHON_TOOL_PARAMETERS, "required": ["code"]},
 }}]
 MODEL = "policy"
-"""The model name the endpoint serves (`flashrl/Agent-v0`'s `model_name`)."""
+"""The model name the endpoint serves (the runner's `agent_model_name`)."""
 _sandbox = None
 
 
@@ -152,13 +160,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 WALL_TIME_S = 600.0
-"""An episode's wall time (Agent-v0's default). On 2 cores an episode waits behind the others in flight and
+"""An episode's wall time (the default of the runner's `agent_wall_time_s`). On 2 cores an episode waits behind the others in flight and
 the learner's update; at 120 s, 124 of the 468 episodes the first seed started were dropped
 (`benchmarks/results/agent_learning_wall120.json`; that run did not record why, docs/agents.md)."""
 
 
 def agent_env_config(agent, rows: list[dict]) -> dict:
-    return {"tasks": rows, "agent": agent, "model_name": MODEL, "max_calls": 2, "wall_time_s": WALL_TIME_S}
+    return {"tasks": rows, "agent": agent}
 
 
 def make_config(args) -> FlashReinforceConfig:
@@ -175,6 +183,10 @@ def make_config(args) -> FlashReinforceConfig:
             temperature=TEMPERATURE,
             max_new_tokens=128,
             max_episode_tokens=768,  # the tool job's 640 + the two worked examples (about 130 tokens)
+            # the endpoint's settings (recorded runs gave them in env_config: the same values, docs/agents.md)
+            agent_model_name=MODEL,
+            agent_max_calls=2,
+            agent_wall_time_s=WALL_TIME_S,
         )
         .learners(num_learners=0, max_tokens_per_micro_batch=2048)
         .training(model="smollm2-135m-instruct", dtype="bfloat16", lr=3e-6, train_batch_size=16, delta=0.05,
