@@ -34,6 +34,7 @@ Writes under --output: TensorBoard logs, progress.jsonl, curves.png, checkpoints
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -47,10 +48,11 @@ from flashrl.envs.python_tool import (
     format_observation,
 )
 from flashrl.envs.sandbox import Sandbox
-from flashrl.recipes import CPU_PINS, NodePlan, Preset, run_preset
+from flashrl.recipes import run_preset
 
 # the tool job's tasks, not a copy (tuned examples are scripts, not a package)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuned_examples"))
+from smollm2_python_tool_cpu import PRESET as TOOL_PRESET
 from smollm2_python_tool_cpu import TEMPERATURE, products
 
 SYSTEM_PROMPT = (
@@ -137,16 +139,10 @@ async def summarising(client, task):
 
 AGENTS = {"multiply": multiply, "summarising": summarising}
 
-PRESET = Preset(
+PRESET = dataclasses.replace(
+    TOOL_PRESET,  # the tool job's success bar, budget, machine and pins
     name="smollm2_tool_agent_cpu",
     description="SmolLM2-135M-Instruct as an openai-client agent with a Python tool (native tool calls), vLLM CPU build",
-    success_metric="evaluation/episode_return_mean",
-    success_threshold=0.35,
-    stop_iters=40,
-    node_plan=NodePlan(num_nodes=1, gpus_per_node=0, cpus_per_node=os.cpu_count() or 2, host_memory_gib=24),
-    pins=CPU_PINS,
-    needs_gpu=False,
-    needs_sandbox=True,
     sources={
         "tasks, temperature 0.7, success 0.35, batch 16, lr 3e-6, delta 0.05, bf16, 2048-token passes": "the CPU "
         "tool job's values (tuned_examples/smollm2_python_tool_cpu.py, which cites their measurements)",

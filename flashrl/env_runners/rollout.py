@@ -1,5 +1,8 @@
 """The ``"gym"`` rollout: env.reset -> engine.generate -> env.step ... -> a token-exact `Episode`.
 
+`GymRollout` is how an EnvRunner plays a stepped env (`flashrl.env_runners.rollout_protocol`); `play_episode`
+is the episode itself.
+
 The conversation is kept token-exact by `flashrl.conversation.TokenizedConversation`: the model's
 sampled ids (with the log-probs and the policy version the engine recorded) are appended as sampled,
 environment turns are tokenised as chat-template deltas. Environment calls run in a thread pool, so
