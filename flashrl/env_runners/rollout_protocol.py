@@ -23,12 +23,15 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium as gym
 
 from flashrl.episode import Episode
 from flashrl.seeds import stream_seed
+
+if TYPE_CHECKING:  # the engines import torch: not at import time of the specs that read this module
+    from flashrl.engines.types import Engine
 
 __all__ = [
     "DEFAULT_ENV_TIMEOUT_S",
@@ -129,8 +132,8 @@ class RolloutContext:
 
     env: gym.Env
     """The env instance (wrapped; ``env.unwrapped`` is the env's class)."""
-    engine: Any
-    """The runner's `flashrl.engines.Engine` (the policy)."""
+    engine: Engine
+    """The runner's engine (the policy)."""
     run_seed: int
     """The run's seed (`EnvRunnerSpec.seed`)."""
     stream: int
