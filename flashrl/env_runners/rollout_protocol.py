@@ -192,11 +192,12 @@ class Rollout(abc.ABC):
         """Release what the rollout started (the runner stops); nothing by default."""
 
 
-def declared_kind(env_class: type) -> str:
-    """The rollout kind an env class declares: its ``rollout_kind`` (a str), else ``"agent"`` when it has the
-    agent env's methods (`flashrl.env_runners.agent_rollout.AgentPlayable`), else ``"gym"`` (stepped)."""
+def declared_kind(env_class: type) -> str | type[Rollout]:
+    """The rollout kind an env class declares: its ``rollout_kind`` (a registered name, or a `Rollout` subclass,
+    which then travels with the env class to the runners), else ``"agent"`` when it has the agent env's
+    methods (`flashrl.env_runners.agent_rollout.AgentPlayable`), else ``"gym"`` (stepped)."""
     kind = getattr(env_class, "rollout_kind", None)
-    if isinstance(kind, str):
+    if isinstance(kind, str) or (isinstance(kind, type) and issubclass(kind, Rollout)):
         return kind
     if all(inspect.isfunction(getattr(env_class, name, None)) for name in AGENT_METHODS):
         return "agent"

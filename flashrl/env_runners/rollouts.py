@@ -1,9 +1,11 @@
 """The rollout kinds an EnvRunner knows, by name: the registry of `Rollout` classes.
 
 A new kind is one new module with a `Rollout` subclass, plus one line here (a built-in kind) or
-``@register_rollout("name")`` on the class (a user's kind, registered when its module is imported);
-an env class selects it with ``rollout_kind = "name"`` (`declared_kind`). The runner looks its kind up
-once, when it makes its first env (``EnvRunner._rollout_for``).
+``@register_rollout("name")`` on the class (a user's kind, registered when its module is imported); an
+env class selects it with ``rollout_kind = "name"`` (`declared_kind`). A user's env may also name the
+class itself, ``rollout_kind = MyRollout``: it then reaches the runner actors with the env class (by
+value), where a registration made in the driver's script does not. The runner looks its kind up once,
+when it makes its first env.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ def register_rollout(name: str) -> Callable[[type[Rollout]], type[Rollout]]:
     return register
 
 
-def rollout_class(kind: str, env_id: object = None) -> type[Rollout]:
+def rollout_class(kind: str | type[Rollout], env_id: object = None) -> type[Rollout]:
     """The class of the rollout kind ``kind`` (an env's declared kind, played for ``env_id``)."""
+    if isinstance(kind, type):
+        return kind
     try:
         return ROLLOUTS[kind]
     except KeyError:

@@ -56,6 +56,10 @@ class ReplayEnv(ParityEnv):
     rollout_kind = "replay-test"
 
 
+class OwnRolloutEnv(ParityEnv):
+    rollout_kind = ReplayRollout  # the class itself: it travels with the env class
+
+
 class DuckAgentEnv(ParityEnv):
     """An env with the agent env's methods and no declared kind: played as an agent env."""
 
@@ -81,6 +85,7 @@ def test_a_new_kind_is_one_class_and_one_registration() -> None:
     try:
         assert register_rollout("replay-test")(ReplayRollout) is ReplayRollout
         assert rollout_class(declared_kind(ReplayEnv)) is ReplayRollout
+        assert rollout_class(declared_kind(OwnRolloutEnv)) is ReplayRollout  # no registration needed
         register_rollout("replay-test")(ReplayRollout)  # the same class again: no change
         with pytest.raises(ValueError, match="the kind is already ReplayRollout"):
             register_rollout("replay-test")(GymRollout)
