@@ -53,7 +53,8 @@ from flashrl.recipes import run_preset
 # the tool job's tasks, not a copy (tuned examples are scripts, not a package)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuned_examples"))
 from smollm2_python_tool_cpu import PRESET as TOOL_PRESET
-from smollm2_python_tool_cpu import TEMPERATURE, products
+from smollm2_python_tool_cpu import TEMPERATURE, products  # noqa: F401 - TEMPERATURE: the probe samples at it
+from smollm2_python_tool_cpu import make_config as tool_job_config
 
 SYSTEM_PROMPT = (
     "You can call a python tool that runs code and returns what it printed (use print). When you know the "
@@ -166,34 +167,20 @@ def agent_env_config(agent, rows: list[dict]) -> dict:
 
 
 def make_config(args) -> FlashReinforceConfig:
+    """The tool job's config (its runners, learner, training and evaluation), with this agent env instead."""
     train, held_out = products()
     agent = AGENTS[getattr(args, "agent", "multiply")]
     return (
-        FlashReinforceConfig()
+        tool_job_config(args)
         .environment("flashrl/Agent-v0", env_config=agent_env_config(agent, train))
         .env_runners(
-            num_env_runners=1,
-            num_cpus_per_env_runner=1,
-            engine="vllm",
-            episodes_in_flight_per_env_runner=16,
-            temperature=TEMPERATURE,
-            max_new_tokens=128,
             max_episode_tokens=768,  # the tool job's 640 + the two worked examples (about 130 tokens)
             # the endpoint's settings (recorded runs gave them in env_config: the same values, docs/agents.md)
             agent_model_name=MODEL,
             agent_max_calls=2,
             agent_wall_time_s=WALL_TIME_S,
         )
-        .learners(num_learners=0, max_tokens_per_micro_batch=2048)
-        .training(model="smollm2-135m-instruct", dtype="bfloat16", lr=3e-6, train_batch_size=16, delta=0.05,
-                  grad_clip=1.0)
-        .evaluation(
-            evaluation_interval=10,
-            evaluation_num_episodes=64,
-            evaluation_temperature=TEMPERATURE,
-            evaluation_env_config=agent_env_config(agent, held_out),
-        )
-        .debugging(seed=0)
+        .evaluation(evaluation_env_config=agent_env_config(agent, held_out))
     )
 
 
