@@ -3,7 +3,7 @@
 SmolLM2-135M-Instruct has no tool-call format of its own: its chat template ignores `tools`, so the
 endpoint writes the Hermes tool description into the system message (`flashrl.tool_calls`). Whether
 the model then answers with `<tool_call>` blocks depends on what the agent's messages show it. Four
-first calls of `tuned_examples/smollm2_tool_agent_cpu.py`'s agent, rendered exactly as the endpoint
+first calls of `benchmarks/agent_tool_job.py`'s agent, rendered exactly as the endpoint
 renders them (`flashrl.agents.recorder.CallRecorder`, the agent's `TOOLS`):
 
 * `system_one_shot`: the agent's first prompt (as the demo first shipped): the tool job's one-shot
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.output = str(folder / "agent_prompt_probe.json")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    job = load_script("tuned_examples/smollm2_tool_agent_cpu.py", "flashrl_bench_agent_job")
+    job = load_script("benchmarks/agent_tool_job.py", "flashrl_bench_agent_job")
     _, held_out = job.products()
     with tempfile.TemporaryDirectory(prefix="flashrl_probe_") as folder:  # holds the tiny model, if asked for
         path = benchmark_model(args.model, folder)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
                     row["examples"].append(text[:160])
     for row in rows.values():
         row["tool_call_fraction"] = row["tool_calls"] / row["samples"]
-    report = {"benchmark": "agent_prompt_probe", "job": "tuned_examples/smollm2_tool_agent_cpu.py",
+    report = {"benchmark": "agent_prompt_probe", "job": "benchmarks/agent_tool_job.py",
               "model": args.model, "quick": args.quick, "temperature": job.TEMPERATURE, "max_new_tokens": args.max_new_tokens,
               "questions": args.questions, "samples_per_question": args.samples_per_question,
               "shipped": "examples_2", "prompts": rows, "seconds": time.perf_counter() - start,

@@ -46,7 +46,7 @@ from _training import run_updates
 
 NAME = "agentic_learning"
 TOOL_JOB = Path("tuned_examples") / "smollm2_python_tool_cpu.py"
-AGENT_JOB = Path("tuned_examples") / "smollm2_tool_agent_cpu.py"
+AGENT_JOB = Path("benchmarks") / "agent_tool_job.py"
 JOBS = {
     "tool": (TOOL_JOB, None, NAME),
     "agent": (AGENT_JOB, "multiply", "agent_learning"),

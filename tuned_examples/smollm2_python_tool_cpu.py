@@ -30,6 +30,10 @@ after 15 updates (20 minutes) -> 0.36 after 20, seed 2 0.05 -> 0.31 (20 minutes)
 per token by update 19, against delta 0.05; 5 of 320 trajectories rejected in seed 2). The float32
 learner's record, seed 0: 0.08 -> 0.42 after 20 updates -> 0.72 after 40.
 
+The same job written as an agent program on the `openai` client (`flashrl/Agent-v0`, native tool calls)
+is `benchmarks/agent_tool_job.py` (docs/agents.md, "The laptop demonstration"): one tool job, this
+tuned example, in two forms.
+
 Writes under --output: TensorBoard logs, progress.jsonl, curves.png, checkpoints/ (every 10 updates or
 10 minutes, the newest 2: what --resume continues from), checkpoint_final/, result.json.
 """

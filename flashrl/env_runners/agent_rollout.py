@@ -1,10 +1,13 @@
-"""Play one agent episode: env.reset -> an endpoint session -> the user's agent -> a token-exact `Episode`.
+"""The ``"agent"`` rollout: env.reset -> an endpoint session -> the user's agent -> a token-exact `Episode`.
 
 An agent env (``flashrl/Agent-v0``, any env with the `AgentPlayable` methods) is not stepped: its
 agent program makes model calls through an OpenAI-compatible endpoint (`flashrl.agents`), which
-serves them with the policy and records them token-exactly in a per-episode session. This module is
-the EnvRunner's side of it: it opens the session, runs the agent within its wall time, closes the
-session, computes the reward and builds the episode. How it ends:
+serves them with the policy and records them token-exactly in a per-episode session. `AgentRollout`
+is the EnvRunner's side of it: it keeps the runner's endpoints (one per sampling setting, started on
+first use, on the host, port and model name of the runner's spec: ``agent_host``, ``agent_port``,
+``agent_model_name``) and, each episode, opens a session with the runner's limits (``agent_max_calls``,
+``agent_max_completion_tokens``), runs the agent within ``agent_wall_time_s``, closes the session,
+computes the reward and builds the episode. How it ends:
 
 * **Returned**: the reward is the agent's own, else ``reward_fn(task, transcript)`` (in a worker
   thread, within ``env_timeout_s``); the episode is terminated. A reward that is not a real number
@@ -19,9 +22,9 @@ session, computes the reward and builds the episode. How it ends:
   endpoint's transcript, else 0). After a call the engine failed (``engine_error``) the runner fails,
   as `play_episode` does when the engine raises.
 * **Past wall_time_s**: the agent is cancelled (a command is killed) and the episode dropped
-  (``env_timeout``). flashrl's choice, not a truncated episode: the time an agent takes depends on
-  the machine's load (episodes in flight, weight updates pausing generation), not on the policy
-  alone, so a reward given for running out of it would train against the load; and an agent
+  (``env_timeout``, `AgentTimeout`). flashrl's choice, not a truncated episode: the time an agent takes
+  depends on the machine's load (episodes in flight, weight updates pausing generation), not on the
+  policy alone, so a reward given for running out of it would train against the load; and an agent
   stopped mid-way gives no reward of its own.
 """
 
@@ -30,20 +33,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
-import gymnasium as gym
-
 from flashrl.env_runners.env_errors import error_signature
-from flashrl.env_runners.rollout import (
-    DEFAULT_ENV_TIMEOUT_S,
-    REWARD_ERROR,
+from flashrl.env_runners.rollout import REWARD_ERROR, reward_value
+from flashrl.env_runners.rollout_protocol import (
     EnvError,
     EnvTimeout,
-    _in_thread,
-    reward_value,
+    Rollout,
+    RolloutContext,
+    in_thread,
 )
 from flashrl.episode import Episode
 
@@ -59,25 +60,23 @@ ENGINE_ERROR_CODE = "engine_error"
 
 
 class AgentTimeout(EnvTimeout):
-    """The agent ran past its env's ``wall_time_s``; it was cancelled (a command killed), the episode dropped.
+    """The agent ran past the runner's ``agent_wall_time_s``; it was cancelled (a command killed), the episode
+    dropped (``env_timeout``).
 
     Unlike a hung env call, nothing is left running in a thread: the env may be reused.
     """
 
+    env_reusable = True
+
 
 @runtime_checkable
 class AgentPlayable(Protocol):
-    """What the runner needs of an agent env (``flashrl.envs.agent_env.AgentEnv`` has it)."""
+    """What the runner needs of an agent env (``flashrl.envs.agent_env.AgentEnv`` has it): its tasks, its
+    agent and its reward. The endpoint and the limits are the runner's (`AgentRollout`)."""
 
-    max_calls: int
-    max_completion_tokens: int | None
-    wall_time_s: float
-    host: str
-    port: int
-    model_name: str
     reward_fn: Callable[..., Any] | None
 
-    async def run_agent(self, base_url: str, api_key: str) -> Any: ...
+    async def run_agent(self, base_url: str, api_key: str, *, model_name: str, wall_time_s: float) -> Any: ...
 
     def grade(self, transcript: list[Any]) -> Any: ...
 
@@ -102,33 +101,59 @@ def widen_default_pool(loop: asyncio.AbstractEventLoop, episodes_in_flight: int)
     )
 
 
-def is_agent_env(env: gym.Env) -> bool:
-    """Whether the runner plays ``env`` with `play_agent_episode` (its unwrapped env is `AgentPlayable`)."""
-    return isinstance(env.unwrapped, AgentPlayable)
+class AgentRollout(Rollout):
+    """The ``"agent"`` rollout kind: the env's agent run against the runner's endpoint; see the module docstring."""
+
+    def __init__(self, spec: Any, runner_index: int = 0) -> None:
+        super().__init__(spec, runner_index)
+        self.servers: dict[tuple[Any, ...], Any] = {}
+        """The endpoints (`flashrl.agents.AgentServer`), started on first use: one per sampling setting
+        (training, evaluation)."""
+        self._servers_lock = asyncio.Lock()
+        self._widened_loop: asyncio.AbstractEventLoop | None = None
+        """The event loop whose default thread pool this rollout sized for its agent episodes."""
+
+    async def play(self, ctx: RolloutContext) -> Episode | None:
+        return await play_agent_episode(ctx, await self._server(ctx), model_name=self.spec.agent_model_name)
+
+    async def close(self) -> None:
+        servers = list(self.servers.values())
+        self.servers.clear()
+        for server in servers:
+            await server.stop()
+
+    async def _server(self, ctx: RolloutContext) -> Any:
+        """The started endpoint for ``ctx.sampling`` (started in this event loop on first use)."""
+        from flashrl.agents import AgentServer
+
+        key = tuple(sorted(ctx.sampling.items()))
+        loop = asyncio.get_running_loop()
+        if self._widened_loop is not loop:  # before any agent of this loop runs (see widen_default_pool)
+            widen_default_pool(loop, self.spec.episodes_in_flight_per_env_runner)
+            self._widened_loop = loop
+        async with self._servers_lock:
+            if key not in self.servers:
+                spec = self.spec
+                server = AgentServer(
+                    ctx.engine, sampling=dict(ctx.sampling), max_episode_tokens=ctx.limits.max_episode_tokens,
+                    model_name=spec.agent_model_name, host=spec.agent_host, port=spec.agent_port,
+                    max_observation_tokens=ctx.limits.max_observation_tokens,
+                )
+                await server.start()
+                self.servers[key] = server
+                logger.info("EnvRunner %d: agent endpoint at %s", self.runner_index, server.url)
+            return self.servers[key]
 
 
-async def play_agent_episode(
-    env: gym.Env,
-    server: Any,
-    *,
-    reset_seed: int,
-    session_seed: int,
-    executor: Executor,
-    reset_options: Mapping[str, Any] | None = None,
-    keep_reset_info: Sequence[str] = (),
-    env_timeout_s: float | None = DEFAULT_ENV_TIMEOUT_S,
-) -> Episode | None:
-    """Run ``env``'s agent once against ``server`` (a started `flashrl.agents.AgentServer`); see the module docstring.
+async def play_agent_episode(ctx: RolloutContext, server: Any, *, model_name: str) -> Episode | None:
+    """Run ``ctx.env``'s agent once against ``server`` (a started `flashrl.agents.AgentServer`); see the module docstring.
 
     Args:
-        env: an env whose unwrapped env is `AgentPlayable`.
-        server: the runner's endpoint.
-        reset_seed: seed of `env.reset` (picks the task).
-        session_seed: the session's seed (call k samples with ``stream_seed(session_seed, k)``).
-        executor: where ``env.reset`` and ``reward_fn`` run.
-        reset_options: options of `env.reset` (e.g. ``{"task_index": i}``).
-        keep_reset_info: fields of the reset info copied into the episode's info.
-        env_timeout_s: time limit of ``env.reset`` and of ``reward_fn`` (None: none).
+        ctx: the episode's context; ``ctx.env.unwrapped`` is `AgentPlayable`. Its limits: the session's
+            (``max_calls``, ``max_completion_tokens``), the agent's ``wall_time_s``, ``env_timeout_s`` of
+            ``env.reset`` and ``reward_fn``.
+        server: the runner's endpoint for ``ctx.sampling``.
+        model_name: the model name the endpoint serves (a command agent gets it in ``FLASHRL_MODEL``).
 
     Returns:
         The episode, or None when the agent made no model call (counted ``empty``).
@@ -139,19 +164,24 @@ async def play_agent_episode(
     """
     from flashrl.agents import AgentLimits
 
+    env, executor, limits = ctx.env, ctx.executor, ctx.limits
     agent: AgentPlayable = env.unwrapped  # type: ignore[assignment]
-    _, reset_info = await _in_thread(executor, env_timeout_s, env.reset, seed=reset_seed, options=reset_options)
-    limits = AgentLimits(max_calls=agent.max_calls, max_completion_tokens=agent.max_completion_tokens)
+    _, reset_info = await in_thread(
+        executor, limits.env_timeout_s, env.reset, seed=ctx.reset_seed, options=ctx.reset_options
+    )
+    session_limits = AgentLimits(max_calls=limits.max_calls, max_completion_tokens=limits.max_completion_tokens)
     prompt_id = str(reset_info["prompt_id"])
-    session = server.open_session(prompt_id=prompt_id, seed=session_seed, limits=limits)
-    info: dict[str, Any] = {key: reset_info[key] for key in keep_reset_info if key in reset_info}
-    deadline = asyncio.timeout(agent.wall_time_s)
+    session = server.open_session(prompt_id=prompt_id, seed=ctx.session_seed, limits=session_limits)
+    info: dict[str, Any] = {key: reset_info[key] for key in ctx.keep_reset_info if key in reset_info}
+    deadline = asyncio.timeout(limits.wall_time_s)
     try:
         async with deadline:
-            result = await agent.run_agent(session.base_url, session.api_key)
+            result = await agent.run_agent(
+                session.base_url, session.api_key, model_name=model_name, wall_time_s=limits.wall_time_s
+            )
         truncated = False
     except Exception as err:  # noqa: BLE001 - the agent's own failure, any type: re-raised unless a limit ended it
-        limit = _refusal_behind(err, deadline, session, agent.wall_time_s, prompt_id)
+        limit = _refusal_behind(err, deadline, session, limits.wall_time_s, prompt_id)
         info.update(agent_limit=limit, agent_error=error_signature(err))
         result, truncated = None, True
     finally:
@@ -165,7 +195,7 @@ async def play_agent_episode(
             reward = 0.0  # the agent gave no reward before it stopped, and nothing grades its transcript
         else:
             graded = session.transcript if transcript is None else transcript
-            reward = await _in_thread(executor, env_timeout_s, agent.grade, graded)
+            reward = await in_thread(executor, limits.env_timeout_s, agent.grade, graded)
     value, problem = reward_value(reward)
     if problem is not None:
         logger.warning("%s: the agent's reward was refused: %s.", type(agent).__name__, problem)

@@ -26,12 +26,13 @@ import dataclasses
 import difflib
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 
 from flashrl.env_runners.spec import EnvRunnerSpec
+from flashrl.env_runners.user_env import entry_point as _entry_point
 from flashrl.user_code import (
     UserCodeError,
     describe,
@@ -53,21 +54,6 @@ class EnvCheckError(ValueError):
 CHECK_ACTION = "0"
 """The reply `build_env_once` steps the env with: short, plain text that any env must score (a reward
 of 0 is expected), so that a reward function or a tool that raises does so before the run starts."""
-
-
-def _entry_point(env_id: str) -> Callable[..., Any] | None:
-    try:
-        spec = gym.spec(env_id)
-    except gym.error.Error:
-        return None  # an unregistered id is reported where the id is checked
-    entry = spec.entry_point
-    if isinstance(entry, str):
-        module, _, name = entry.partition(":")
-        try:
-            entry = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):
-            return None  # an entry point that does not load fails in build_env_once with its own error
-    return entry
 
 
 def env_config_problems(env_id: str, env_config: Mapping[str, Any], *, name: str = "env_config") -> list[str]:

@@ -14,9 +14,11 @@ thread pool within ``env_timeout_s``, never on the event loop; the same env erro
 `ENV_ERROR_LIMIT` episodes in a row stops the run with its traceback (`flashrl.env_runners.env_errors`). An engine failure is fatal: the next `poll` raises it and the
 `EnvRunnerGroup` restarts the actor.
 
-An agent env (``flashrl/Agent-v0``) is not stepped: its agent program calls the policy through the
-runner's OpenAI-compatible endpoint (`flashrl.agents`, one per sampling setting, started on first use and
-stopped by `stop`), which records its calls into the episode (`flashrl.env_runners.agent_rollout`).
+Every episode is played by the runner's one `Rollout` (`flashrl.env_runners.rollout_protocol`), chosen
+when the runner makes its first env from the kind the env declares: a stepped env is played with the
+engine (``"gym"``, `flashrl.env_runners.rollout`); an agent env (``flashrl/Agent-v0``) runs its agent
+program against the runner's OpenAI-compatible endpoint (``"agent"``, `flashrl.env_runners.agent_rollout`;
+one endpoint per sampling setting, started on first use and stopped by `stop`).
 
 The user's callbacks (`flashrl.callbacks`) fire here: `on_episode_end` for each episode that will be
 delivered, `on_sample_end` for each hand-out (a poll with episodes, a `sample()` call); what they
@@ -39,13 +41,6 @@ from typing import Any
 import gymnasium as gym
 
 from flashrl.callbacks import MetricsLogger, make_callbacks
-from flashrl.env_runners.agent_rollout import (
-    AgentPlayable,
-    AgentTimeout,
-    is_agent_env,
-    play_agent_episode,
-    widen_default_pool,
-)
 from flashrl.env_runners.data_passes import DataPasses
 from flashrl.env_runners.env_errors import (
     EnvBoundary,
@@ -55,15 +50,18 @@ from flashrl.env_runners.env_errors import (
     user_traceback,
 )
 from flashrl.env_runners.evaluation import split_env_config
-from flashrl.env_runners.rollout import (
+from flashrl.env_runners.rollout import evaluation_reset_options, finite_task_count, skip_reason
+from flashrl.env_runners.rollout_protocol import (
     EnvError,
     EnvTimeout,
-    _in_thread,
-    evaluation_reset_options,
-    finite_task_count,
-    play_episode,
-    skip_reason,
+    Rollout,
+    RolloutContext,
+    RolloutLimits,
+    declared_kind,
+    failure_kind,
+    in_thread,
 )
+from flashrl.env_runners.rollouts import rollout_class
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import EVAL_STREAM, TRAIN_STREAM, RunnerReport
 from flashrl.episode import Episode
@@ -137,12 +135,9 @@ class EnvRunner:
         self._passes_read = False
         self.callbacks = make_callbacks(spec.callbacks_class)
         """This actor's instance of the user's callbacks (`flashrl.callbacks`)."""
-        self._agent_servers: dict[tuple[Any, ...], Any] = {}
-        """The endpoint (`flashrl.agents.AgentServer`) agent envs are played against, started on first use;
-        one per sampling setting (training, evaluation) and endpoint address."""
-        self._agent_servers_lock = asyncio.Lock()
-        self._widened_loop: asyncio.AbstractEventLoop | None = None
-        """The event loop whose default thread pool this runner sized for its agent episodes."""
+        self._rollout: Rollout | None = None
+        """How this runner plays every episode (`flashrl.env_runners.rollouts`), chosen once, when it makes
+        its first env, from the kind the env declares (`declared_kind`)."""
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -225,10 +220,8 @@ class EnvRunner:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        servers = list(self._agent_servers.values())
-        self._agent_servers.clear()
-        for server in servers:
-            await server.stop()
+        if self._rollout is not None:
+            await self._rollout.close()  # an agent rollout's endpoints
         if self._engine is not None:
             self._engine.close()
             self._engine = None
@@ -437,7 +430,21 @@ class EnvRunner:
             env_config = split_env_config(self.spec, split)
         else:
             env_config = dict(self.spec.env_config)
-        return EnvBoundary(gym.make(self._env_spec if self._env_spec is not None else self.spec.env, **env_config))
+        env = EnvBoundary(gym.make(self._env_spec if self._env_spec is not None else self.spec.env, **env_config))
+        if self._rollout is None:
+            kind = declared_kind(type(env.unwrapped))
+            self._rollout = rollout_class(kind, self.spec.env)(self.spec, self.runner_index)
+        return env
+
+    def _limits(self) -> RolloutLimits:
+        """The runner's limits of an episode (the context budget as the engine allows it, `setup`)."""
+        spec = self.spec
+        return RolloutLimits(
+            max_episode_tokens=self._context, max_turns=spec.max_turns,
+            max_observation_tokens=spec.max_observation_tokens, env_timeout_s=spec.env_timeout_s,
+            max_calls=spec.agent_max_calls, max_completion_tokens=spec.agent_max_completion_tokens,
+            wall_time_s=float(spec.agent_wall_time_s),
+        )
 
     def _new_executor(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(
@@ -449,7 +456,7 @@ class EnvRunner:
         """``env.close()`` in a worker thread with the env time limit: a close that hangs or raises must not
         block the event loop (every episode and poll of this runner runs on it) nor stop the runner."""
         try:
-            await _in_thread(self._executor, self.spec.env_timeout_s, env.close)
+            await in_thread(self._executor, self.spec.env_timeout_s, env.close)
         except EnvTimeout as err:
             logger.warning("EnvRunner %d: env.close() abandoned: %s", self.runner_index, err)
             self._executor = self._new_executor()  # the hung close keeps its thread (see _play)
@@ -486,43 +493,21 @@ class EnvRunner:
         elif self._training_passes(env) is not None:  # the training set's passes: the task by reset options
             data = {"data_pass": self._passes.position(index)[0], "task_index": self._passes.task_index(index)}
             reset_options = evaluation_reset_options(env, data["task_index"])
+        assert self._rollout is not None  # chosen when the first env was made
+        ctx = RolloutContext(
+            env=env, engine=self._engine, run_seed=self.spec.seed, stream=stream, index=index, replica=replica,
+            sampling=sampling, limits=self._limits(), executor=self._executor, reset_options=reset_options,
+            keep_reset_info=(datasource,) if stream == EVAL_STREAM and datasource else (),
+        )
         start = time.perf_counter()
         try:
-            episode = await self._run(
-                env, stream, index, replica, sampling, reset_options,
-                keep_reset_info=(datasource,) if stream == EVAL_STREAM and datasource else (),
-            )
-        except AgentTimeout as err:  # the agent was cancelled: nothing of it runs on, the env is reusable
-            logger.warning("EnvRunner %d: episode %d dropped: %s", self.runner_index, index, err)
-            pool.append(env)
-            return _Outcome(None, "env_timeout")
-        except EnvTimeout as err:
-            logger.warning("EnvRunner %d: episode %d dropped: %s", self.runner_index, index, err)
-            # The hung call still holds the env and one worker thread; neither close() (it could hang
-            # too) nor reuse is safe. New episodes get a fresh executor, so they do not queue behind the
-            # hung thread; the old one is not shut down (episodes in flight still submit to it) and
-            # lets its idle threads go once the last of them drops it.
-            self._executor = self._new_executor()
-            return _Outcome(None, "env_timeout")
-        except EnvError as err:
-            cause = err.__cause__ if err.__cause__ is not None else err
-            record = EnvErrorRecord(
-                env_id=str(self.spec.env), episode_index=index, prompt_id=getattr(env, "prompt_id", None),
-                signature=error_signature(cause), traceback=user_traceback(cause),
-            )
-            await self._close_env(env)  # a broken env is not reused
-            streak = self._env_errors.error(record)
-            if streak is not None:
-                raise streak from cause  # deterministic: the run stops (EnvRunnerGroup does not restart it)
-            return _Outcome(None, "env_error")
-        except ValueError as err:
-            from flashrl.engines import RequestError
-
-            if not isinstance(err, RequestError):
+            episode = await self._rollout.play(ctx)
+        except Exception as err:
+            kind = failure_kind(err)
+            if kind is None:
                 raise
-            logger.warning("EnvRunner %d: request rejected in episode %d: %s", self.runner_index, index, err)
-            pool.append(env)
-            return _Outcome(None, "request_error")
+            await self._dispose_failed(err, env, pool, index)
+            return _Outcome(None, kind)
         pool.append(env)
         self._env_errors.success()
         if episode is None:  # an agent that never called the model
@@ -551,63 +536,31 @@ class EnvRunner:
         )
         return _Outcome(episode, None, tokens, turns)
 
-    async def _run(
-        self,
-        env: gym.Env,
-        stream: int,
-        index: int,
-        replica: int,
-        sampling: dict[str, Any],
-        reset_options: dict[str, Any] | None,
-        keep_reset_info: tuple[str, ...],
-    ) -> Episode | None:
-        """One episode of ``env``: stepped with the engine, or, an agent env, its agent run against the endpoint."""
-        if is_agent_env(env):
-            return await play_agent_episode(
-                env,
-                await self._agent_server(env.unwrapped, sampling),
-                reset_seed=stream_seed(self.spec.seed, stream, index),
-                session_seed=stream_seed(self.spec.seed, stream, index, replica),
-                executor=self._executor,
-                reset_options=reset_options,
-                keep_reset_info=keep_reset_info,
-                env_timeout_s=self.spec.env_timeout_s,
+    async def _dispose_failed(self, err: Exception, env: gym.Env, pool: list[gym.Env], index: int) -> None:
+        """What becomes of the env (and the executor) after an episode failed with ``err`` (`failure_kind`)."""
+        if isinstance(err, EnvTimeout):
+            logger.warning("EnvRunner %d: episode %d dropped: %s", self.runner_index, index, err)
+            if err.env_reusable:  # an agent cancelled: nothing of it runs on
+                pool.append(env)
+                return
+            # The hung call still holds the env and one worker thread; neither close() (it could hang
+            # too) nor reuse is safe. New episodes get a fresh executor, so they do not queue behind the
+            # hung thread; the old one is not shut down (episodes in flight still submit to it) and
+            # lets its idle threads go once the last of them drops it.
+            self._executor = self._new_executor()
+        elif isinstance(err, EnvError):
+            cause = err.__cause__ if err.__cause__ is not None else err
+            record = EnvErrorRecord(
+                env_id=str(self.spec.env), episode_index=index, prompt_id=getattr(env, "prompt_id", None),
+                signature=error_signature(cause), traceback=user_traceback(cause),
             )
-        return await play_episode(
-            env,
-            self._engine,
-            reset_seed=stream_seed(self.spec.seed, stream, index),
-            sampling_seed=lambda turn: stream_seed(self.spec.seed, stream, index, replica, turn),
-            sampling=sampling,
-            max_episode_tokens=self._context,
-            executor=self._executor,
-            reset_options=reset_options,
-            keep_reset_info=keep_reset_info,
-            env_timeout_s=self.spec.env_timeout_s,
-            max_turns=self.spec.max_turns,
-            max_observation_tokens=self.spec.max_observation_tokens,
-        )
-
-    async def _agent_server(self, env: AgentPlayable, sampling: dict[str, Any]) -> Any:
-        """The started endpoint for ``env`` under ``sampling`` (started in this event loop on first use)."""
-        from flashrl.agents import AgentServer
-
-        key = (tuple(sorted(sampling.items())), env.host, env.port, env.model_name)
-        loop = asyncio.get_running_loop()
-        if self._widened_loop is not loop:  # before any agent of this loop runs (see widen_default_pool)
-            widen_default_pool(loop, self.spec.episodes_in_flight_per_env_runner)
-            self._widened_loop = loop
-        async with self._agent_servers_lock:
-            if key not in self._agent_servers:
-                server = AgentServer(
-                    self._engine, sampling=dict(sampling), max_episode_tokens=self._context,
-                    model_name=env.model_name, host=env.host, port=env.port,
-                    max_observation_tokens=self.spec.max_observation_tokens,
-                )
-                await server.start()
-                self._agent_servers[key] = server
-                logger.info("EnvRunner %d: agent endpoint at %s", self.runner_index, server.url)
-            return self._agent_servers[key]
+            await self._close_env(env)  # a broken env is not reused
+            streak = self._env_errors.error(record)
+            if streak is not None:
+                raise streak from cause  # deterministic: the run stops (EnvRunnerGroup does not restart it)
+        else:  # the engine rejected a request: the env is fine
+            logger.warning("EnvRunner %d: request rejected in episode %d: %s", self.runner_index, index, err)
+            pool.append(env)
 
 
 @dataclass

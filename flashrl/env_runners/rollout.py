@@ -1,4 +1,7 @@
-"""Play one episode: env.reset -> engine.generate -> env.step ... -> a token-exact `Episode`.
+"""The ``"gym"`` rollout: env.reset -> engine.generate -> env.step ... -> a token-exact `Episode`.
+
+`GymRollout` is how an EnvRunner plays a stepped env (`flashrl.env_runners.rollout_protocol`); `play_episode`
+is the episode itself.
 
 The conversation is kept token-exact by `flashrl.conversation.TokenizedConversation`: the model's
 sampled ids (with the log-probs and the policy version the engine recorded) are appended as sampled,
@@ -25,7 +28,6 @@ a trajectory that ran out of context, hit a length stop or was truncated by the 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +37,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from flashrl.env_runners.rollout_protocol import (  # noqa: F401 - EnvError, EnvTimeout: their old home
+    DEFAULT_ENV_TIMEOUT_S,
+    EnvError,
+    EnvTimeout,
+    Rollout,
+    RolloutContext,
+    in_thread,
+)
 from flashrl.episode import Episode
 
 MAX_LOGPROB = 1e-6
@@ -46,23 +56,6 @@ REWARD_ERROR = "reward_error"
 """Episode info field that says why the env's reward was refused (the episode is dropped: ``bad_reward``)."""
 
 logger = logging.getLogger("flashrl.env_runners")
-
-
-class EnvError(RuntimeError):
-    """The environment raised during reset or step; the episode is dropped and counted."""
-
-
-class EnvTimeout(EnvError):
-    """``env.reset``/``env.step`` did not return within the time limit; the episode is dropped and counted.
-
-    A Python thread cannot be killed: the call goes on in its worker thread until it returns (if ever),
-    and the env it holds must never be used again (it is not returned to the pool).
-    """
-
-
-DEFAULT_ENV_TIMEOUT_S = 300.0
-"""Default time limit of one ``env.reset`` or ``env.step`` call (a sandboxed tool run, a verifier
-call and a game step all take seconds; a call still running after five minutes is hung)."""
 
 
 def evaluation_reset_options(env: gym.Env, index: int) -> dict[str, Any] | None:
@@ -151,25 +144,6 @@ def _bad_completion(completion: Any) -> bool:
     return not all(math.isfinite(lp) and lp <= MAX_LOGPROB for lp in completion.logprobs)
 
 
-async def _in_thread(
-    executor: Executor, timeout_s: float | None, fn: Callable[..., Any], *args: Any, **kwargs: Any
-) -> Any:
-    loop = asyncio.get_running_loop()
-    future = loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
-    try:
-        # shield: on timeout wait_for would cancel the future, which cannot stop a running thread anyway.
-        return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-    except TimeoutError:
-        # Whatever the hung call ends with later is nobody's to handle: retrieve it so asyncio does not log it.
-        future.add_done_callback(lambda done: done.cancelled() or done.exception())
-        raise EnvTimeout(
-            f"{getattr(fn, '__name__', fn)} did not return within {timeout_s} s (env_timeout_s); the call "
-            "goes on in its thread and the env is discarded."
-        ) from None
-    except Exception as err:  # the env's own failure: reported as such, not as an engine failure
-        raise EnvError(f"{type(err).__name__}: {err}") from err
-
-
 async def play_episode(
     env: gym.Env,
     engine: Any,
@@ -206,7 +180,7 @@ async def play_episode(
     from flashrl.conversation import TokenizedConversation
     from flashrl.engines import SamplingConfig
 
-    messages, info = await _in_thread(
+    messages, info = await in_thread(
         executor, env_timeout_s, env.reset, seed=reset_seed, options=reset_options
     )
     conversation = TokenizedConversation(
@@ -232,7 +206,7 @@ async def play_episode(
         if _bad_completion(completion):
             turn += 1
             break  # the episode is dropped and counted (`skip_reason`): the env never sees the reply
-        new_messages, reward, terminated, truncated, step_info = await _in_thread(
+        new_messages, reward, terminated, truncated, step_info = await in_thread(
             executor, env_timeout_s, env.step, text
         )
         turn += 1
@@ -256,3 +230,24 @@ async def play_episode(
     return conversation.to_episode(
         reward=total_reward, terminated=terminated, truncated=truncated, info={**step_info, **kept, **reward_error}
     )
+
+
+class GymRollout(Rollout):
+    """The ``"gym"`` rollout kind: the env stepped with the engine as the policy (`play_episode`)."""
+
+    async def play(self, ctx: RolloutContext) -> Episode:
+        limits = ctx.limits
+        return await play_episode(
+            ctx.env,
+            ctx.engine,
+            reset_seed=ctx.reset_seed,
+            sampling_seed=ctx.turn_seed,
+            sampling=ctx.sampling,
+            max_episode_tokens=limits.max_episode_tokens,
+            executor=ctx.executor,
+            reset_options=ctx.reset_options,
+            keep_reset_info=ctx.keep_reset_info,
+            env_timeout_s=limits.env_timeout_s,
+            max_turns=limits.max_turns,
+            max_observation_tokens=limits.max_observation_tokens,
+        )

@@ -16,11 +16,11 @@ from typing import Any
 
 from flashrl.callbacks import resolve_callbacks_class
 from flashrl.engines.colocation import resolve_sleep_mode
-from flashrl.env_runners.rollout import DEFAULT_ENV_TIMEOUT_S
-from flashrl.env_runners.user_env import env_problem, registered_id
+from flashrl.env_runners.rollout_protocol import DEFAULT_ENV_TIMEOUT_S, declared_kind
+from flashrl.env_runners.user_env import entry_point, env_problem, registered_id
 from flashrl.validation import Checks, is_int, is_number, setting
 
-__all__ = ["ENGINES", "SEED_LIMIT", "EnvRunnerSpec"]
+__all__ = ["AGENT_ENV_CONFIG_KEYS", "ENGINES", "SEED_LIMIT", "EnvRunnerSpec"]
 
 ENGINES = ("vllm", "torch")
 """Inference engine kinds an EnvRunner can host."""
@@ -30,6 +30,17 @@ SEED_LIMIT = 2**64
 ``numpy.random.SeedSequence`` (the prompt stream, the data passes, the engines' derived 32-bit seeds)
 and Gymnasium's ``reset(seed=...)`` take any integer >= 0."""
 _DICTS = ("env_config", "engine_options", "evaluation_env_config")
+AGENT_ENV_CONFIG_KEYS = {
+    "host": "agent_host",
+    "port": "agent_port",
+    "model_name": "agent_model_name",
+    "max_calls": "agent_max_calls",
+    "max_completion_tokens": "agent_max_completion_tokens",
+    "wall_time_s": "agent_wall_time_s",
+}
+"""An agent env's ``env_config`` keys that are the runner's settings (env_config key -> spec field). They were
+``flashrl/Agent-v0``'s arguments; the spec still takes them from an agent env's env configs (training,
+evaluation, every split), and is the one place that decides (`_take_agent_settings`, docs/agents.md)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,19 @@ class EnvRunnerSpec:
     env_timeout_s: float | None = setting(DEFAULT_ENV_TIMEOUT_S, gt=0, optional="no limit",
                                           fix=f"use None for no limit, or the default {DEFAULT_ENV_TIMEOUT_S}")
     """Seconds one env.reset / env.step call may take; past it the episode is dropped (env_timeout); None = no limit."""
+    agent_host: str = setting("127.0.0.1")
+    """Address an agent env's endpoint binds (``flashrl/Agent-v0``; docs/agents.md): only processes on the runner's machine by default."""
+    agent_port: int = setting(0, integer=True, ge=0, le=65535, fix="use 0 (any free port)")
+    """Port of an agent env's endpoint; 0 = any free port (a fixed one serves one runner's training or evaluation)."""
+    agent_model_name: str = setting("policy")
+    """The model name an agent env's endpoint serves (a command agent gets it in FLASHRL_MODEL)."""
+    agent_max_calls: int = setting(16, integer=True, ge=1)
+    """Model calls an agent may make per episode; the endpoint refuses more (HTTP 429, call_limit)."""
+    agent_max_completion_tokens: int | None = setting(None, integer=True, ge=1, optional=True,
+                                                      fix="use None (each call's max_tokens only)")
+    """Completion tokens an agent may use per episode; the endpoint refuses more; None = each call's max_tokens only."""
+    agent_wall_time_s: float = setting(600.0, gt=0)
+    """Seconds an agent episode may take; past it the agent is cancelled and the episode dropped (env_timeout)."""
     train_batch_size: int = setting(32, section="training", integer=True, ge=1, fix="e.g. 32")
     """B: finished trajectories per update, each from a different prompt (also the most one poll returns)."""
 
@@ -139,6 +163,11 @@ class EnvRunnerSpec:
         for name in _DICTS:
             object.__setattr__(self, name, dict(getattr(self, name)))
         object.__setattr__(self, "evaluation_splits", {k: dict(v) for k, v in self.evaluation_splits.items()})
+        if _take_agent_settings(self):
+            check = Checks("EnvRunnerSpec")  # the values env_config gave
+            check.fields(self)
+            _check_agent_names(self, check)
+            check.done()
 
     @property
     def max_buffered_episodes(self) -> int:
@@ -168,10 +197,53 @@ class EnvRunnerSpec:
         return cls(**data)
 
 
+def _take_agent_settings(spec: EnvRunnerSpec) -> bool:
+    """Move `AGENT_ENV_CONFIG_KEYS` out of an agent env's env configs (the spec's own copies) into the spec's
+    fields; whether any was there. One value per setting: env configs that disagree, or one that disagrees
+    with a field set away from its default, raise `SpecError` naming both."""
+    entry = entry_point(spec.env) if isinstance(spec.env, str) else None
+    if not isinstance(entry, type) or declared_kind(entry) != "agent":
+        return False
+    configs = {"env_config": spec.env_config, "evaluation_env_config": spec.evaluation_env_config,
+               **{f"evaluation_splits[{name!r}]": spec.evaluation_splits[name] for name in spec.evaluation_splits}}
+    defaults = {f.name: f.default for f in fields(spec)}
+    check = Checks("EnvRunnerSpec")
+    taken = False
+    for key, name in AGENT_ENV_CONFIG_KEYS.items():
+        given = {where: config.pop(key) for where, config in configs.items() if key in config}
+        if not given:
+            continue
+        taken = True
+        field_value = getattr(spec, name)
+        # training's value: env_config's, else the setting's (the evaluation env is env_config | its overrides)
+        ref_where, ref = (f"env_config[{key!r}]", given["env_config"]) if "env_config" in given else (name, field_value)
+        clash = next(((w, v) for w, v in given.items() if v != ref), None)
+        if clash is not None:
+            check.add(f"{name}: expected one value for training and evaluation (one endpoint setting per runner), "
+                      f"got {ref_where} = {ref!r} and {clash[0]}[{key!r}] = {clash[1]!r}. Fix: set "
+                      f".env_runners({name}=...) once and remove {key!r} from the env configs")
+        elif field_value != defaults[name] and field_value != ref:
+            check.add(f"{name}: expected one value, got {name} = {field_value!r} and {ref_where} = {ref!r} (the "
+                      f"env_config key of {spec.env} for the same setting). Fix: keep .env_runners({name}=...) and "
+                      f"remove {key!r} from the env configs")
+        else:
+            object.__setattr__(spec, name, ref)
+    check.done()
+    return taken
+
+
+def _check_agent_names(spec: EnvRunnerSpec, check: Checks) -> None:
+    check.expect(isinstance(spec.agent_host, str) and bool(spec.agent_host), "agent_host",
+                 "an address to bind (a non-empty str)", spec.agent_host, "use '127.0.0.1'")
+    check.expect(isinstance(spec.agent_model_name, str) and bool(spec.agent_model_name), "agent_model_name",
+                 "a non-empty str", spec.agent_model_name, "use 'policy'")
+
+
 def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
     problem = env_problem(spec.env)
     if problem:
         check.add(problem)
+    _check_agent_names(spec, check)
     check.gpus(spec, "num_gpus_per_env_runner")
     if spec.engine_sleep_mode is True and is_number(spec.num_gpus_per_env_runner):
         try:  # sleep mode needs a vLLM engine on a GPU; which layout it suits is the driver's to say

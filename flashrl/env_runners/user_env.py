@@ -21,7 +21,9 @@ EnvRunner actors, which receive the driver's Gymnasium EnvSpec (``group._driver_
 
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Callable
 from typing import Any, Self
 
 import gymnasium as gym
@@ -134,6 +136,23 @@ def registered_id(env: Any) -> Any:
             gym.registry[spec.id] = spec
         return spec.id
     return env
+
+
+def entry_point(env_id: str) -> Callable[..., Any] | None:
+    """The registered entry point of ``env_id`` (a ``"module:name"`` path imported), or None when the id is
+    not registered or its entry point does not load (reported where the id is checked, or by ``gym.make``)."""
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error:
+        return None  # an unregistered id is reported where the id is checked
+    entry = spec.entry_point
+    if isinstance(entry, str):
+        module, _, name = entry.partition(":")
+        try:
+            entry = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            return None  # an entry point that does not load fails in build_env_once with its own error
+    return entry
 
 
 def is_flashrl_entry_point(entry_point: Any) -> bool:

@@ -3,8 +3,9 @@ r"""``flashrl/Agent-v0``: your agent program, written against the ``openai`` cli
 The agent is an ``async def agent(client, task)`` function or a command; each episode it gets one task
 and a client whose every model call the EnvRunner serves with the policy and records token-exactly
 (`flashrl.agents`); its return value (or ``reward_fn`` on its conversation) is the episode's reward.
-The EnvRunner plays this env with :func:`flashrl.env_runners.agent_rollout.play_agent_episode`, not
-with ``step``. ``docs/agents.md`` is the user's guide.
+The EnvRunner plays this env with its ``"agent"`` rollout (:class:`flashrl.env_runners.agent_rollout.AgentRollout`),
+not with ``step``; the endpoint and the episode's limits are the runner's settings (``agent_*`` in
+``.env_runners()``). ``docs/agents.md`` is the user's guide.
 """
 
 from __future__ import annotations
@@ -88,14 +89,14 @@ class AgentEnv(LanguageEnv):
     agent(client, task)`` (``client`` an ``openai.AsyncOpenAI`` bound to this episode) or a
     ``command`` run as a subprocess (``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` set to this episode's
     endpoint; the task as JSON on its stdin and, up to `TASK_ENV_MAX_BYTES`, in ``FLASHRL_TASK``;
-    ``FLASHRL_MODEL`` the model name).
+    ``FLASHRL_MODEL`` the model name, the runner's ``agent_model_name``).
     Every call the agent makes is recorded token-exactly by the EnvRunner's endpoint
     (`flashrl.agents`); the episode is trained on those calls.
 
     **Played by the EnvRunner, not by ``step``.** ``reset`` picks the task (seeded, or
     ``options={"task_index": i}``; the runners pick it themselves for training passes and evaluation,
     since the task list is ``finite``); the runner then calls :meth:`run_agent` with an endpoint
-    session (:func:`flashrl.env_runners.agent_rollout.play_agent_episode`). ``step`` exists for
+    session (:class:`flashrl.env_runners.agent_rollout.AgentRollout`). ``step`` exists for
     Gymnasium's checks and the run's pre-flight check: it grades its text as a one-reply transcript
     with ``reward_fn`` (0.0 without one) and ends the episode.
 
@@ -113,26 +114,29 @@ class AgentEnv(LanguageEnv):
     set, else absent.
 
     ## Episode end
-    When the agent returns (terminated). Past ``wall_time_s`` the agent is cancelled (a command is
-    killed) and the episode dropped (``env_timeout``); an agent that raises (a command that exits
-    non-zero) is an env error (``env_error``), an agent that made no model call gives no episode
-    (``empty``). A call past ``max_calls`` or past ``max_completion_tokens`` is refused by the endpoint
-    with an OpenAI-style error the agent sees.
+    When the agent returns (terminated). Past the runner's ``agent_wall_time_s`` the agent is cancelled
+    (a command is killed) and the episode dropped (``env_timeout``); an agent that raises (a command that
+    exits non-zero) is an env error (``env_error``), an agent that made no model call gives no episode
+    (``empty``). A call past ``agent_max_calls`` or past ``agent_max_completion_tokens`` is refused by the
+    endpoint with an OpenAI-style error the agent sees.
 
     ## Arguments
     ``tasks`` (a list of dicts or a ``.jsonl`` path), ``agent`` (a function or its ``"module:name"``
     path) or ``command`` (a list of strings), ``reward_fn`` (a function or its path), ``id_field``
     (default ``"id"``: a task's prompt id; without it the list index or ``file.jsonl:line``),
-    ``max_calls`` (default 16), ``max_completion_tokens`` (default None: each call's ``max_tokens``
-    only), ``wall_time_s`` (default 600), ``success_threshold`` (default None), ``host`` (default
-    ``"127.0.0.1"``) and ``port`` (default 0: any free port; a fixed one serves a single EnvRunner's
-    training or evaluation, as each runner binds one endpoint per sampling setting) of the endpoint,
-    ``model_name`` (default ``"policy"``: the model the endpoint serves), ``render_mode``.
+    ``success_threshold`` (default None), ``render_mode``. The endpoint's address and model name and the
+    episode's limits are the EnvRunner's settings (``agent_host``, ``agent_port``, ``agent_model_name``,
+    ``agent_max_calls``, ``agent_max_completion_tokens``, ``agent_wall_time_s``); the runner's spec still
+    reads them from ``env_config`` under their old names (``host``, ``port``, ``model_name``,
+    ``max_calls``, ``max_completion_tokens``, ``wall_time_s``; docs/agents.md, "The limits").
 
     ## Version history
-    * v0: initial version.
+    * v0: initial version. The endpoint and limit arguments moved to the EnvRunner's settings (still
+      accepted in ``env_config``, read by the runner's spec).
     """
 
+    rollout_kind = "agent"
+    """The EnvRunner plays this env with its ``"agent"`` rollout (`flashrl.env_runners.rollouts`)."""
     finite = True
     """The task list is finite: evaluation walks it in order (``task_index``)."""
     code_arguments = ("agent", "reward_fn")
@@ -145,39 +149,17 @@ class AgentEnv(LanguageEnv):
         command: Sequence[str] | None = None,
         reward_fn: Callable[[Mapping[str, Any], list[Any]], float] | str | None = None,
         id_field: str = "id",
-        max_calls: int = 16,
-        max_completion_tokens: int | None = None,
-        wall_time_s: float = 600.0,
         success_threshold: float | None = None,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        model_name: str = "policy",
         render_mode: str | None = None,
     ) -> None:
         super().__init__(max_turns=1, render_mode=render_mode)
         self.agent, self.command = _check_agent(agent, command)
         self.reward_fn = _check_reward_fn(reward_fn)
         self.tasks, self.task_ids = load_agent_tasks(tasks, id_field=id_field)
-        _check_int("max_calls", max_calls, 1)
-        if max_completion_tokens is not None:
-            _check_int("max_completion_tokens", max_completion_tokens, 1)
-        if isinstance(wall_time_s, bool) or not isinstance(wall_time_s, int | float) or not (
-            math.isfinite(wall_time_s) and wall_time_s > 0
-        ):
-            raise ValueError(f"wall_time_s: expected a finite number of seconds > 0, got {wall_time_s!r}.")
         if success_threshold is not None and (isinstance(success_threshold, bool) or not isinstance(
             success_threshold, int | float) or math.isnan(success_threshold)):
             raise ValueError(f"success_threshold: expected None or a number, got {success_threshold!r}.")
-        _check_int("port", port, 0, 65535)
-        if not isinstance(host, str) or not host:
-            raise ValueError(f"host: expected an address to bind, e.g. '127.0.0.1', got {host!r}.")
-        if not isinstance(model_name, str) or not model_name:
-            raise ValueError(f"model_name: expected a non-empty str, got {model_name!r}.")
-        self.max_calls = max_calls
-        self.max_completion_tokens = max_completion_tokens
-        self.wall_time_s = float(wall_time_s)
         self.success_threshold = success_threshold
-        self.host, self.port, self.model_name = host, port, model_name
         self.task: dict[str, Any] | None = None
         self.task_index = 0
 
@@ -203,11 +185,13 @@ class AgentEnv(LanguageEnv):
         return [], reward, True, False, info
 
     # ----------------------------------------------------------------------------- the runner's API
-    async def run_agent(self, base_url: str, api_key: str) -> AgentResult:
+    async def run_agent(self, base_url: str, api_key: str, *, model_name: str, wall_time_s: float) -> AgentResult:
         """Run the agent on the current task against the endpoint at ``base_url``; its result, read.
 
-        The caller enforces ``wall_time_s`` (cancelling this coroutine kills a command). Raises what a
-        function agent raises, or `AgentError` for a command that fails or prints no result.
+        ``model_name``: the model the endpoint serves (a command's ``FLASHRL_MODEL``). ``wall_time_s``: the
+        episode's wall time, which the caller enforces (cancelling this coroutine kills a command); a
+        function agent's client gets it as its request timeout. Raises what a function agent raises, or
+        `AgentError` for a command that fails or prints no result.
         """
         if self.task is None:
             raise RuntimeError("AgentEnv.run_agent() called before reset(); call reset() first.")
@@ -221,14 +205,14 @@ class AgentEnv(LanguageEnv):
             # The client's request timeout is the episode's wall time (enforced by the caller), the one time limit:
             # with openai's defaults a 2-core run lost 12 episodes to APITimeoutError, likely its 5 s connect
             # limit (docs/agents.md, "The agent: a function or a command").
-            client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=self.wall_time_s)
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=wall_time_s)
             try:
                 return agent_result(await self.agent(client, task))
             finally:
                 await client.close()
         assert self.command is not None
         return agent_result(await _run_command(self.command, task, {
-            "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, "FLASHRL_MODEL": self.model_name,
+            "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, "FLASHRL_MODEL": model_name,
         }))
 
     def grade(self, transcript: list[Any]) -> Any:
@@ -327,12 +311,6 @@ def _check_reward_fn(reward_fn: Any) -> Callable[..., Any] | None:
         raise TypeError(f"reward_fn: expected a function reward_fn(task, transcript) -> float or its 'module:name' "
                         f"path, got {reward_fn!r:.200}.")
     return target
-
-
-def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name}: expected an int {bound}, got {value!r}.")
 
 
 async def _run_command(command: Sequence[str], task: Mapping[str, Any], env: Mapping[str, str]) -> Any:

@@ -212,8 +212,9 @@ def test_agentic_learning_quick_runs_the_agent_job(ray_cluster, bench, tmp_path)
     out, fig = tmp_path / "agent.json", tmp_path / "agent.png"
     report = bench("agentic_learning").main(["--quick", "--job", "agent", "--seeds", "0", "--output", str(out),
                                              "--figure", str(fig)])
-    assert report["settings"]["job"].endswith("smollm2_tool_agent_cpu.py") and report["settings"]["agent"] == "multiply"
+    assert report["settings"]["job"].endswith("agent_tool_job.py") and report["settings"]["agent"] == "multiply"
     assert report["config"]["env_config"]["agent"].endswith(":multiply>")  # the agent function, shipped by value
+    assert (report["config"]["agent_max_calls"], report["config"]["agent_wall_time_s"]) == (2, 600.0)  # the runner's
     (run,) = report["runs"]
     assert run["missing_metrics"] == [] and [p["update"] for p in run["curve"]] == [0, 2]
     for point in run["curve"]:  # one or two model calls, as the agent makes them; the endpoint counts tool calls

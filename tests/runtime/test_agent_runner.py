@@ -208,7 +208,7 @@ def test_one_endpoint_per_sampling_setting_each_stopped_by_stop(tiny_config: Any
         await runner.sample([0])
         await runner.sample([1])
         await runner.sample([0], evaluation=True)  # evaluation_temperature 0.0, training 1.0
-        urls = [server.url for server in runner._agent_servers.values()]
+        urls = [server.url for server in runner._rollout.servers.values()]
         await runner.stop()
         return urls
 

@@ -10,7 +10,7 @@ import gymnasium as gym
 import pytest
 
 from flashrl.env_runners import EnvRunner
-from flashrl.env_runners.rollout import EnvTimeout, _in_thread
+from flashrl.env_runners.rollout_protocol import EnvTimeout, in_thread
 from flashrl.env_runners.types import RUNNER_SKIP_REASONS, SKIP_REASONS
 
 from .conftest import ParityEnv
@@ -57,9 +57,9 @@ def test_a_call_past_the_limit_raises_env_timeout_and_the_thread_goes_on() -> No
         with ThreadPoolExecutor(1) as pool:
             began = time.monotonic()
             with pytest.raises(EnvTimeout, match=r"hang did not return within 0\.1 s \(env_timeout_s\)"):
-                await _in_thread(pool, 0.1, hang)
+                await in_thread(pool, 0.1, hang)
             waited = time.monotonic() - began
-            assert await _in_thread(pool, None, lambda: "no limit") == "no limit"  # after the hung call
+            assert await in_thread(pool, None, lambda: "no limit") == "no limit"  # after the hung call
             return waited
 
     waited = asyncio.run(scenario())

@@ -84,6 +84,12 @@ class BuilderMethods:
         max_num_env_runner_restarts: int = NotProvided,
         sample_timeout_s: float = NotProvided,
         env_timeout_s: float | None = NotProvided,
+        agent_host: str = NotProvided,
+        agent_port: int = NotProvided,
+        agent_model_name: str = NotProvided,
+        agent_max_calls: int = NotProvided,
+        agent_max_completion_tokens: int | None = NotProvided,
+        agent_wall_time_s: float = NotProvided,
         **misplaced: Any,
     ) -> Self:
         """EnvRunner actors: how many, their resources, their engine and how they sample.
@@ -124,6 +130,18 @@ class BuilderMethods:
             sample_timeout_s: Seconds `train()` waits for the next finished episode before raising an error.
             env_timeout_s: Seconds one env.reset / env.step call may take; past it the episode is dropped
                 (env_timeout); None = no limit.
+            agent_host: Address an agent env's endpoint binds (``flashrl/Agent-v0``; docs/agents.md): only
+                processes on the runner's machine by default.
+            agent_port: Port of an agent env's endpoint; 0 = any free port (a fixed one serves one runner's
+                training or evaluation).
+            agent_model_name: The model name an agent env's endpoint serves (a command agent gets it in
+                FLASHRL_MODEL).
+            agent_max_calls: Model calls an agent may make per episode; the endpoint refuses more (HTTP 429,
+                call_limit).
+            agent_max_completion_tokens: Completion tokens an agent may use per episode; the endpoint refuses
+                more; None = each call's max_tokens only.
+            agent_wall_time_s: Seconds an agent episode may take; past it the agent is cancelled and the
+                episode dropped (env_timeout).
             misplaced: not settings: a setting of another section raises a TypeError naming its method.
 
         Returns:

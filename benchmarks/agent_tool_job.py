@@ -1,8 +1,15 @@
-"""The CPU agent job: an agent written on the official `openai` client, trained with FlashREINFORCE on 2 CPU cores.
+"""The CPU tool job as an agent written on the official `openai` client (`flashrl/Agent-v0`), on 2 CPU cores.
 
-    python tuned_examples/smollm2_tool_agent_cpu.py                      # the whole run
-    python tuned_examples/smollm2_tool_agent_cpu.py --agent summarising  # the agent that rewrites its context
-    python tuned_examples/smollm2_tool_agent_cpu.py --dry-run            # the plan, nothing started
+The tuned example of this task is `tuned_examples/smollm2_python_tool_cpu.py` (the env form: the README's
+agentic job, the paired comparison's tool task). This is the same job in the agent form, the job that
+`benchmarks/agentic_learning.py --job agent` (and `--job agent_summarising`) and
+`benchmarks/agent_prompt_probe.py` measure (docs/agents.md, "The laptop demonstration"); until the two
+forms were made one tool job it was `tuned_examples/smollm2_tool_agent_cpu.py`, the name its recorded
+reports keep. It runs on its own too:
+
+    python benchmarks/agent_tool_job.py                      # the whole run
+    python benchmarks/agent_tool_job.py --agent summarising  # the agent that rewrites its context
+    python benchmarks/agent_tool_job.py --dry-run            # the plan, nothing started
 
 The task is the CPU tool job's (`smollm2_python_tool_cpu.py`: "What is a * b?", a and b in 11..99, the same
 2048 training and 64 held-out products, the same sandbox, the same verifier), but the episode is not a
@@ -27,6 +34,7 @@ Writes under --output: TensorBoard logs, progress.jsonl, curves.png, checkpoints
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -40,10 +48,13 @@ from flashrl.envs.python_tool import (
     format_observation,
 )
 from flashrl.envs.sandbox import Sandbox
-from flashrl.recipes import CPU_PINS, NodePlan, Preset, run_preset
+from flashrl.recipes import run_preset
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # when loaded by path (benchmarks/)
-from smollm2_python_tool_cpu import TEMPERATURE, products  # the tool job's tasks, not a copy
+# the tool job's tasks, not a copy (tuned examples are scripts, not a package)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuned_examples"))
+from smollm2_python_tool_cpu import PRESET as TOOL_PRESET
+from smollm2_python_tool_cpu import TEMPERATURE, products  # noqa: F401 - TEMPERATURE: the probe samples at it
+from smollm2_python_tool_cpu import make_config as tool_job_config
 
 SYSTEM_PROMPT = (
     "You can call a python tool that runs code and returns what it printed (use print). When you know the "
@@ -70,7 +81,7 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": PYTHON_TOOL_PARAMETERS, "required": ["code"]},
 }}]
 MODEL = "policy"
-"""The model name the endpoint serves (`flashrl/Agent-v0`'s `model_name`)."""
+"""The model name the endpoint serves (the runner's `agent_model_name`)."""
 _sandbox = None
 
 
@@ -129,16 +140,10 @@ async def summarising(client, task):
 
 AGENTS = {"multiply": multiply, "summarising": summarising}
 
-PRESET = Preset(
+PRESET = dataclasses.replace(
+    TOOL_PRESET,  # the tool job's success bar, budget, machine and pins
     name="smollm2_tool_agent_cpu",
     description="SmolLM2-135M-Instruct as an openai-client agent with a Python tool (native tool calls), vLLM CPU build",
-    success_metric="evaluation/episode_return_mean",
-    success_threshold=0.35,
-    stop_iters=40,
-    node_plan=NodePlan(num_nodes=1, gpus_per_node=0, cpus_per_node=os.cpu_count() or 2, host_memory_gib=24),
-    pins=CPU_PINS,
-    needs_gpu=False,
-    needs_sandbox=True,
     sources={
         "tasks, temperature 0.7, success 0.35, batch 16, lr 3e-6, delta 0.05, bf16, 2048-token passes": "the CPU "
         "tool job's values (tuned_examples/smollm2_python_tool_cpu.py, which cites their measurements)",
@@ -152,40 +157,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 WALL_TIME_S = 600.0
-"""An episode's wall time (Agent-v0's default). On 2 cores an episode waits behind the others in flight and
+"""An episode's wall time (the default of the runner's `agent_wall_time_s`). On 2 cores an episode waits behind the others in flight and
 the learner's update; at 120 s, 124 of the 468 episodes the first seed started were dropped
 (`benchmarks/results/agent_learning_wall120.json`; that run did not record why, docs/agents.md)."""
 
 
 def agent_env_config(agent, rows: list[dict]) -> dict:
-    return {"tasks": rows, "agent": agent, "model_name": MODEL, "max_calls": 2, "wall_time_s": WALL_TIME_S}
+    return {"tasks": rows, "agent": agent}
 
 
 def make_config(args) -> FlashReinforceConfig:
+    """The tool job's config (its runners, learner, training and evaluation), with this agent env instead."""
     train, held_out = products()
     agent = AGENTS[getattr(args, "agent", "multiply")]
     return (
-        FlashReinforceConfig()
+        tool_job_config(args)
         .environment("flashrl/Agent-v0", env_config=agent_env_config(agent, train))
         .env_runners(
-            num_env_runners=1,
-            num_cpus_per_env_runner=1,
-            engine="vllm",
-            episodes_in_flight_per_env_runner=16,
-            temperature=TEMPERATURE,
-            max_new_tokens=128,
             max_episode_tokens=768,  # the tool job's 640 + the two worked examples (about 130 tokens)
+            # the endpoint's settings (recorded runs gave them in env_config: the same values, docs/agents.md)
+            agent_model_name=MODEL,
+            agent_max_calls=2,
+            agent_wall_time_s=WALL_TIME_S,
         )
-        .learners(num_learners=0, max_tokens_per_micro_batch=2048)
-        .training(model="smollm2-135m-instruct", dtype="bfloat16", lr=3e-6, train_batch_size=16, delta=0.05,
-                  grad_clip=1.0)
-        .evaluation(
-            evaluation_interval=10,
-            evaluation_num_episodes=64,
-            evaluation_temperature=TEMPERATURE,
-            evaluation_env_config=agent_env_config(agent, held_out),
-        )
-        .debugging(seed=0)
+        .evaluation(evaluation_env_config=agent_env_config(agent, held_out))
     )
 
 
