@@ -194,6 +194,8 @@ def _eval(args: argparse.Namespace) -> int:
                         ("--splits", args.splits)):
         if value is not None and not isinstance(value, dict):
             raise SystemExit(f"flashrl eval: {flag} must be a JSON object, got {value!r}.")
+    if base is not None and not args.trust_checkpoint_code:
+        _refuse_checkpoint_code(args, base)
     evaluation_env_config = None
     if args.env_config is not None:  # on top of the checkpoint's evaluation overrides
         evaluation_env_config = {**(base or {}).get("evaluation_env_config", {}), **args.env_config}
@@ -230,6 +232,28 @@ def _eval(args: argparse.Namespace) -> int:
     }
     print(json.dumps(summary, indent=2, default=str))
     return 0
+
+
+def _refuse_checkpoint_code(args: argparse.Namespace, base: dict[str, Any]) -> None:
+    """Exit naming each setting of the checkpoint's config that names code (`FlashReinforce.from_checkpoint`
+    says why), except those the flags give again; ``--trust-checkpoint-code`` skips this."""
+    from flashrl.algorithms.flash_reinforce.config import refuse_checkpoint_code
+    from flashrl.checkpoints.stored_code import UntrustedCodeError
+
+    stored = {k: v for k, v in base.items() if k != "callbacks_class"}  # evaluation runs without callbacks
+    if args.env_config is not None and isinstance(stored.get("evaluation_env_config"), dict):
+        stored["evaluation_env_config"] = {k: v for k, v in stored["evaluation_env_config"].items()
+                                           if k not in args.env_config}  # the flag's keys replace these
+    given = {name: value for name, value in (("env", args.env), ("evaluation_splits", args.splits),
+                                             ("engine_options", args.engine_options)) if value is not None}
+    try:
+        refuse_checkpoint_code(args.checkpoint, stored, given=given, fix=(
+            "give them again (--env, --env-config for evaluation_env_config, --splits, --engine-options), or "
+            f"evaluate its policy as a plain model with your own settings (flashrl eval {args.checkpoint}/policy "
+            "--env ... --env-config ...), or, if you trust whoever wrote this checkpoint, add "
+            "--trust-checkpoint-code"))
+    except UntrustedCodeError as err:
+        raise SystemExit(f"flashrl eval: {err}") from err
 
 
 def _write_details(path: str, results: dict[str | None, list[Any]], datasource_key: str | None) -> None:
@@ -357,6 +381,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--concurrency", type=int, default=None, help="episodes played at once")
     ev.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the checkpoint's or 0)")
     ev.add_argument("--details", default=None, help="write one JSON line per scored episode to this file")
+    ev.add_argument(
+        "--trust-checkpoint-code", action="store_true",
+        help="run and import the code the checkpoint's config names (commands, 'module:name' paths, vLLM's "
+        "engine_args); without it such settings are refused unless given again: only for checkpoints you trust",
+    )
     ev.set_defaults(func=_eval)
 
     show = sub.add_parser(

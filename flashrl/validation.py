@@ -13,6 +13,11 @@ Field metadata (``setting(...)``) says where a setting belongs in such a config:
   ``resources``); a spec gives its own default section.
 - ``derived``: not a setting of the config at all, but filled in when the config builds the spec
   (e.g. the learner's sampling temperature is the env runners' one); the text says from what.
+- ``code``: the setting may hold code, not only data: an object, a ``"module:name"`` path, a command
+  or keyword arguments that another library reads unchecked. The value says how its code is found
+  (one of `CODE_KINDS`); a checkpoint's stored config never brings such a value back unless the user
+  passes it again or trusts the checkpoint (``flashrl.checkpoints.stored_code``). A setting whose type
+  admits objects must say ``code=`` (a test enumerates every setting), ``code=False`` for plain data.
 
 A setting's simple bounds are declared with it too, and ``Checks.fields`` checks them all in one place
 (a spec's ``__post_init__`` calls it first): ``integer=True``, ``ge=`` / ``gt=`` / ``le=`` / ``lt=``,
@@ -31,11 +36,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Bounds", "Checks", "SpecError", "is_int", "is_number", "setting"]
+__all__ = ["CODE_KINDS", "Bounds", "Checks", "SpecError", "is_int", "is_number", "setting"]
 
 SECTION = "section"
 DERIVED = "derived"
 BOUNDS = "bounds"
+CODE = "code"
+CODE_KINDS = ("path", "import", "env_config", "env_configs", "engine_options", "passthrough")
+"""How a code-bearing setting's value names code (``flashrl.checkpoints.stored_code`` reads it):
+
+- ``path``: any ``"module:name"`` string in it (names and ids, without a colon, are data);
+- ``import``: any non-empty string (an import path, also written ``"package.module.Class"``);
+- ``env_config``: keyword arguments of the env: those its class declares as code (``code_arguments``,
+  ``command_arguments``) and any ``"module:name"`` string;
+- ``env_configs``: a dict of name -> such keyword arguments;
+- ``engine_options``: the engine's ``engine_args``, handed to vLLM unread (it imports class paths, and
+  ``trust_remote_code`` runs a model folder's code);
+- ``passthrough``: keyword arguments handed unread to another library (a tracker's ``init``)."""
 
 
 class SpecError(ValueError):
@@ -181,13 +198,18 @@ def setting(
     finite: bool = True,
     note: str | None = None,
     fix: str | None = None,
+    code: str | bool | None = None,
 ) -> Any:
-    """A dataclass field with the metadata above: ``section``, ``derived`` and the bounds (`Bounds`)."""
+    """A dataclass field with the metadata above: ``section``, ``derived``, ``code`` and the bounds (`Bounds`)."""
     metadata: dict[str, Any] = {}
     if section is not None:
         metadata[SECTION] = section
     if derived is not None:
         metadata[DERIVED] = derived
+    if code is not None:
+        if code is not False and code not in CODE_KINDS:
+            raise TypeError(f"setting(): code= expected one of {CODE_KINDS} or False (plain data), got {code!r}")
+        metadata[CODE] = code
     if integer or choices is not None or any(limit is not None for limit in (ge, gt, le, lt)):
         metadata[BOUNDS] = Bounds(integer=integer, ge=ge, gt=gt, le=le, lt=lt,
                                   choices=None if choices is None else tuple(choices),

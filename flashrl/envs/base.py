@@ -90,6 +90,10 @@ class LanguageEnv(gym.Env[Messages, str]):
     """Constructor arguments that take user code (a function or its ``"module:name"`` path, e.g. Math's
     ``reward_fn``): the driver imports a path and ships the code to the env runners by value, so its
     module need not import there; ``validate()`` checks it the way the runners receive it."""
+    command_arguments: ClassVar[tuple[str, ...]] = ()
+    """Constructor arguments that name a program the env runs (e.g. Agent-v0's ``command``): like
+    ``code_arguments``, a checkpoint's stored config never brings them back unless passed again or
+    trusted (``flashrl.checkpoints.stored_code``)."""
 
     def __init__(
         self,

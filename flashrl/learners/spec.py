@@ -16,6 +16,7 @@ import torch
 from flashrl.learners.loss import Loss
 from flashrl.learners.schedule import LR_SCHEDULES
 from flashrl.models.routing_replay import routing_replay_problem
+from flashrl.user_code import UserCodeError, import_path
 from flashrl.validation import Checks, is_number, setting
 
 __all__ = ["DTYPES", "OPTIMIZERS", "LearnerSpec", "register_optimizer"]
@@ -132,7 +133,7 @@ class LearnerSpec:
     """Seed of the learner's random number generators."""
     device: str = setting("auto", derived="'auto'; the learner group places each rank")
     """Where the policy lives: "auto" (the visible GPU if any, else CPU), "cpu", "cuda" or "cuda:N"."""
-    loss: Loss | None = setting(None, derived="the algorithm's loss object")
+    loss: Loss | None = setting(None, derived="the algorithm's loss object", code="path")
     """The algorithm's loss hook (a flashrl.learners.Loss, e.g. FlashReinforceLossSpec)."""
     log_level: str = setting("WARNING", derived="the run's log_level (the debugging section's)")
     """Python logging level of the flashrl loggers in a learner actor's process."""
@@ -188,15 +189,20 @@ class LearnerSpec:
 
 
 def _build_loss(data: Mapping[str, Any]) -> Loss:
-    """The loss object that ``LearnerSpec.to_dict`` described (its class imported by name)."""
-    import importlib
-
+    """The loss object that ``LearnerSpec.to_dict`` described: its class by path, where a path may lead
+    (flashrl's or the user's own code, ``flashrl.user_code``), and a `Loss` subclass."""
     settings = dict(data)
     kind = settings.pop("type", None)
     if not isinstance(kind, str) or ":" not in kind:
         raise ValueError(f"LearnerSpec.loss: expected a dict with a 'type' of the form 'module:Class'; got {kind!r}.")
-    module, _, name = kind.partition(":")
-    return getattr(importlib.import_module(module), name)(**settings)
+    try:
+        cls = import_path(kind)
+    except UserCodeError as err:
+        raise ValueError(f"LearnerSpec.loss: expected the 'type' of a loss class, got {kind!r}: {err}") from err
+    if not (isinstance(cls, type) and issubclass(cls, Loss)):
+        raise TypeError(f"LearnerSpec.loss: expected the 'type' of a flashrl.learners.Loss subclass, got {kind!r}, "
+                        "which is not one. Fix: name the loss class (e.g. the algorithm's loss spec)")
+    return cls(**settings)
 
 
 def _check_values(spec: LearnerSpec, check: Checks) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 from ray.tune import Trainable
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
-from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig
+from flashrl.algorithms.flash_reinforce.config import FlashReinforceConfig, refuse_checkpoint_code
 from flashrl.algorithms.flash_reinforce.learner_faults import LearnerRestarts
 from flashrl.callbacks import (
     CALLBACK_PREFIX,
@@ -520,11 +520,35 @@ class FlashReinforce(Trainable):
         self.callbacks.on_checkpoint_loaded(algorithm=self, path=os.fspath(path))
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike[str], **config_overrides: Any) -> FlashReinforce:
-        """A new algorithm built from a checkpoint's config (optionally overridden) and state."""
+    def from_checkpoint(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        config: FlashReinforceConfig | None = None,
+        trust_config_code: bool = False,
+        **config_overrides: Any,
+    ) -> FlashReinforce:
+        """A new algorithm built from a config and a checkpoint's state.
+
+        The config is ``config`` (your own, e.g. rebuilt by your script: the checkpoint's is not read), else
+        the checkpoint's ``config.json``; ``config_overrides`` set settings on top. A checkpoint's config is
+        data: a stored setting that names code (a ``"module:name"`` path, an Agent-v0 ``command``, vLLM's
+        ``engine_args``; ``flashrl.checkpoints.stored_code``) is refused with an error naming each one,
+        unless you pass it again (``config`` or an override) or ``trust_config_code=True`` says that you
+        trust whoever wrote the checkpoint.
+        """
         from flashrl.ray_utils import init_or_join
 
-        config = FlashReinforceConfig.from_dict(read_config(path)).update_from_dict(config_overrides)
+        if config is not None:
+            config = config.copy().update_from_dict(config_overrides)
+        else:
+            stored = read_config(path)
+            if not trust_config_code:
+                refuse_checkpoint_code(os.fspath(path), stored, given=config_overrides, fix=(
+                    "pass these settings again from your own code (FlashReinforce.from_checkpoint(path, "
+                    "config=your_config), or as overrides, e.g. from_checkpoint(path, env_config={...})), or, "
+                    "if you trust whoever wrote this checkpoint, from_checkpoint(path, trust_config_code=True)"))
+            config = FlashReinforceConfig.from_dict(stored).update_from_dict(config_overrides)
         init_or_join(framework_log_level=config.framework_log_level)
         algo = cls(config=config)
         algo.restore_from_path(path)

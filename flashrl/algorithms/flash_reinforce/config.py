@@ -106,7 +106,8 @@ class FlashReinforceAlgorithmSpec:
     `<algo.output_dir>/results`. The optional loggers' local files go there too."""
     loggers: list[str] = setting(default_factory=list, section="reporting")
     """Experiment trackers besides CSV, JSON lines and TensorBoard: 'wandb', 'mlflow' (the loggers extra)."""
-    logger_options: dict[str, dict[str, Any]] = setting(default_factory=dict, section="reporting")
+    logger_options: dict[str, dict[str, Any]] = setting(default_factory=dict, section="reporting",
+                                                          code="passthrough")
     """Per tracker, its options, e.g. {'wandb': {'project': 'math', 'mode': 'offline'}} (see flashrl.loggers)."""
     console_every: int = setting(1, section="reporting", integer=True, ge=0)
     """Print a one-line progress summary every this many iterations (and each evaluation); 0 = silent."""
@@ -589,6 +590,28 @@ class FlashReinforceConfig(BuilderMethods, _TuneConfig):
         for name, value in data.items():
             setattr(self, name, _normalized(name, value))
         return self
+
+
+def refuse_checkpoint_code(path: str, stored: Mapping[str, Any], *, given: Mapping[str, Any], fix: str) -> None:
+    """`UntrustedCodeError` naming every setting of a checkpoint's ``stored`` config that names code
+    (``flashrl.checkpoints.stored_code``), except the settings the user gives again (``given``).
+
+    The env the run will make (``given``'s, else the stored one) says which ``env_config`` keys are code;
+    an env the user gives as a path is the user's code, imported to ask it.
+    """
+    import gymnasium
+
+    import flashrl.envs  # noqa: F401 - registers the flashrl/* ids, whose classes declare their code arguments
+    from flashrl.checkpoints.stored_code import refuse_stored_code
+
+    env = given.get("env", stored.get("env"))
+    if "env" in given and is_path(env) and env not in gymnasium.registry:
+        try:
+            env = env_class(env)
+        except UserEnvError:
+            pass  # validate() says what is wrong with it
+    rest = {name: value for name, value in stored.items() if name not in given}
+    refuse_stored_code(path, rest, [cls for cls, _ in _PARTS.values()], env=env, fix=fix)
 
 
 def _hint(name: str) -> str:

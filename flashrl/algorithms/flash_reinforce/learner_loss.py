@@ -88,18 +88,18 @@ class FlashReinforceLossSpec(Loss):
     delta: float = setting(0.01, ge=0, finite=False, note="math.inf = no trust region",
                            fix="e.g. 3e-3, or math.inf")
     """Sequence trust region: a trajectory whose mean token drift exceeds it is dropped; inf = no trust region."""
-    baseline: str | Any | None = None
+    baseline: str | Any | None = setting(None, code="path")
     """Advantage baseline: batch_mean, none, leave_one_out, group_mean, group_norm (GRPO), a 'module:name' path
     or a Baseline object; None = batch_mean, or group_mean with rollout_mode='sync_group' (the config resolves it)."""
-    importance_sampling: str | Any = "token"
+    importance_sampling: str | Any = setting("token", code="path")
     """'token' (rho = q / p, the behavior correction), 'none' (rho = 1: the reference's no_is), a path or an object."""
-    trust_region: str | Any = "bernoulli_kl"
+    trust_region: str | Any = setting("bernoulli_kl", code="path")
     """'bernoulli_kl' (p, q clamped to [1e-6, 1 - 1e-6], as published), 'bernoulli_kl_exact', 'tv', 'none', a path
     or an object."""
-    aggregation: str | Any = "sample_mean"
+    aggregation: str | Any = setting("sample_mean", code="path")
     """'sample_mean' (every trajectory weighs 1/B), 'token_mean', 'constant_length' (sum / (B x L)), a path or an
     object."""
-    token_mask: str | Any | None = None
+    token_mask: str | Any | None = setting(None, code="path")
     """Which valid tokens keep their term: 'all', a path or a TokenMask object; None = the failure filter of
     negative_token_fraction (off at 1.0)."""
     constant_length_normalizer: int | None = setting(None, integer=True, ge=1, optional=True,
