@@ -271,8 +271,9 @@ def make_callbacks(value: Any) -> FlashReinforceCallbacks:
 def callbacks_class_path(value: Any) -> str | None:
     """The setting as an import path (what a checkpoint's JSON config keeps), None for None.
 
-    A class from ``__main__`` keeps the path ``"__main__:Class"``: it resolves again in the script that
-    defined it; elsewhere pass the class to `FlashReinforce.from_checkpoint(path, callbacks_class=...)`.
+    A class from ``__main__`` keeps the path ``"__main__:Class"``. A checkpoint's config is data: restoring
+    imports no stored path (``flashrl.checkpoints.stored_code``), so pass the class again to
+    `FlashReinforce.from_checkpoint(path, callbacks_class=...)` (or ``trust_config_code=True``).
     """
     if value is None or isinstance(value, str):
         return value

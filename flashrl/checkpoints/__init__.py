@@ -51,6 +51,8 @@ are sharded, the optimizer objects); every file is written, hashed, verified and
 - ``learner_state``: a learner's ``save_state`` folder (one state file, or DCP shards);
 - ``dcp``: torch DCP save and load of a sharded model and optimizer, through the safe readers;
 - ``export``: the policy as a Hugging Face folder (streamed from shards, or ``save_pretrained``).
+- ``stored_code``: a stored config is data: the values in it that name code (each setting's ``code``
+  marking, ``flashrl.validation``), refused on restore unless given again or trusted.
 
 ``dcp``, ``learner_state`` and ``export`` are imported on use (``from flashrl.checkpoints import dcp``):
 they load ``torch.distributed`` (and DCP), which reading a checkpoint's config does not need.

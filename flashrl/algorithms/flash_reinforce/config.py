@@ -562,7 +562,8 @@ class FlashReinforceConfig(BuilderMethods, _TuneConfig):
         ``"<object module:qualname>"``; a component configured by its ``"module:name"`` path stays the path.
 
         ``from_dict`` of such a dict fails at ``validate()`` until the object is given again
-        (``FlashReinforce.from_checkpoint(path, baseline=MyBaseline())``); a path round-trips.
+        (``FlashReinforce.from_checkpoint(path, baseline=MyBaseline())``); a path round-trips as text, and
+        ``from_checkpoint`` imports it only when given again or trusted (``flashrl.checkpoints.stored_code``).
         """
         return {name: _plain(value, text=True) for values in self._values.values() for name, value in values.items()}
 
