@@ -605,6 +605,8 @@ def refuse_checkpoint_code(path: str, stored: Mapping[str, Any], *, given: Mappi
     import flashrl.envs  # noqa: F401 - registers the flashrl/* ids, whose classes declare their code arguments
     from flashrl.checkpoints.stored_code import refuse_stored_code
 
+    if not isinstance(stored, Mapping):
+        return  # not a config at all: from_dict says so
     env = given.get("env", stored.get("env"))
     if "env" in given and is_path(env) and env not in gymnasium.registry:
         try:
