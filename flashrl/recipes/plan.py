@@ -343,6 +343,7 @@ def _memory(report: DryRunReport, run_plan: RunPlan) -> list[str]:
                 if rm.kv_cache_reserved is not None
                 else ""
             )
+            + (f" + processes {format_bytes(rm.process)} ({_runner_process(config.engine)})" if rm.process else "")
             + f" = {format_bytes(rm.total)}"
         ),
     ]
@@ -362,6 +363,13 @@ def _memory(report: DryRunReport, run_plan: RunPlan) -> list[str]:
     if warning:
         report.warnings.append(warning)
     return lines
+
+
+def _runner_process(engine: str) -> str:
+    """What a CPU runner's ``process`` bytes are (``flashrl.plan.memory.runner_process_bytes``)."""
+    if engine == "torch":
+        return "its process, an update's buckets mapped from Ray's object store, the model's file"
+    return "its process; vLLM's engine-core process not counted"
 
 
 def start_memory_warning(config: Any) -> str | None:
@@ -533,7 +541,9 @@ def _learner_memory_lines(report: DryRunReport, run_plan: RunPlan) -> tuple[list
             (f"    float32 reduce-scatter buffers {format_bytes(lm.reduce_scatter)}; " if lm.sharded else "    ")
             + f"weight push ({route}) {format_bytes(lm.push)} after the update"
         ),
-        f"    total {format_bytes(lm.total)} (the larger of the update and the push)",
+        f"    total {format_bytes(lm.total)} (the larger of the update and the push"
+        + (f", + the process's own {format_bytes(lm.process)}: Python, torch, transformers, Ray's worker)"
+           if lm.process else ")"),
     ]
     ck = checkpoint_memory(arch, dtype=config.dtype, optimizer=config.optimizer, num_learners=config.num_learners)
     if ck.layout == "dcp":
