@@ -194,3 +194,18 @@ def test_the_colocated_engine_wakes_within_the_device() -> None:
     assert round(gpu.share / 2**30, 2) == 41.6
     wake = dict(gpu.steps)["push weights (the engine wakes)"]
     assert wake == gpu.kept + gpu.learner.push + gpu.share  # what the learner keeps, its push buffers, the engine
+
+
+def test_a_learner_on_cuda_empties_its_cache_and_one_on_cpu_has_nothing_to_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from flashrl.learners.learner import Learner
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 3 * 2**30)
+    assert Learner.release_memory(SimpleNamespace(device=torch.device("cuda", 0))) == 3 * 2**30
+    assert calls == ["empty_cache"]
+    assert Learner.release_memory(SimpleNamespace(device=torch.device("cpu"))) == 0 and calls == ["empty_cache"]
