@@ -131,6 +131,21 @@ class Options:
         return self.push_engine
 
 
+PUSH_LAYOUTS = {
+    "ipc": "the learner and the engine share one GPU (0.5 + 0.5)",
+    "nccl": "the learner and the engine take a GPU each (1 + 1; NCCL cannot put two ranks on one device)",
+    "shm": "the learner and the engine take a GPU each (1 + 1; asked of Ray as whole GPUs)",
+}
+"""How the push phase places its learner and its engine per route (``push_config``'s GPU shares)."""
+
+
+def push_gpus(route: str, *, small: bool) -> int:
+    """GPUs the push phase asks Ray for: none with ``--small``, one for ``ipc``, two for the others."""
+    if small:
+        return 0
+    return 1 if route == "ipc" else 2
+
+
 def parse_args(argv: list[str] | None = None) -> Options:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--small", "--dry-run", dest="small", action="store_true",
@@ -159,8 +174,10 @@ def parse_args(argv: list[str] | None = None) -> Options:
     route = a.push_route or ("shm" if small else ("ipc" if gpus == 1 else "nccl"))
     if small and route != "shm":
         p.error(f"--push-route {route} needs a GPU (vLLM's transfer engines live in its GPU worker); use shm")
-    if route == "nccl" and not small and gpus < 2:
-        p.error("--push-route nccl needs two GPUs (NCCL cannot put two ranks on one device); use ipc")
+    needed = push_gpus(route, small=small)
+    if gpus < needed:  # Ray would wait for the GPUs forever: refuse before it starts
+        p.error(f"--push-route {route} needs {needed} GPUs, this machine has {gpus}: {PUSH_LAYOUTS[route]}; "
+                "use ipc (the learner and the engine share one GPU)")
     if a.push_iterations < 2:
         p.error(f"--push-iterations: expected >= 2 (a batch sampled after a push), got {a.push_iterations}")
     phases = PHASES if "all" in a.phase else tuple(x for x in PHASES if x in a.phase)
@@ -977,8 +994,10 @@ def table(result: dict[str, Any]) -> str:
             text = (f"{u['tokens']} tokens, {u['num_micro_batches']:.0f} micro-batches: {u['seconds']:.1f} s, "
                     f"{p['tokens_per_s']:.0f} tokens/s, peak {u['peak_bytes'] / GIB:.2f} GiB "
                     + (f" ({p['peak_over_plan']:.2f} x plan)" if p["peak_over_plan"] else ""))
-            if "mfu_vs_measured_matmul" in p:
-                text += f", MFU {p['mfu_vs_measured_matmul']:.1%} of matmul ({p['mfu_vs_datasheet']:.1%} datasheet)"
+            if "mfu_vs_datasheet" in p:  # the convention first (torchtitan, NeMo), the measured peak beside it
+                text += f", MFU {p['mfu_vs_datasheet']:.1%} of the datasheet's {H200_BF16_DENSE_FLOPS / 1e12:.0f} TFLOP/s"
+                if "mfu_vs_measured_matmul" in p:
+                    text += f" ({p['mfu_vs_measured_matmul']:.1%} of the measured matmul)"
         elif name == "logprobs":
             text = f"{p['logprob_kernel']['kernel']} kernel; " + "; ".join(
                 f"{r['tokens']}: "
@@ -1010,9 +1029,25 @@ def table(result: dict[str, Any]) -> str:
             text = (f"weight_sync {p['route']}: versions {[it['learner_version'] for it in its]}, "
                     f"lag {[it['policy_lag_max'] for it in its]}")
         rows.append((name, text))
+    ragged = ragged_rates(ph)
+    if ragged:
+        rows.append(("ragged", ragged))
     rows.append(("verdict", "OK" if result["ok"] else "FAILED"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def ragged_rates(phases: dict[str, Any]) -> str | None:
+    """The ``packed`` phase's ragged batch, padded and packed, beside the ``learner`` phase's uniform one
+    (real tokens per second); None unless both phases ran."""
+    learner, packed = phases.get("learner", {}), phases.get("packed", {})
+    if learner.get("status") != "ok" or packed.get("status") != "ok":
+        return None
+    uniform = learner["tokens_per_s"]
+    return f"real tokens/s vs the uniform batch's {uniform:.0f}: " + ", ".join(
+        f"{way} {packed[way]['real_tokens_per_s']:.0f} ({packed[way]['real_tokens_per_s'] / uniform:.2f}x)"
+        for way in ("padded", "packed")
+    )
 
 
 def _json_safe(value: Any) -> Any:

@@ -11,11 +11,17 @@ colocated engine's ``gpu_memory_utilization`` is derived from the learner's plan
 
     share = (floor(100 x (device - learner) / device) - COLOCATED_MARGIN_PERCENT) / 100
 
-where ``learner`` is the planner's estimate (``flashrl.plan.memory.learner_memory``): its peak
-``total``, or with sleep mode only its ``static`` state (weights, gradients, master copy, optimizer),
-because the engine frees its memory while the learner's activations peak. When the model's
-architecture is unknown, the share is Ray's fraction ``num_gpus_per_env_runner``. A whole-GPU engine
-keeps ``DEFAULT_GPU_MEMORY_UTILIZATION``.
+where ``learner`` is the planner's estimate (``flashrl.plan.memory.learner_memory``) of the learner's
+peak, ``total`` (the update, or the weight push after it, whichever holds more), with or without
+sleep mode. Sleep mode does not lower it: the engine wakes while the learner pushes, and on waking
+vLLM's sleep allocator (``vllm/device_allocator/cumem.py``) maps fresh physical memory for the KV
+cache, next to whatever the learner's process then holds: its weights, master copy and optimizer,
+the push's buffers (vLLM's IPC buffer of at least 1 GiB among them), and whatever its caching
+allocator kept of the update. Before the push the driver has the learners free what they cached
+for the update (``Learner.release_memory``: ``torch.cuda.empty_cache()``), so what stays is below
+the peak; the peak is the bound that holds whatever the allocator could not give back. When the
+model's architecture is unknown, the share is Ray's fraction ``num_gpus_per_env_runner``. A
+whole-GPU engine keeps ``DEFAULT_GPU_MEMORY_UTILIZATION``.
 
 Sleep mode (vLLM's ``enable_sleep_mode``; what verl's hybrid engine does): the runner pauses
 generation and puts the engine to sleep at level 1 (weights copied to host memory, KV cache
@@ -64,8 +70,8 @@ def colocated_memory_utilization(device_bytes: int, *, learner_bytes: int | None
 
     Args:
         device_bytes: the GPU's total memory (vLLM's ``total_memory``).
-        learner_bytes: what the learner holds on it while the engine is awake (None: not known; then
-            Ray's fraction ``runner_gpus`` is the share).
+        learner_bytes: the learner's peak on it (None: not known; then Ray's fraction ``runner_gpus``
+            is the share).
         runner_gpus: ``num_gpus_per_env_runner``.
 
     Raises:
@@ -78,7 +84,7 @@ def colocated_memory_utilization(device_bytes: int, *, learner_bytes: int | None
         raise ValueError(
             f"colocated layout: expected the learner to leave the engine part of the GPU, got a learner peak of "
             f"{learner_bytes / 2**30:.2f} GiB on a {device_bytes / 2**30:.2f} GiB device (and a "
-            f"{COLOCATED_MARGIN_PERCENT}% margin). Fix: engine_sleep_mode=True, a smaller learner (max_tokens_per_micro_batch, "
+            f"{COLOCATED_MARGIN_PERCENT}% margin). Fix: a smaller learner (max_tokens_per_micro_batch, "
             "gradient checkpointing), or the learner on a GPU of its own (num_gpus_per_learner=1, "
             "num_gpus_per_env_runner=1)."
         )
@@ -114,8 +120,9 @@ def colocated_engine_options(
 
     Adds ``sleep_mode`` and, unless ``gpu_memory_utilization`` is set, what the engine derives its share
     from at start (it reads its device's memory then): ``colocated_learner_bytes`` (the learner's
-    planned bytes while the engine is awake, from ``learner_memory``, a ``LearnerMemory``; absent when
-    None) and ``colocated_gpu_fraction`` (Ray's fraction, the share without an estimate).
+    planned peak, ``learner_memory.total`` of a ``LearnerMemory``, with or without sleep mode: see the
+    module docstring; absent when None) and ``colocated_gpu_fraction`` (Ray's fraction, the share
+    without an estimate).
     """
     out = dict(engine_options)
     if engine != "vllm":
@@ -126,5 +133,5 @@ def colocated_engine_options(
         return out
     out["colocated_gpu_fraction"] = float(runner_gpus)
     if learner_memory is not None:
-        out["colocated_learner_bytes"] = int(learner_memory.static if sleep_mode else learner_memory.total)
+        out["colocated_learner_bytes"] = int(learner_memory.total)
     return out

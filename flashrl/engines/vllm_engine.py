@@ -136,6 +136,8 @@ CPU_MAX_NUM_BATCHED_TOKENS = 4096
 (``vllm/engine/arg_utils.py``, ``default_max_num_batched_tokens`` under ``current_platform.is_cpu()``),
 raised to ``max_model_len`` when that is longer: chunked prefill is off on CPU, so one step must hold
 a whole prompt."""
+WAKE_FAILED = "the engine's wake from sleep mode failed"
+"""How a broken engine's reason starts when a sleep-mode wake failed (its memory is not all back)."""
 
 
 def cpu_thread_defaults() -> dict[str, str]:
@@ -443,7 +445,7 @@ class VLLMEngine(ModelEngine):
                 self._version = int(version)
             except BaseException as err:
                 if loads or not finished:  # some layers new, some old (or a session left open)
-                    self._broken = f"a weight update to version {version} failed midway ({err!r})"
+                    self._broken = self._broken or f"a weight update to version {version} failed midway ({err!r})"
                 raise
             finally:
                 await self._resume()
@@ -497,15 +499,25 @@ class VLLMEngine(ModelEngine):
         """Wake one sleep-mode tag if it sleeps (vLLM's ``wake_up(tags)``; the scheduler stays paused
         until every tag is awake, vllm/v1/engine/core.py ``EngineCore.wake_up``)."""
         if tag in self._asleep:
-            await self._llm.wake_up(tags=[tag])
+            try:
+                await self._llm.wake_up(tags=[tag])
+            except BaseException as err:  # e.g. out of memory: the tag's memory is not back
+                self._broken = self._broken or f"{WAKE_FAILED} (waking its {tag}: {err!r}); generation stays paused"
+                raise
             self._asleep.remove(tag)
 
     async def _resume(self) -> None:
-        """Resume generation, waking a sleeping KV cache first (the prefix cache was emptied before)."""
-        try:
-            await self._wake("kv_cache")
-        finally:
-            await self._llm.resume_generation()
+        """Resume generation, waking a sleeping KV cache first (the prefix cache was emptied before).
+
+        Generation resumes only on an engine fully awake, as vLLM's own ``wake_up`` resumes its
+        scheduler: a failed wake marks the engine broken and raises with generation still paused (the
+        runner is restarted). Weights still asleep (an update that failed before waking them) are
+        left for ``wake_up``, which wakes both and resumes.
+        """
+        if "weights" in self._asleep:
+            return
+        await self._wake("kv_cache")
+        await self._llm.resume_generation()
 
     # -- GPU push routes (vLLM's weight-transfer engines) -------------------------------------------
 
@@ -527,8 +539,10 @@ class VLLMEngine(ModelEngine):
             await self._wake("weights")  # sleep mode: the pushed weights land in resident memory
             await self._llm.start_weight_update()
         except BaseException:
-            await self._resume()
-            self._update_lock.release()
+            try:
+                await self._resume()
+            finally:  # a failed wake raises from _resume: the lock is released all the same
+                self._update_lock.release()
             raise
 
     async def receive_weight_transfer(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
@@ -554,8 +568,10 @@ class VLLMEngine(ModelEngine):
             self._broken = f"finishing a pushed weight update to version {version} failed ({err!r})"
             raise
         finally:
-            await self._resume()
-            self._update_lock.release()
+            try:
+                await self._resume()
+            finally:  # a failed wake raises from _resume: the lock is released all the same
+                self._update_lock.release()
 
     def check_weight_plan(self, plan: list[tuple[str, str, list[int]]]) -> int:
         """Check a push's ``(name, dtype, shape)`` list against the checkpoint before any data moves.
@@ -624,9 +640,11 @@ class VLLMEngine(ModelEngine):
         if self._llm is None:
             raise RuntimeError("the engine is closed")
         if self._broken is not None:
+            problem = self._broken if self._broken.startswith(WAKE_FAILED) else (
+                f"the engine serves a mixture of two weight versions: {self._broken}"
+            )
             raise RuntimeError(
-                f"the engine serves a mixture of two weight versions: {self._broken}. Fix: start a new "
-                "engine (an EnvRunner's failure restarts it with the current weights)."
+                f"{problem}. Fix: start a new engine (an EnvRunner's failure restarts it with the current weights)."
             )
 
     async def _drop_old_kv(self) -> None:

@@ -85,6 +85,9 @@ class LearnerActor:
     def update(self, batch: TrainBatch) -> dict[str, float]:
         return self._learner.update(batch)
 
+    def release_memory(self) -> int:
+        return self._learner.release_memory()
+
     def get_weights(self) -> dict[str, torch.Tensor]:
         return self._learner.get_weights()
 
@@ -236,6 +239,15 @@ class LearnerGroup:
         self._version = int(metrics["version"])
         self._num_skipped = int(metrics["num_skipped_batches"])
         return metrics
+
+    def release_memory(self) -> None:
+        """Every learner gives its device back what its update cached (``Learner.release_memory``): the
+        driver calls it before colocated engines wake from sleep mode."""
+        self._check_usable()
+        if self._local is not None:
+            self._local.release_memory()
+            return
+        self._call("release their cached memory", [actor.release_memory.remote() for actor in self._actors])
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The policy's weights (CPU tensors, Hugging Face names), gathered to rank 0."""

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import logging
 import math
 import os
@@ -200,6 +201,21 @@ class Learner:
             update_time_s=time.perf_counter() - start,
         )
         return metrics
+
+    def release_memory(self) -> int:
+        """Give the device what the update cached and no longer holds, before a colocated engine wakes.
+
+        After ``update`` the gradients are gone (the step sets them to None) and so are the activations
+        and the batch (its locals); a garbage collection drops tensors that reference cycles still hold,
+        and ``torch.cuda.empty_cache()`` returns the caching allocator's free blocks to the device,
+        where vLLM's wake from sleep mode needs fresh physical memory (``flashrl.engines.colocation``).
+        Returns the bytes the allocator still reserves (0 off CUDA: nothing to give back there).
+        """
+        if self.device.type != "cuda":
+            return 0
+        gc.collect()
+        torch.cuda.empty_cache()
+        return int(torch.cuda.memory_reserved(self.device))
 
     def _accumulate(self, batch: TrainBatch, layout: BatchLayout, context: BatchContext, passes: _Passes) -> None:
         """Forward and backward over this rank's micro-batches, reading nothing back to the host.

@@ -68,6 +68,7 @@ stays; ``flashrl/weight_sync``)::
     push    = bucket (+ nccl or ipc on learner rank 0)
 
     total   = weights + master + optimizer + max(gradients + activations + reduce_scatter, push)
+              (+ process on the CPU: the learner's process besides its tensors, PROCESS_BYTES)
 
 Measured (``benchmarks/learner_memory.py``, float32, 8 layers x 512, V = 151,936, T = 64, B = 4..64,
 table in ``docs/training.md``): the update's transient bytes (gradients + activations) grow with B in
@@ -105,6 +106,27 @@ Env runner (one vLLM engine, split over its GPUs by tensor / expert parallelism)
                ``flashrl/engines/memory.py`` (the same call the engine makes: whole blocks, a floor
                and a cap), or the engine options' ``kv_cache_memory_bytes``; on GPU the engine takes
                its ``gpu_memory_utilization`` share and the plan compares the need with it
+    process  = on the CPU, the runner's processes besides the engine's tensors:
+               torch engine  PROCESS_BYTES + 2 x P x e  the process, and the weights twice more: a
+                             weight update's buckets, read from Ray's object store, stay mapped in
+                             the runner's resident set (shared memory), and while the first update
+                             is copied in, the model's safetensors file (mapped when the engine
+                             built it) is still resident next to the weights being written
+               vLLM          PROCESS_BYTES                the runner's process (vLLM's engine-core
+                             process, which holds the weights and the KV cache, adds its own
+                             Python, torch and vLLM: not measured yet, not counted)
+               (0 on a GPU: that estimate is of device memory)
+
+Measured (``benchmarks/process_memory.py``, ``benchmarks/results/process_memory.json``, SmolLM2-135M
+in float32 on the CPU, a learner and a torch-engine env runner as Ray actors, two iterations): a bare
+worker (Python, torch, transformers, Ray's worker and flashrl imported, the tokenizer loaded) peaked
+at 570 MiB; the runner at 2653 MiB (its process and a 57 MiB child), estimated 2184 MiB (0.82);
+the learner at 3993 MiB, estimated 4605 MiB (1.15; its activations counted at the full 256-token
+context, its episodes were about 57 tokens). Without the process terms the runner's estimate was
+558 MiB (weights and KV cache only). Where the runner's bytes sit was sampled from ``/proc``
+during that run (``benchmarks/results/process_memory_rss_samples.log``: the update's bucket as
+shared memory, the model's file pages, the anonymous weights). ``tests/plan/test_memory.py`` holds
+both estimates within 30% of the measured peaks.
 """
 
 from __future__ import annotations
@@ -137,9 +159,15 @@ __all__ = [
     "learner_memory",
     "learner_memory_for",
     "push_bytes",
+    "runner_process_bytes",
 ]
 
 GIB = 1024**3
+MIB = 1024**2
+PROCESS_BYTES = 600 * MIB
+"""A flashrl worker process on the CPU before its model: Python, torch, transformers, Ray's worker and
+flashrl imported, the tokenizer loaded (``benchmarks/results/process_memory.json``, ``bare_worker``:
+570 MiB, rounded up)."""
 EXPORT_BUCKET_BYTES = GIB
 """X of the module docstring: ``flashrl.checkpoints.export.EXPORT_BUCKET_BYTES`` (not imported: no torch here)."""
 
@@ -171,6 +199,9 @@ class LearnerMemory:
     """FSDP2's float32 reduce-scatter buffers (sharded learners)."""
     push: int = 0
     """What a weight push adds on top of the weights, master copy and optimizer (after the update)."""
+    process: int = 0
+    """The learner's process besides its tensors (``PROCESS_BYTES``) on the CPU; 0 on a GPU, where the
+    estimate is of device memory."""
 
     @property
     def static(self) -> int:
@@ -183,8 +214,8 @@ class LearnerMemory:
 
     @property
     def total(self) -> int:
-        """The peak: the update or the push after it, whichever holds more."""
-        return self.weights + self.master + self.optimizer + max(self.update, self.push)
+        """The peak: the update or the push after it, whichever holds more (and the process on the CPU)."""
+        return self.weights + self.master + self.optimizer + max(self.update, self.push) + self.process
 
 
 @dataclass(frozen=True)
@@ -197,10 +228,14 @@ class EnvRunnerMemory:
     kv_bytes_per_token: int
     kv_cache_reserved: int | None = None
     """KV-cache bytes the engine reserves when it reserves a fixed number (vLLM's CPU build)."""
+    process: int = 0
+    """The runner's processes besides the engine's tensors, on the CPU (``runner_process_bytes``); 0 on
+    a GPU, where the estimate is of device memory."""
 
     @property
     def total(self) -> int:
-        return self.weights + (self.kv_cache if self.kv_cache_reserved is None else self.kv_cache_reserved)
+        kv = self.kv_cache if self.kv_cache_reserved is None else self.kv_cache_reserved
+        return self.weights + kv + self.process
 
 
 def learner_memory_for(config: Any, arch: Architecture, *, weight_sync: str) -> LearnerMemory:
@@ -220,6 +255,7 @@ def learner_memory_for(config: Any, arch: Architecture, *, weight_sync: str) -> 
         flash_attention=learner_flash_attention(config),
         pack_sequences=config.pack_sequences,
         weight_sync=weight_sync,
+        process_bytes=PROCESS_BYTES if config.num_gpus_per_learner == 0 else 0,
     )
 
 
@@ -249,12 +285,14 @@ def learner_memory(
     pack_sequences: bool | None = None,
     weight_sync: str = "shm",
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    process_bytes: int = 0,
 ) -> LearnerMemory:
     """The learner formula of the module docstring (``num_learners`` 0 means one learner in the driver).
 
     ``flash_attention``: the learner attends with a varlen flash kernel (no 4-D masks);
     ``pack_sequences`` as the learner's (None: packed only with flash attention); ``weight_sync``
-    and ``bucket_bytes``: the route and bucket size of the weight push.
+    and ``bucket_bytes``: the route and bucket size of the weight push; ``process_bytes``: the
+    process's own memory, counted in ``total`` (``PROCESS_BYTES`` for a learner on the CPU).
     """
     p = arch.num_parameters()
     b = DTYPE_BYTES[dtype]
@@ -299,6 +337,7 @@ def learner_memory(
         mask=mask,
         reduce_scatter=reduce_scatter,
         push=push_bytes(arch, b, largest_layer=layer, route=weight_sync, bucket_bytes=bucket_bytes),
+        process=int(process_bytes),
     )
 
 
@@ -407,12 +446,14 @@ def env_runner_memory(
     max_episode_tokens: int,
     cpu_vllm: bool = False,
     kv_cache_memory_bytes: int | None = None,
+    cpu_engine: str | None = None,
 ) -> EnvRunnerMemory:
     """The env-runner formula of the module docstring.
 
     ``cpu_vllm``: the engine is vLLM's CPU build, which reserves ``kv_cache_budget`` bytes (or
     ``kv_cache_memory_bytes`` when given, on either platform); raises its ``ValueError`` when one
-    full-context sequence cannot fit.
+    full-context sequence cannot fit. ``cpu_engine``: the engine (``torch`` or ``vllm``) of a runner
+    on the CPU, whose processes count (``runner_process_bytes``); None on a GPU.
     """
     e = DTYPE_BYTES[engine_dtype]
     per_token = kv_bytes_per_token(
@@ -437,12 +478,21 @@ def env_runner_memory(
             bytes_per_token=per_token,
             block_size=CPU_BLOCK_SIZE,
         ).reserved_bytes
+    weights = arch.num_parameters() * e
     return EnvRunnerMemory(
-        weights=arch.num_parameters() * e,
+        weights=weights,
         kv_cache=episodes_in_flight * max_episode_tokens * per_token,
         kv_bytes_per_token=per_token,
         kv_cache_reserved=reserved,
+        process=0 if cpu_engine is None else runner_process_bytes(cpu_engine, weights=weights),
     )
+
+
+def runner_process_bytes(engine: str, *, weights: int) -> int:
+    """``process`` of the env-runner formula: a CPU runner's processes besides its engine's tensors."""
+    if engine == "torch":  # one process; the update's buckets mapped from the object store, the model's file
+        return PROCESS_BYTES + 2 * weights
+    return PROCESS_BYTES  # the runner's process; vLLM's engine-core process is not measured yet
 
 
 def format_bytes(n: float) -> str:

@@ -170,6 +170,7 @@ def plan_run(config: Any, *, model_path: str | None = None, raise_problems: bool
                 arch, engine_dtype=engine.dtype, episodes_in_flight=engine.num_seqs, max_episode_tokens=engine.context,
                 cpu_vllm=config.engine == "vllm" and runner_gpus == 0,
                 kv_cache_memory_bytes=runner_options.get("kv_cache_memory_bytes"),
+                cpu_engine=config.engine if runner_gpus == 0 else None,
             )  # fmt: skip
         except ValueError as err:  # the engine refuses this budget at start, with the same message
             runner_memory_error = str(err)

@@ -343,6 +343,7 @@ def _memory(report: DryRunReport, run_plan: RunPlan) -> list[str]:
                 if rm.kv_cache_reserved is not None
                 else ""
             )
+            + (f" + processes {format_bytes(rm.process)} ({_runner_process(config.engine)})" if rm.process else "")
             + f" = {format_bytes(rm.total)}"
         ),
     ]
@@ -362,6 +363,13 @@ def _memory(report: DryRunReport, run_plan: RunPlan) -> list[str]:
     if warning:
         report.warnings.append(warning)
     return lines
+
+
+def _runner_process(engine: str) -> str:
+    """What a CPU runner's ``process`` bytes are (``flashrl.plan.memory.runner_process_bytes``)."""
+    if engine == "torch":
+        return "its process, an update's buckets mapped from Ray's object store, the model's file"
+    return "its process; vLLM's engine-core process not counted"
 
 
 def start_memory_warning(config: Any) -> str | None:
@@ -436,7 +444,8 @@ def _engine_budget(report: DryRunReport, lm: LearnerMemory, run_plan: RunPlan) -
     colocated, sleep = run_plan.colocated, run_plan.sleep_mode
     if run_plan.sleep_error is not None:
         report.errors.append(run_plan.sleep_error)
-    awake = lm.static if sleep else lm.total  # the learner's bytes while the engine holds its reservation
+    # the learner's peak: what may still be reserved next to the engine when it wakes (colocation.py)
+    awake = lm.total
     given = config.engine_options.get("gpu_memory_utilization")
     try:
         util = float(given) if given is not None else (
@@ -444,7 +453,7 @@ def _engine_budget(report: DryRunReport, lm: LearnerMemory, run_plan: RunPlan) -
             if colocated else DEFAULT_GPU_MEMORY_UTILIZATION
         )  # fmt: skip
     except ValueError as err:  # the learner leaves the engine nothing
-        report.errors.append(str(err))
+        report.errors.append(_learner_exceeds(config, lm, device) if lm.total > device else str(err))
         return [f"    colocated: the learner leaves the engine no memory ({format_bytes(awake)} of {format_bytes(device)})"], 0.0
     source = "set" if given is not None else ("derived from the learner's estimate" if colocated else "default")
     budget = util * device
@@ -457,39 +466,43 @@ def _engine_budget(report: DryRunReport, lm: LearnerMemory, run_plan: RunPlan) -
     if not colocated:
         return lines, budget
     lines.append(
-        f"    shared GPU: learner {format_bytes(awake)} "
-        + (f"(its static state; sleep mode frees the engine for the update's peak {format_bytes(lm.total)}) "
-           if sleep else "(its peak; sleep mode off) ")
+        f"    shared GPU: learner {format_bytes(awake)} (its peak; "
+        + ("the engine wakes from sleep mode next to what the learner holds then) " if sleep else "sleep mode off) ")
         + f"+ engine {format_bytes(budget)} of {format_bytes(device)}"
     )  # fmt: skip
     if lm.total > device:  # no share of the engine's helps: the update alone needs more than the device
-        report.errors.append(
-            f"colocated learner: its update's peak {format_bytes(lm.total)} exceeds the whole {format_bytes(device)} "
-            "GPU even with the engine asleep. Fix: " + _learner_fix(config, lm, device)
-            + "; or the learner on a GPU of its own (num_gpus_per_learner=1, num_gpus_per_env_runner=1)"
-        )
+        report.errors.append(_learner_exceeds(config, lm, device))
     elif awake + budget > device:
+        layout = (f"num_gpus_per_learner={config.num_gpus_per_learner} + "
+                  f"num_gpus_per_env_runner={runner_gpus} on one {format_bytes(device)} GPU")
         report.errors.append(
-            f"colocated learner and engine do not fit one {format_bytes(device)} GPU: expected learner + engine "
-            f"reservation <= the device, got {format_bytes(awake)} + {format_bytes(budget)} (vLLM reserves "
-            f"gpu_memory_utilization {util:g} of the whole device and refuses to start with less free, or the "
-            "learner runs out of memory). Fix: " + _colocated_fix(int(device), lm, sleep, runner_gpus)
+            f"colocated layout {layout}: the engine's "
+            + ("wake from sleep mode" if sleep else "start")
+            + f" does not fit: expected the learner's peak + the engine's reservation <= the device, got "
+            f"{format_bytes(awake)} + {format_bytes(budget)} (vLLM reserves gpu_memory_utilization {util:g} of "
+            "the whole device at start and maps its KV cache again on every wake, next to what the learner "
+            "holds: an out-of-memory error). Fix: " + _colocated_fix(int(device), lm, runner_gpus)
         )
     return lines, budget
 
 
-def _colocated_fix(device: int, lm: LearnerMemory, sleep: bool, runner_gpus: float) -> str:
-    """The settings that make a colocated layout fit: a share the learner leaves, sleep mode, or two GPUs."""
-    candidates = [(lm.static if sleep else lm.total, "")]
-    if not sleep:  # the engine sleeps through the update: only the static state stays next to it
-        candidates.append((lm.static, ", engine_sleep_mode=True"))
+def _learner_exceeds(config: Any, lm: LearnerMemory, device: float) -> str:
+    """The error of a colocated learner whose peak alone exceeds its device: the learner's own fixes."""
+    return (
+        f"colocated learner: its update's peak {format_bytes(lm.total)} exceeds the whole {format_bytes(device)} "
+        "GPU even with the engine asleep. Fix: " + _learner_fix(config, lm, device)
+        + "; or the learner on a GPU of its own (num_gpus_per_learner=1, num_gpus_per_env_runner=1)"
+    )
+
+
+def _colocated_fix(device: int, lm: LearnerMemory, runner_gpus: float) -> str:
+    """The settings that make a colocated layout fit: the share the learner's peak leaves, or two GPUs."""
     fixes = []
-    for learner, extra in candidates:
-        try:
-            util = colocated_memory_utilization(device, learner_bytes=learner, runner_gpus=runner_gpus)
-        except ValueError:
-            continue
-        fixes.append(f"engine_options={{'gpu_memory_utilization': {util:g}}}{extra}")
+    try:
+        util = colocated_memory_utilization(device, learner_bytes=lm.total, runner_gpus=runner_gpus)
+        fixes.append(f"engine_options={{'gpu_memory_utilization': {util:g}}}")
+    except ValueError:
+        pass
     fixes.append("the learner on a GPU of its own (num_gpus_per_learner=1, num_gpus_per_env_runner=1)")
     return "; or ".join(fixes)
 
@@ -528,7 +541,9 @@ def _learner_memory_lines(report: DryRunReport, run_plan: RunPlan) -> tuple[list
             (f"    float32 reduce-scatter buffers {format_bytes(lm.reduce_scatter)}; " if lm.sharded else "    ")
             + f"weight push ({route}) {format_bytes(lm.push)} after the update"
         ),
-        f"    total {format_bytes(lm.total)} (the larger of the update and the push)",
+        f"    total {format_bytes(lm.total)} (the larger of the update and the push"
+        + (f", + the process's own {format_bytes(lm.process)}: Python, torch, transformers, Ray's worker)"
+           if lm.process else ")"),
     ]
     ck = checkpoint_memory(arch, dtype=config.dtype, optimizer=config.optimizer, num_learners=config.num_learners)
     if ck.layout == "dcp":

@@ -28,12 +28,12 @@ def _config(learner_gpus: float = 0.5, runner_gpus: float = 0.5, **env_runners: 
 
 
 def test_colocated_runners_start_with_sleep_mode_and_the_learners_bytes() -> None:
-    # Qwen2.5-Math-1.5B, bfloat16, AdamW, one learner: static state 30,874,286,080 bytes (28.75 GiB),
-    # peak 36,919,719,936 (34.38 GiB), the numbers tests/recipes/test_colocated_plan.py plans with
+    # Qwen2.5-Math-1.5B, bfloat16, AdamW, one learner: peak 36,919,719,936 bytes (34.38 GiB), the
+    # number tests/recipes/test_colocated_plan.py plans with
     assert plan_run(_config()).engine_options == {
         "weight_sync": "ipc", "sleep_mode": True, "colocated_gpu_fraction": 0.5,
-        "colocated_learner_bytes": 30874286080, "log_level": "WARNING",
-    }  # fmt: skip
+        "colocated_learner_bytes": 36919719936, "log_level": "WARNING",
+    }  # fmt: skip  # the peak with sleep mode too: the engine wakes next to what the learner still holds
     off = plan_run(_config(engine_sleep_mode=False)).engine_options
     assert off == {"weight_sync": "ipc", "colocated_gpu_fraction": 0.5, "colocated_learner_bytes": 36919719936,
                    "log_level": "WARNING"}  # framework_log_level reaches every vLLM engine
@@ -57,6 +57,9 @@ class _Recorder:
         self.calls.append("learner update")
         self.version += int(self.updates)
         return {"loss": 0.0}
+
+    def release_memory(self) -> None:
+        self.calls.append("learner frees its cache")
 
     # the env runner group
     def sleep_engines(self) -> None:
@@ -93,10 +96,10 @@ def test_colocated_engines_sleep_through_the_update_and_wake() -> None:
     calls: list[str] = []
     _algorithm(calls, sleep=True)._update_and_push(COLLECTED, 0)
     # the push wakes each engine (weights, load, empty prefix cache, KV cache); the last wake finds them awake
-    assert calls == ["sleep engines", "learner update", "push weights", "wake engines"]
+    assert calls == ["sleep engines", "learner update", "learner frees its cache", "push weights", "wake engines"]
     calls.clear()
     _algorithm(calls, sleep=True, updates=False)._update_and_push(COLLECTED, 0)  # a skipped batch: no push
-    assert calls == ["sleep engines", "learner update", "wake engines"]
+    assert calls == ["sleep engines", "learner update", "learner frees its cache", "wake engines"]
     calls.clear()
     _algorithm(calls, sleep=False)._update_and_push(COLLECTED, 0)
     assert calls == ["learner update", "push weights"]
@@ -114,3 +117,95 @@ def test_a_failed_update_still_wakes_the_engines() -> None:
     with pytest.raises(RuntimeError, match="learner died"):
         algo._update_and_push(COLLECTED, 0)
     assert calls == ["sleep engines", "learner update", "wake engines"]
+
+
+# ------------------------------------------------------------------------------------ the wake's memory
+class _SharedGpu:
+    """One 80 GiB GPU shared by a learner and a sleeping engine, as the plan sizes them: a ledger of
+    what each side holds after every step of an iteration, and a check that the two fit.
+
+    The learner's caching allocator keeps what it reserved (its update's peak) until it frees its
+    cache; vLLM's wake maps fresh physical memory for the weights and then for the whole KV cache
+    (its ``gpu_memory_utilization`` share), next to whatever the learner still reserves.
+    """
+
+    def __init__(self, config: FlashReinforceConfig) -> None:
+        from flashrl.engines.colocation import colocated_memory_utilization
+
+        plan = plan_run(config)
+        self.device = 80 * 2**30
+        self.learner = plan.learner_memory
+        self.share = colocated_memory_utilization(
+            self.device, learner_bytes=plan.engine_options["colocated_learner_bytes"], runner_gpus=0.5
+        ) * self.device  # fmt: skip
+        self.kept = self.learner.weights + self.learner.master + self.learner.optimizer  # between updates
+        self.learner_reserved, self.engine = self.kept, self.share  # the engine awake, sampling
+        self.steps: list[tuple[str, int]] = []
+
+    def record(self, step: str) -> None:
+        used = self.learner_reserved + self.engine
+        self.steps.append((step, used))
+        assert used <= self.device, f"{step}: {used / 2**30:.2f} GiB of the {self.device / 2**30:.0f} GiB device"
+
+    # the env runner group
+    def sleep_engines(self) -> None:
+        self.engine = 0  # level 1: the weights in host memory, the KV cache freed
+        self.record("sleep engines")
+
+    def wake_engines(self) -> None:
+        self.engine = self.share
+        self.record("wake engines")
+
+    # the learner group
+    def update(self, batch: Any) -> dict[str, float]:
+        self.learner_reserved = self.learner.total  # the update's peak, cached when it ends
+        self.version += 1
+        self.record("learner update")
+        return {"loss": 0.0}
+
+    def release_memory(self) -> None:
+        self.learner_reserved = self.kept  # gradients set to None, activations gone, cache emptied
+        self.record("learner frees its cache")
+
+    # the weight-sync route: the engine's weights wake, the learner's push buffers, then the KV cache
+    def push(self, learners: Any, runners: Any) -> float:
+        self.learner_reserved = max(self.learner_reserved, self.kept + self.learner.push)
+        self.engine = self.share  # the weights, then the KV cache: the whole reservation again
+        self.record("push weights (the engine wakes)")
+        self.learner_reserved = max(self.learner_reserved - self.learner.push, self.kept)
+        return 0.0
+
+
+def test_the_colocated_engine_wakes_within_the_device() -> None:
+    """The 1.5B model on one 80 GiB GPU (0.5 + 0.5, sleep mode on by default): at every step of an
+    iteration the learner's reserved bytes plus the engine's fit the device. The engine's share is
+    what the learner's peak leaves (34.38 GiB: 0.52, 41.6 GiB); with the share its static state used to
+    leave (28.75 GiB: 0.59, 47.2 GiB) the wake after the push would not fit: 34.38 + 47.2 > 80."""
+    gpu = _SharedGpu(_config())
+    algo = FlashReinforce.__new__(FlashReinforce)
+    gpu.version = 0
+    algo.learner_group, algo._weight_sync, algo._engines_sleep, algo.pad_token_id = gpu, gpu, True, 0
+    algo.stream = SimpleNamespace(group=gpu)
+    algo._update_and_push(COLLECTED, 0)
+    assert [step for step, _ in gpu.steps] == [
+        "sleep engines", "learner update", "learner frees its cache", "push weights (the engine wakes)",
+        "wake engines",
+    ]  # fmt: skip
+    assert round(gpu.share / 2**30, 2) == 41.6
+    wake = dict(gpu.steps)["push weights (the engine wakes)"]
+    assert wake == gpu.kept + gpu.learner.push + gpu.share  # what the learner keeps, its push buffers, the engine
+
+
+def test_a_learner_on_cuda_empties_its_cache_and_one_on_cpu_has_nothing_to_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from flashrl.learners.learner import Learner
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 3 * 2**30)
+    assert Learner.release_memory(SimpleNamespace(device=torch.device("cuda", 0))) == 3 * 2**30
+    assert calls == ["empty_cache"]
+    assert Learner.release_memory(SimpleNamespace(device=torch.device("cpu"))) == 0 and calls == ["empty_cache"]

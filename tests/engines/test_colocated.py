@@ -50,7 +50,7 @@ def test_the_share_falls_back_to_rays_fraction_and_a_whole_gpu_keeps_085() -> No
 
 
 def test_a_learner_that_leaves_nothing_is_refused_with_the_fixes() -> None:
-    with pytest.raises(ValueError, match=r"76.00 GiB on a 80.00 GiB device.*engine_sleep_mode=True"):
+    with pytest.raises(ValueError, match=r"76.00 GiB on a 80.00 GiB device.*a smaller learner.*a GPU of its own"):
         colocated_memory_utilization(80 * GIB, learner_bytes=76 * GIB, runner_gpus=0.5)
     assert colocated_memory_utilization(80 * GIB, learner_bytes=75 * GIB, runner_gpus=0.5) == 0.01
 
@@ -68,12 +68,12 @@ def test_the_colocated_layout_and_the_sleep_setting() -> None:
         resolve_sleep_mode(True, engine="torch", learner_gpus=0.5, runner_gpus=0.5)
 
 
-def test_colocated_engine_options_carry_the_learners_bytes_awake() -> None:
+def test_colocated_engine_options_carry_the_learners_peak() -> None:
     memory = SimpleNamespace(static=30 * GIB, total=35 * GIB)
     common = {"engine": "vllm", "learner_gpus": 0.5, "runner_gpus": 0.5, "learner_memory": memory}
     assert colocated_engine_options({"weight_sync": "ipc"}, sleep_mode=True, **common) == {
-        "weight_sync": "ipc", "sleep_mode": True, "colocated_gpu_fraction": 0.5, "colocated_learner_bytes": 30 * GIB,
-    }  # asleep through the update: only the learner's static state shares the GPU with the engine
+        "weight_sync": "ipc", "sleep_mode": True, "colocated_gpu_fraction": 0.5, "colocated_learner_bytes": 35 * GIB,
+    }  # asleep through the update, but it wakes next to what the learner still holds: its peak, not 30 GiB
     assert colocated_engine_options({}, sleep_mode=False, **common)["colocated_learner_bytes"] == 35 * GIB
     assert colocated_engine_options({"gpu_memory_utilization": 0.4}, sleep_mode=False, **common) == {
         "gpu_memory_utilization": 0.4
@@ -190,3 +190,64 @@ def test_vllms_cpu_build_has_no_sleep_mode() -> None:
     if not current_platform.is_cpu():
         pytest.skip("this checks vLLM's CPU build; a GPU build has sleep mode")
     assert current_platform.is_sleep_mode_available() is False
+
+
+# ------------------------------------------------------------------------------------ a failed wake
+class FailingWakeLLM(RecordingLLM):
+    """``wake_up`` of one tag fails as vLLM's does when the memory is not there (``cumem``'s allocation)."""
+
+    def __init__(self, failing_tag: str) -> None:
+        super().__init__()
+        self.failing_tag = failing_tag
+
+    async def wake_up(self, tags: list[str]) -> None:
+        self.calls.append(f"wake_up({tags})")
+        if self.failing_tag in tags:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
+
+
+def _failing_engine(tmp_path, tag: str) -> tuple[VLLMEngine, FailingWakeLLM]:
+    engine, _ = _engine(tmp_path)
+    engine._llm = llm = FailingWakeLLM(tag)
+    return engine, llm
+
+
+def _fail_after_sleep(engine: VLLMEngine, llm: FailingWakeLLM, step) -> None:
+    """Sleep, then run ``step`` (the engine's wake) and expect its out-of-memory error; then the engine
+    is broken, generation was not resumed and the update lock is free."""
+
+    async def run() -> None:
+        await engine.sleep()
+        llm.calls.append("[learner update]")
+        with pytest.raises(torch.OutOfMemoryError):
+            await step()
+
+    asyncio.run(run())
+    assert "resume_generation" not in llm.calls[llm.calls.index("[learner update]"):]  # generation stays paused
+    assert engine._update_lock is not None and not engine._update_lock.locked()  # nothing waits on the lock
+    with pytest.raises(RuntimeError, match="wake from sleep mode failed .*out of memory"):
+        engine._check_usable()  # every later call raises: the runner fails and is restarted
+
+
+@pytest.mark.parametrize("tag", ["kv_cache", "weights"])
+def test_a_failed_wake_in_a_streamed_update_is_an_engine_error(tmp_path, tag: str) -> None:
+    engine, llm = _failing_engine(tmp_path, tag)
+    _fail_after_sleep(engine, llm, lambda: engine.update_weights({"w": torch.ones(2)}, version=1))
+
+
+@pytest.mark.parametrize("tag", ["kv_cache", "weights"])
+def test_a_failed_wake_in_a_pushed_update_is_an_engine_error(tmp_path, tag: str) -> None:
+    engine, llm = _failing_engine(tmp_path, tag)
+
+    async def push() -> None:
+        await engine.begin_weight_transfer()
+        await engine.receive_weight_transfer({"names": ["w"]})
+        await engine.end_weight_transfer(version=3)
+
+    _fail_after_sleep(engine, llm, push)
+    assert engine.version == (3 if tag == "kv_cache" else 0)  # the weights loaded; the KV cache did not wake
+
+
+def test_a_failed_wake_without_an_update_is_an_engine_error(tmp_path) -> None:
+    engine, llm = _failing_engine(tmp_path, "kv_cache")
+    _fail_after_sleep(engine, llm, engine.wake_up)

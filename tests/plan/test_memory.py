@@ -186,3 +186,41 @@ def test_the_plan_uses_the_export_bucket_of_the_learners() -> None:
     from flashrl.plan.memory import EXPORT_BUCKET_BYTES as PLANNED
 
     assert PLANNED == EXPORT_BUCKET_BYTES
+
+
+PROCESSES = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "process_memory.json"
+
+
+def _process_benchmark():
+    """benchmarks/process_memory.py as a module: the measured run's config is its ``run_config``."""
+    import importlib.util
+
+    path = PROCESSES.parents[1] / "process_memory.py"
+    spec = importlib.util.spec_from_file_location("process_memory_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_runner_and_learner_estimates_against_the_committed_measurement() -> None:
+    """The dry run's per-runner and learner totals within 30% of the processes' measured peak RSS
+    (SmolLM2-135M on the CPU, a learner and an env runner as Ray actors, for each engine measured)."""
+    from flashrl.plan import plan_run
+    from flashrl.plan.memory import PROCESS_BYTES
+
+    result = json.loads(PROCESSES.read_text())
+    assert PROCESS_BYTES >= result["bare_worker"]["peak_rss_bytes"]  # the baseline every process starts from
+    bench = _process_benchmark()
+    checked = []
+    for engine, run in result["runs"].items():
+        if "error" in run:
+            continue
+        config = bench.run_config(engine)
+        config.validate()
+        plan = plan_run(config)
+        for role, estimate in (("env_runner", plan.runner_memory.total), ("learner", plan.learner_memory.total)):
+            measured = run["measured"][role]["peak_rss_bytes"]
+            assert abs(estimate - measured) <= 0.3 * measured, (engine, role, format_bytes(estimate),
+                                                                format_bytes(measured))
+            checked.append((engine, role))
+    assert ("torch", "env_runner") in checked and ("torch", "learner") in checked

@@ -2,7 +2,8 @@
 
 An 80 GiB GPU shared by one learner and one engine (0.5 + 0.5, the ``ipc`` route) with
 Qwen2.5-Math-1.5B in bfloat16 under AdamW: the learner's planned peak is 34.38 GiB, its static state
-(weights, gradients, float32 master, optimizer) 28.75 GiB (``flashrl.plan.memory``). vLLM reserves
+(weights, gradients, float32 master, optimizer) 28.75 GiB (``flashrl.plan.memory``); the engine's
+share is budgeted against the peak, sleep mode or not (``flashrl.engines.colocation``). vLLM reserves
 ``gpu_memory_utilization x 80 GiB`` at start whatever the fraction (0.85: 68 GiB, where the plan
 used to budget 0.85 x 80 x 0.5 = 34 GiB).
 """
@@ -42,36 +43,40 @@ def test_the_engine_budget_is_a_share_of_the_whole_device(monkeypatch: pytest.Mo
     assert "total 34.38 GiB" in out  # the learner's planned peak
     assert "per GPU (split over 1): 3.31 GiB of 68.00 GiB" in out  # not 0.85 x 80 x 0.5 = 34 GiB
     assert "gpu_memory_utilization 0.85 (set) x the whole 80.00 GiB device = 68.00 GiB" in out
-    # sleep mode (on by default here): the learner's static state shares the GPU with the awake engine
-    assert "shared GPU: learner 28.75 GiB (its static state;" in out
-    # 28.75 + 68 > 80: refused, with the share that fits: floor(100 x (80 - 28.75) / 80) - 5 = 59 %
+    # sleep mode (on by default here): the engine wakes next to what the learner holds, up to its peak
+    assert "shared GPU: learner 34.38 GiB (its peak; the engine wakes from sleep mode next to" in out
+    # 34.38 + 68 > 80: refused, naming the layout and the wake, with the share that fits:
+    # floor(100 x (80 - 34.38) / 80) - 5 = 52 %
     assert report.exit_code() == 1
     (error,) = [e for e in report.errors if "colocated" in e]
-    assert "got 28.75 GiB + 68.00 GiB" in error
-    assert "Fix: engine_options={'gpu_memory_utilization': 0.59}" in error
+    assert error.startswith("colocated layout num_gpus_per_learner=0.5 + num_gpus_per_env_runner=0.5 on one "
+                            "80.00 GiB GPU: the engine's wake from sleep mode does not fit")  # fmt: skip
+    assert "got 34.38 GiB + 68.00 GiB" in error
+    assert "Fix: engine_options={'gpu_memory_utilization': 0.52}" in error
     assert "num_gpus_per_learner=1, num_gpus_per_env_runner=1" in error
 
 
-def test_without_sleep_mode_the_learners_peak_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    report, out = _report(monkeypatch, engine_options={"gpu_memory_utilization": 0.85}, engine_sleep_mode=False)
-    assert "shared GPU: learner 34.38 GiB (its peak; sleep mode off) + engine 68.00 GiB of 80.00 GiB" in out
-    (error,) = [e for e in report.errors if "colocated" in e]
-    # floor(100 x (80 - 34.38) / 80) - 5 = 52 %; with sleep mode the static 28.75 GiB: 59 %
-    assert error.endswith(
-        "Fix: engine_options={'gpu_memory_utilization': 0.52}; or engine_options={'gpu_memory_utilization': "
-        "0.59}, engine_sleep_mode=True; or the learner on a GPU of its own (num_gpus_per_learner=1, "
-        "num_gpus_per_env_runner=1)"
-    )
+def test_the_static_state_share_is_refused_sleep_mode_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 0.59 is what the learner's static state (28.75 GiB) used to leave with sleep mode: 34.38 + 47.2 > 80
+    for sleep in (None, False):
+        report, out = _report(monkeypatch, engine_options={"gpu_memory_utilization": 0.59}, engine_sleep_mode=sleep)
+        (error,) = [e for e in report.errors if "colocated" in e]
+        assert "got 34.38 GiB + 47.20 GiB" in error
+        assert error.endswith(
+            "Fix: engine_options={'gpu_memory_utilization': 0.52}; or the learner on a GPU of its own "
+            "(num_gpus_per_learner=1, num_gpus_per_env_runner=1)"
+        )
+    assert "shared GPU: learner 34.38 GiB (its peak; sleep mode off) + engine 47.20 GiB of 80.00 GiB" in out
+    assert "the engine's start does not fit" in error
 
 
 def test_the_default_share_is_derived_and_fits(monkeypatch: pytest.MonkeyPatch) -> None:
-    report, out = _report(monkeypatch)
-    assert "gpu_memory_utilization 0.59 (derived from the learner's estimate) x the whole 80.00 GiB device = " \
-           "47.20 GiB" in out  # fmt: skip
-    assert not [e for e in report.errors if "colocated" in e]
-    _, out = _report(monkeypatch, engine_sleep_mode=False)
-    assert "gpu_memory_utilization 0.52 (derived from the learner's estimate)" in out  # 0.52 x 80 = 41.60 GiB
-    assert "+ engine 41.60 GiB of 80.00 GiB" in out
+    for sleep in (None, False):  # the same share either way: the learner's peak
+        report, out = _report(monkeypatch, engine_sleep_mode=sleep)
+        assert "gpu_memory_utilization 0.52 (derived from the learner's estimate) x the whole 80.00 GiB device = " \
+               "41.60 GiB" in out  # fmt: skip
+        assert "+ engine 41.60 GiB of 80.00 GiB" in out
+        assert not [e for e in report.errors if "colocated" in e]
 
 
 def test_a_whole_gpu_engine_keeps_085(monkeypatch: pytest.MonkeyPatch) -> None:

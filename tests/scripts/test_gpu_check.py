@@ -72,6 +72,36 @@ def test_bad_options_are_refused() -> None:
             gpu_check.parse_args(["--small", *bad])
 
 
+@pytest.mark.parametrize(("route", "gpus", "needed"), [("shm", 1, 2), ("nccl", 1, 2)])
+def test_a_route_this_machine_cannot_place_is_refused_naming_what_it_needs(
+    route: str, gpus: int, needed: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(SystemExit):  # not a wait for GPUs that never come (Ray asked for 1 + 1)
+        gpu_check.parse_args(["--push-route", route])
+    error = capsys.readouterr().err
+    assert f"--push-route {route} needs {needed} GPUs, this machine has {gpus}" in error
+    assert "a GPU each (1 + 1" in error and "use ipc" in error
+    opts = gpu_check.parse_args(["--push-route", "ipc"])  # one GPU: the shared layout fits
+    assert opts.push_route == "ipc" and gpu_check.push_gpus("ipc", small=False) == 1
+    monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: 2)
+    assert gpu_check.parse_args(["--push-route", route]).push_route == route
+
+
+def test_the_table_quotes_mfu_against_the_datasheet_first_and_ragged_beside_uniform() -> None:
+    results = ROOT / "benchmarks" / "results"
+    h200 = json.loads((results / "gpu_check_h200.json").read_text())
+    packed = json.loads((results / "gpu_check_h200_packed.json").read_text())["phases"]["packed"]
+    # the uniform batch of one run beside the ragged batch of the next; the other phases left out
+    h200["phases"] = {name: h200["phases"][name] if name in ("matmul", "learner") else
+                      packed if name == "packed" else {"status": "skipped", "reason": "left out"}
+                      for name in gpu_check.PHASES}  # fmt: skip
+    rows = dict(line.split(None, 1) for line in gpu_check.table(h200).splitlines())
+    assert rows["mode"].endswith("torch 2.11.0+cu130")  # the torch version that ran
+    assert "MFU 31.6% of the datasheet's 989 TFLOP/s (39.7% of the measured matmul)" in rows["learner"]
+    assert rows["ragged"] == "real tokens/s vs the uniform batch's 30269: padded 21286 (0.70x), packed 12474 (0.41x)"
+
+
 def test_push_config() -> None:
     opts = gpu_check.parse_args(["--small", "--phase", "push"])
     assert (opts.phases, opts.push_route, opts.push_iterations) == (("push",), "shm", 3)

@@ -263,8 +263,9 @@ class FlashReinforce(Trainable):
         """One learner update on the collected batch, then the new weights to the runners.
 
         Returns the learner's metrics, the update's and the push's seconds. Colocated engines in
-        sleep mode free their GPU first (generation waits) and wake with the new weights (the push),
-        or here when no push comes (a skipped batch, a failed update).
+        sleep mode free their GPU first (generation waits), the learners free what their update cached
+        (``LearnerGroup.release_memory``), and the engines wake with the new weights (the push), or here
+        when no push comes (a skipped batch, a failed update).
         """
         from flashrl.learners import TrainBatch
 
@@ -278,6 +279,8 @@ class FlashReinforce(Trainable):
             learner_metrics = self.learner_group.update(batch)
             update_s = time.perf_counter() - update_start
             del batch  # one update, then the batch is gone
+            if self._engines_sleep:  # the engines wake next, next to the learners: what they cached goes first
+                self.learner_group.release_memory()
             sync_s = 0.0
             if self.learner_group.version != version_before:  # a skipped batch leaves nothing new to send
                 sync_s = self._weight_sync.push(self.learner_group, self.env_runner_group)
