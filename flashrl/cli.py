@@ -1,4 +1,5 @@
-"""The `flashrl` command: train a tuned example, evaluate a checkpoint, show a rollout, fetch the small model.
+"""The `flashrl` command: train a tuned example, launch it on a cluster, evaluate a checkpoint, show a rollout,
+fetch the small model.
 
     flashrl train --list
     flashrl train qwen25_math_1p5b --dry-run              # any tuned example, with its own flags
@@ -8,6 +9,8 @@
     flashrl eval runs/x/checkpoint_final --num-samples-per-prompt 4 --temperature 0.7 --top-p 0.7  # avg@4
     flashrl models fetch                                  # SmolLM2-135M-Instruct, offline-built
     flashrl show runs/x/tensorboard/rollouts/iteration_000020.jsonl --index 2   # one dumped episode
+    flashrl launch slurm qwen25_math_1p5b --num-nodes 2 > job.sbatch        # a cluster job of the preset
+    flashrl launch kuberay --image my/flashrl:1 qwen25_math_1p5b > job.yaml
 
 `train` runs the tuned example exactly as `python tuned_examples/<name>.py ...` would: the flags after
 the name are the script's (see `flashrl train <name> --help`).
@@ -94,6 +97,24 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+    return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Render a tuned example as a cluster job (`flashrl.recipes.launch`) to stdout or --out."""
+    from flashrl.recipes.launch import LaunchError, launch_job, render
+
+    script = _resolve_script(args.preset)
+    try:
+        text = render(args.target, launch_job(script, args.script_args), image=args.image)
+    except LaunchError as err:
+        print(f"flashrl launch {args.target}: error: {err}", file=sys.stderr)
+        return 2
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 
@@ -338,6 +359,23 @@ def build_parser() -> argparse.ArgumentParser:
         "script_args", nargs=argparse.REMAINDER, help="flags of the preset (--dry-run, --lr, ...)"
     )
     train.set_defaults(func=_train)
+
+    launch = sub.add_parser(
+        "launch",
+        help="render a tuned example as a SLURM or KubeRay job",
+        description="Render an sbatch script (slurm) or a KubeRay RayJob manifest (kuberay) that runs the tuned "
+        "example on a Ray cluster of its node plan; the flags after the preset are its own (--num-nodes, "
+        "--gpus-per-node, ... change the plan). See docs/training.md, 'Running on a cluster'.",
+        allow_abbrev=False,
+    )
+    launch.add_argument("target", choices=("slurm", "kuberay"), help="where the job runs")
+    launch.add_argument("--image", default=None, help="kuberay: a container image with flashrl installed")
+    launch.add_argument("--out", default=None, help="write the file here (default: stdout)")
+    launch.add_argument("preset", help="preset name (see flashrl train --list) or a path to a .py script")
+    launch.add_argument(
+        "script_args", nargs=argparse.REMAINDER, help="flags of the preset (--num-nodes, --lr, ...)"
+    )
+    launch.set_defaults(func=_launch)
 
     ev = sub.add_parser(
         "eval",

@@ -46,6 +46,9 @@ are sharded, the optimizer objects); every file is written, hashed, verified and
 - ``safe_load``: the allow-listed unpicklers (torch ``weights_only`` and DCP's metadata);
 - ``manifest``: hashing a save into the manifest, and checking a folder against it;
 - ``ownership``: what flashrl wrote and may remove, and swapping a finished save into place;
+- ``save_failure``: a save the disk refused (full, I/O error, no permission) as one error naming the
+  path, the free space and the checkpoint's size, its partial ``.tmp`` removed; the leftovers of
+  interrupted saves removed before a resumed run needs the space;
 - ``folder``: the algorithm checkpoint (`write_checkpoint`, `read_checkpoint`, `record_checkpoint`,
   `latest_checkpoint`, `read_config`);
 - ``learner_state``: a learner's ``save_state`` folder (one state file, or DCP shards);
@@ -98,6 +101,7 @@ from flashrl.checkpoints.layout import (
 from flashrl.checkpoints.manifest import check_listed, manifest_layout, verify_files
 from flashrl.checkpoints.ownership import own_folder
 from flashrl.checkpoints.safe_load import load_error_reason, load_tensor_file
+from flashrl.checkpoints.save_failure import CheckpointSaveError, remove_interrupted_saves
 
 __all__ = [
     "ALGORITHM_STATE_FILE",
@@ -119,6 +123,7 @@ __all__ = [
     "TMP_SUFFIX",
     "Checkpoint",
     "CheckpointError",
+    "CheckpointSaveError",
     "check_listed",
     "check_regular",
     "file_kind",
@@ -133,6 +138,7 @@ __all__ = [
     "read_checkpoint",
     "read_config",
     "record_checkpoint",
+    "remove_interrupted_saves",
     "resolve_inside",
     "tree_modes",
     "verify_files",

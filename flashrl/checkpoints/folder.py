@@ -47,6 +47,7 @@ from flashrl.checkpoints.manifest import (
     written_layout,
 )
 from flashrl.checkpoints.ownership import move_into_place, own_folder, refuse_foreign, remove_own
+from flashrl.checkpoints.save_failure import is_disk_error, remove_interrupted_saves, save_failure
 
 __all__ = [
     "Checkpoint",
@@ -98,6 +99,22 @@ def write_checkpoint(
     refuse_foreign(tmp, "a save writes into this temporary folder first and removes an interrupted one")
     refuse_foreign(old, "a save over a checkpoint may move the old one here and remove it")
     remove_own(tmp)  # an interrupted save of this path
+    try:
+        _write_into(tmp, config=config, learner_group=learner_group, algorithm_state=algorithm_state,
+                    export_policy=export_policy)
+    except Exception as error:
+        if not is_disk_error(error):
+            raise
+        # The partial save is measured, then removed: the disk it filled gets its space back, and a
+        # resume never trips over it.
+        raise save_failure(path, tmp, error) from error
+    move_into_place(tmp, path)
+    return path
+
+
+def _write_into(tmp: str, *, config: dict[str, Any], learner_group: Any, algorithm_state: dict[str, Any],
+                export_policy: bool) -> None:
+    """Everything of a save into ``tmp``, the manifest last; `write_checkpoint` moves it into place."""
     os.makedirs(tmp)
     os.close(os.open(os.path.join(tmp, SAVE_MARKER), os.O_WRONLY | os.O_CREAT | os.O_EXCL))  # first: ours
     fsync_path(tmp)
@@ -121,8 +138,6 @@ def write_checkpoint(
     write_json(os.path.join(tmp, MARKER), manifest)
     os.remove(os.path.join(tmp, SAVE_MARKER))  # the manifest now marks it, and lists every file left
     fsync_path(tmp)
-    move_into_place(tmp, path)
-    return path
 
 
 def record_checkpoint(folder: str | os.PathLike[str], path: str | os.PathLike[str],
@@ -143,13 +158,7 @@ def record_checkpoint(folder: str | os.PathLike[str], path: str | os.PathLike[st
         raise ValueError(f"record_checkpoint: {path} is not a checkpoint in {folder}.")
     write_text(os.path.join(folder, LATEST_FILE), os.path.basename(path) + "\n")
     fsync_path(folder)
-    removed = []
-    for name in sorted(os.listdir(folder)):
-        base = name.removesuffix(TMP_SUFFIX).removesuffix(OLD_SUFFIX)
-        leftover = os.path.join(folder, name)
-        if base != name and CHECKPOINT_NAME.fullmatch(base) and own_folder(leftover):  # an interrupted save
-            remove_own(leftover)
-            removed.append(name)
+    removed = remove_interrupted_saves(folder)
     if keep_last_n is None:
         return removed
     if keep_last_n < 1:

@@ -34,7 +34,7 @@ from flashrl.plan.memory import GIB, LearnerMemory, checkpoint_memory, format_by
 from flashrl.recipes.preset import NodePlan, Preset
 from flashrl.recipes.unverified import not_yet_run_on_gpu
 
-__all__ = ["Check", "DryRunReport", "dry_run_report", "machine_memory_bytes", "node_memory_warning",
+__all__ = ["Check", "DryRunReport", "dry_run_report", "machine_memory_bytes", "node_memory_warning", "placement_error",
            "start_memory_warning"]
 
 EXIT_OK, EXIT_INCOHERENT, EXIT_INVALID_CONFIG, EXIT_NOT_READY = 0, 1, 2, 3
@@ -299,6 +299,28 @@ def _first_fit(bundles: list[tuple[str, dict[str, float]]], nodes: NodePlan) -> 
         else:
             return None
     return placed
+
+
+def placement_error(config: Any, nodes: NodePlan) -> str | None:
+    """Why the config's actors cannot be placed on ``nodes`` (None: they can): one actor needing more GPUs or
+    CPUs than a node has, or actors that do not pack (first fit, as `--dry-run` places them)."""
+    bundles = _bundles(config)
+    for resource, per_node, flag in (("GPU", nodes.gpus_per_node, "--gpus-per-node"),
+                                     ("CPU", nodes.cpus_per_node, "--cpus-per-node")):
+        name, widest = max(bundles, key=lambda item: item[1].get(resource, 0.0))
+        if widest.get(resource, 0.0) > per_node + 1e-9:
+            return (
+                f"{name} needs {widest[resource]:g} {resource}s on one node, but the node plan has {per_node} per "
+                f"node ({nodes.describe()}). Fix: {flag} {math.ceil(widest[resource])} or more, or give that "
+                "actor fewer"
+            )
+    if _first_fit(bundles, nodes) is None:
+        gpus, cpus = (sum(b.get(k, 0.0) for _, b in bundles) for k in ("GPU", "CPU"))
+        return (
+            f"the actors ({gpus:g} GPUs, {cpus:g} CPUs in all) do not fit {nodes.describe()}. Fix: more nodes "
+            "(--num-nodes), larger ones (--gpus-per-node, --cpus-per-node), or fewer actors"
+        )
+    return None
 
 
 # ------------------------------------------------------------------------------------ memory

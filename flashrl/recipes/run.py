@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from flashrl.loggers.rewind import rewind_jsonl
+from flashrl.loggers.rewind import discarded_path, rewind_jsonl
 from flashrl.recipes.args import (
     apply_overrides,
     default_output,
@@ -232,6 +232,8 @@ def train(
     if (config.checkpoint_frequency or config.checkpoint_interval_minutes) and not config.checkpoint_dir:
         config.checkpointing(checkpoint_dir=str(out / "checkpoints"))
     evaluating = config.evaluation_interval is not None
+    if resume:  # before the restored run needs the space: what an interrupted save of this run left
+        _remove_interrupted_saves(out, config.checkpoint_dir)
     warning = start_memory_warning(config)
     if warning:  # the dry run's warning, against this machine's memory
         print(f"WARNING: {warning}", file=sys.stderr, flush=True)
@@ -260,6 +262,10 @@ def train(
             algo.restore_from_path(resume)  # the algorithm's loggers rewind to the checkpoint too
             rewind_jsonl(progress, algo.iteration)
             history += _read_progress(progress, up_to=algo.iteration)
+            row = _missing_checkpoint_row(resume, algo.iteration, history)
+            if row is not None:  # killed after the checkpoint was saved, before its row was written
+                history.append(row)
+                _append_row(progress, row)
             before = _first_evaluation(history)
             _append_row(progress, {"resumed_from_iteration": float(algo.iteration)})
             print(f"resumed from {resume}: iteration {algo.iteration}, policy version "
@@ -320,31 +326,81 @@ def _train_loop(
     latest: dict[str, float],
     after_iteration: Callable[[], None] = lambda: None,
 ) -> int:
-    """`algo.train()` until `stop_iters`, `metric >= stop_reward` or a callback's ``result["should_stop"]``;
-    one JSON line per iteration appended to `out/progress.jsonl`, then `after_iteration()` (the uploads of
-    a URI output)."""
-    iterations = start = int(algo.iteration)
-    with open(out / "progress.jsonl", "a", encoding="utf-8") as log:
-        for iterations in range(start + 1, stop_iters + 1):
-            result = algo.train()
-            row = {
-                k: float(v)
-                for k, v in result.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
-            row["training_iteration"] = float(iterations)
-            history.append(row)
-            latest.update(row)
-            log.write(json.dumps(row) + "\n")
-            log.flush()
-            after_iteration()
-            if latest.get(metric, -math.inf) >= stop_reward:
-                print(f"{metric} = {latest[metric]:.4f} >= {stop_reward}: stopping.")
-                break
-            if result.get("should_stop"):  # a callback asked (flashrl.callbacks.SHOULD_STOP)
-                print(f"a callback set should_stop after iteration {iterations}: stopping.")
-                break
+    """`algo.train()` until the algorithm's iteration reaches `stop_iters`, `metric >= stop_reward` or a
+    callback's ``result["should_stop"]``; one JSON line per iteration appended to `out/progress.jsonl`,
+    labelled with the algorithm's iteration, then `after_iteration()` (the uploads of a URI output).
+
+    A learner restart inside `algo.train()` resumes from the run's newest checkpoint and returns the
+    iteration after it: the rows past that checkpoint move to ``progress.discarded.jsonl`` (as on
+    `--resume`), a row ``{"learners_restarted_from_iteration": N}`` marks the seam, and the lost updates
+    are trained again, so the run still ends at `stop_iters`.
+    """
+    progress = out / "progress.jsonl"
+    iterations = int(algo.iteration)
+    while iterations < stop_iters:
+        result = algo.train()
+        done = int(algo.iteration)  # one past the checkpoint a learner restart resumed from; else iterations + 1
+        if done <= iterations:
+            _rewind_history(progress, history, latest, done - 1)
+            _append_row(progress, {"learners_restarted_from_iteration": float(done - 1)})
+            print(f"the learners restarted from iteration {done - 1}: the {iterations - done + 1} row(s) after "
+                  f"it moved to {discarded_path(progress)}", flush=True)
+        iterations = done
+        row = _result_row(result, iterations)
+        history.append(row)
+        latest.update(row)
+        _append_row(progress, row)
+        after_iteration()
+        if latest.get(metric, -math.inf) >= stop_reward:
+            print(f"{metric} = {latest[metric]:.4f} >= {stop_reward}: stopping.")
+            break
+        if result.get("should_stop"):  # a callback asked (flashrl.callbacks.SHOULD_STOP)
+            print(f"a callback set should_stop after iteration {iterations}: stopping.")
+            break
     return iterations
+
+
+def _result_row(result: dict[str, Any], iteration: int) -> dict[str, float]:
+    """A row of progress.jsonl: the result's numbers, labelled with the algorithm's iteration."""
+    row = {k: float(v) for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    row["training_iteration"] = float(iteration)
+    return row
+
+
+def _rewind_history(
+    progress: Path, history: list[dict[str, float]], latest: dict[str, float], iteration: int
+) -> None:
+    """The run's timeline back to ``iteration``: progress.jsonl cut there (the rest to its side file),
+    the curves' rows and the latest metrics rebuilt from what is left."""
+    rewind_jsonl(progress, iteration)
+    history[:] = [row for row in history if row.get("training_iteration", 0) <= iteration]
+    latest.clear()
+    for row in history:
+        latest.update(row)
+
+
+def _missing_checkpoint_row(checkpoint: str, iteration: int, history: list[dict[str, float]]) -> dict[str, float] | None:
+    """The row of the checkpoint's own iteration when progress.jsonl lacks it, rebuilt from the result the
+    checkpoint recorded (`flashrl.algorithms.flash_reinforce.algorithm.RESULT_KEY`); None when the row is
+    there, or the checkpoint recorded none (a final or hand-made save)."""
+    if iteration < 1 or any(row.get("training_iteration") == iteration for row in history):
+        return None
+    from flashrl.algorithms.flash_reinforce.algorithm import RESULT_KEY
+    from flashrl.checkpoints import read_checkpoint
+
+    recorded = read_checkpoint(checkpoint, verify=False).algorithm_state.get(RESULT_KEY)
+    return None if not isinstance(recorded, dict) else _result_row(recorded, iteration)
+
+
+def _remove_interrupted_saves(out: Path, checkpoint_dir: str | None) -> None:
+    """Remove the partial saves of this run that a kill left (flashrl's own ``.tmp``/``.old`` folders only)."""
+    from flashrl.checkpoints import remove_interrupted_saves
+
+    removed = [out / name for name in remove_interrupted_saves(out, names=("checkpoint_final",))]
+    if checkpoint_dir:
+        removed += [Path(checkpoint_dir) / name for name in remove_interrupted_saves(checkpoint_dir)]
+    for path in removed:
+        print(f"removed {path}: an interrupted save of this run", flush=True)
 
 
 def _append_row(path: Path, row: dict[str, float]) -> None:

@@ -165,6 +165,8 @@ def config_factory(name: str) -> Callable[[argparse.Namespace], Any]:
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(EXIT_INVALID_CONFIG) from err
 
+    # The flags make_config reads (--variant, --data, ...): `flashrl launch` builds the config without the script.
+    make_config.add_arguments = lambda parser: add_experiment_arguments(parser, name)  # type: ignore[attr-defined]
     return make_config
 
 

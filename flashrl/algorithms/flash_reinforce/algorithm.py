@@ -39,7 +39,13 @@ from flashrl.callbacks import (
     callbacks_class_path,
     make_callbacks,
 )
-from flashrl.checkpoints import read_checkpoint, read_config, record_checkpoint, write_checkpoint
+from flashrl.checkpoints import (
+    CheckpointSaveError,
+    read_checkpoint,
+    read_config,
+    record_checkpoint,
+    write_checkpoint,
+)
 from flashrl.env_runners import EnvRunnerGroup, EpisodeStream, RunnerReport
 from flashrl.episode import Episode
 from flashrl.learners import LearnerGroupError
@@ -58,6 +64,9 @@ from flashrl.weight_sync.layout import TransferLayout
 from flashrl.weight_sync.route import route_for
 
 logger = logging.getLogger("flashrl")
+
+RESULT_KEY = "result"
+"""In a periodic checkpoint's algorithm state: the numeric metrics of the iteration it saved (its result)."""
 
 
 class FlashReinforce(Trainable):
@@ -103,6 +112,7 @@ class FlashReinforce(Trainable):
         """Callback metrics of the iteration under way (`callbacks/<key>` in its result)."""
         self._tokenizer: Any = None  # the rollout dumps' decoder, loaded at the first dump
         self._last_periodic_save = time.monotonic()  # checkpoint_interval_minutes counts from here
+        self._failed_saves = 0  # periodic saves in a row the disk refused (max_failed_checkpoints)
         train_size = _check_envs(cfg)
         init_or_join(framework_log_level=cfg.framework_log_level)
         check_resources(self.algo_config)
@@ -435,7 +445,7 @@ class FlashReinforce(Trainable):
         minutes = cfg.checkpoint_interval_minutes
         due = bool(minutes) and time.monotonic() - self._last_periodic_save >= 60 * minutes
         if due or (cfg.checkpoint_frequency and iteration % cfg.checkpoint_frequency == 0):
-            self._periodic_checkpoint(iteration)
+            self._periodic_checkpoint(iteration, metrics)
 
     def dump_rollouts(
         self, iteration: int, episodes: list[Episode], lags: list[int], learner_metrics: dict[str, Any]
@@ -462,12 +472,28 @@ class FlashReinforce(Trainable):
         ]
         return write_rollouts(rollout_path(self.tensorboard_dir, iteration), records)
 
-    def _periodic_checkpoint(self, iteration: int) -> None:
+    def _periodic_checkpoint(self, iteration: int, metrics: dict[str, Any]) -> None:
+        """Save and record a periodic checkpoint; a save the disk refused is logged and retried at the next
+        interval, and stops the run (raises) only after `max_failed_checkpoints` failures in a row."""
         cfg = self.algo_config
         folder = cfg.checkpoint_dir or os.path.join(self.output_dir, "checkpoints")
         # Inside step(): Tune counts this iteration only when step() returns, so it is passed on.
-        path = self._save(os.path.join(folder, f"checkpoint_{iteration:06d}"), iterations_done=iteration,
-                          export_policy=cfg.checkpoint_export_policy)
+        try:
+            path = self._save(os.path.join(folder, f"checkpoint_{iteration:06d}"), iterations_done=iteration,
+                              export_policy=cfg.checkpoint_export_policy, result=metrics)
+        except CheckpointSaveError as error:
+            self._last_periodic_save = time.monotonic()  # checkpoint_interval_minutes: retried an interval on
+            self._failed_saves += 1
+            if self._failed_saves >= cfg.max_failed_checkpoints:
+                raise CheckpointSaveError(
+                    error.errno, f"{error.strerror} {self._failed_saves} periodic saves in a row failed "
+                    f"(max_failed_checkpoints={cfg.max_failed_checkpoints}), so the run stops here; resume it "
+                    "(--resume, or FlashReinforce.from_checkpoint) once the disk is fixed.", error.filename,
+                ) from error
+            logger.error("%s Training goes on; the next periodic save retries (%d of %d failed in a row).",
+                         error.strerror, self._failed_saves, cfg.max_failed_checkpoints)
+            return
+        self._failed_saves = 0
         record_checkpoint(folder, path, keep_last_n=cfg.num_checkpoints_to_keep)  # `latest`, pruning
         self._last_periodic_save = time.monotonic()
 
@@ -485,7 +511,8 @@ class FlashReinforce(Trainable):
             path = os.path.join(self.output_dir, f"checkpoint_{self.iteration:06d}")
         return self._save(path, iterations_done=self.iteration, export_policy=export_policy)
 
-    def _save(self, path: str | os.PathLike[str], *, iterations_done: int, export_policy: bool = True) -> str:
+    def _save(self, path: str | os.PathLike[str], *, iterations_done: int, export_policy: bool = True,
+              result: dict[str, Any] | None = None) -> str:
         # sync_cursor, runner_cursors, totals, num_lost_episodes, num_restarts: the stream's books.
         state = {
             "iteration": iterations_done,
@@ -493,6 +520,8 @@ class FlashReinforce(Trainable):
             **self.stream.state(),
             **self._learner_restarts.state(),
         }
+        if result is not None:  # the saved iteration's numbers: a resumed recipe rebuilds a row it never wrote
+            state[RESULT_KEY] = {k: float(v) for k, v in result.items() if _is_number(v)}
         config = self.algo_config.serialize()
         config["callbacks_class"] = callbacks_class_path(self.algo_config.callbacks_class)  # a class by its path
         path = write_checkpoint(path, config=config, learner_group=self.learner_group, algorithm_state=state,
@@ -583,6 +612,10 @@ def _check_envs(config: FlashReinforceConfig) -> int | None:
             what = "evaluation_env_config" if split is None else f"evaluation_splits[{split!r}]"
             build_env_once(spec.env, env_config, what=what, seed=spec.seed)
     return train_size
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _as_config(config: dict[str, Any] | FlashReinforceConfig) -> FlashReinforceConfig:

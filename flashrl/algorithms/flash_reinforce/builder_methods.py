@@ -402,6 +402,7 @@ class BuilderMethods:
         checkpoint_dir: str | None = NotProvided,
         num_checkpoints_to_keep: int | None = NotProvided,
         checkpoint_export_policy: bool = NotProvided,
+        max_failed_checkpoints: int = NotProvided,
         **misplaced: Any,
     ) -> Self:
         """Periodic checkpoints outside Ray Tune (under Tune, use its CheckpointConfig).
@@ -418,6 +419,8 @@ class BuilderMethods:
                 `latest` names the newest); None = all.
             checkpoint_export_policy: Periodic checkpoints include the policy as a Hugging Face folder
                 (`policy/`); False saves only what resumes.
+            max_failed_checkpoints: Stop the run when this many periodic saves in a row failed (disk full,
+                I/O error); fewer: it trains on and retries at the next interval.
             misplaced: not settings: a setting of another section raises a TypeError naming its method.
 
         Returns:

@@ -130,6 +130,9 @@ class FlashReinforceAlgorithmSpec:
     """Keep only the newest this many periodic checkpoints (by save time; `latest` names the newest); None = all."""
     checkpoint_export_policy: bool = setting(True, section="checkpointing")
     """Periodic checkpoints include the policy as a Hugging Face folder (`policy/`); False saves only what resumes."""
+    max_failed_checkpoints: int = setting(3, section="checkpointing", integer=True, ge=1)
+    """Stop the run when this many periodic saves in a row failed (disk full, I/O error); fewer: it trains on and
+    retries at the next interval."""
     restart_failed_learners: bool = setting(True, section="learners")
     """When a learner actor dies or times out, start a new learner group and resume from the run's newest
     checkpoint (or its start); False stops the run with the cause (see docs/runtime.md, Faults)."""
