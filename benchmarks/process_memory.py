@@ -212,7 +212,7 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--engines", nargs="+", choices=["torch", "vllm"], default=["torch"],
                    help="engines to run (vllm: its CPU build, about three minutes more)")
