@@ -285,6 +285,7 @@ def learner_memory(
     host, reduce_scatter = 0, 0
     root = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
     layer = (p - root) // max(1, arch.num_layers)
+    adapter = 0
     if lora_rank is not None:  # a LoRA learner is not sharded (LearnerSpec refuses num_learners > 1)
         adapter = adapter_parameters(arch, int(lora_rank), lora_target_modules)
         weights, gradients, master = p * b + adapter * 4, adapter * 4, 0
@@ -324,7 +325,9 @@ def learner_memory(
         backward_activations=backward,
         mask=mask,
         reduce_scatter=reduce_scatter,
-        push=push_bytes(arch, b, largest_layer=layer, route=weight_sync, bucket_bytes=bucket_bytes),
+        # LoRA: the adapter's float32 tensors, at most all of them (the lora route sends nothing else)
+        push=adapter * 4 if lora_rank is not None else push_bytes(
+            arch, b, largest_layer=layer, route=weight_sync, bucket_bytes=bucket_bytes),
     )
 
 

@@ -209,4 +209,4 @@ def test_lora_counts_a_frozen_base_and_a_float32_adapter_with_its_gradients_and_
     full = learner_memory(ARCH, dtype="bfloat16", optimizer="adamw", train_batch_size=4, num_learners=1,
                           max_episode_tokens=10, gradient_checkpointing=False, logprob_chunk_size=1)
     assert (m.weights, m.gradients, m.master, m.optimizer) == (2 * P + 4 * a, 4 * a, 0, 8 * a)
-    assert m.activations == full.activations and m.static < full.static
+    assert m.activations == full.activations and m.static < full.static and m.push == 4 * a
