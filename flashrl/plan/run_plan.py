@@ -166,6 +166,8 @@ def plan_run(config: Any, *, model_path: str | None = None, raise_problems: bool
     if config.engine == "vllm":
         options.setdefault("log_level", config.framework_log_level)
     route = str(options.get("weight_sync", "shm")) if route_error is None else "shm"
+    if route_error is None and options.get("lora") is not None:  # the torch engine's route with an adapter
+        route = "lora"
     try:
         sleep = resolve_sleep_mode(
             config.engine_sleep_mode, engine=config.engine, learner_gpus=learner_gpus, runner_gpus=runner_gpus

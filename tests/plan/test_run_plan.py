@@ -125,6 +125,7 @@ def test_a_lora_run_plans_the_adapter_route_and_gives_the_engines_its_settings()
     torch_plan = plan_run(_cpu(engine="torch").learners(lora_rank=8, lora_alpha=8.0))
     # the torch engine has no route option: it reports 'lora' itself when it has an adapter
     assert torch_plan.engine_options == {"lora": {**lora, "rank": 8, "alpha": 8.0}}
+    assert torch_plan.weight_sync == "lora"
     assert plan.learner_memory.static < plan_run(_cpu()).learner_memory.static  # a frozen base, a small adapter
     with pytest.raises(RouteError, match="weight_sync: expected 'auto' or 'lora' with lora_rank=16.*Fix:"):
         plan_run(_cpu(engine_options={"weight_sync": "shm"}).learners(lora_rank=16))
