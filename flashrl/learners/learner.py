@@ -126,8 +126,12 @@ class Learner:
         self.lr_scheduler = make_lr_scheduler(self.optimizer, spec)
         self.version = 0
         """Number of applied updates (a skipped batch does not count)."""
-        weights = PolicyWeights(lambda: self.policy.sync_model, dtype=spec.sync_torch_dtype, device=self.device,
-                                select=None if spec.lora is None else is_adapter_name)  # LoRA: the adapter only
+        # LoRA: the adapter only, at its own float32 unless weight_sync_dtype says otherwise (it is small, and a
+        # bfloat16-rounded adapter would move in coarse steps on a float32 engine)
+        lora_dtype = None if spec.weight_sync_dtype is None else spec.sync_torch_dtype
+        weights = PolicyWeights(lambda: self.policy.sync_model, device=self.device,
+                                dtype=spec.sync_torch_dtype if spec.lora is None else lora_dtype,
+                                select=None if spec.lora is None else is_adapter_name)
         self.weight_outbox = WeightOutbox(weights, rank=rank, version=lambda: self.version)
         """This rank's side of weight sync (``flashrl.weight_sync.endpoints``): every transport's sender."""
         self.skip_counts: Counter[str] = Counter()

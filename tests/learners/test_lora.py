@@ -120,6 +120,10 @@ def test_only_adapter_tensors_cross_a_push(make_spec, monkeypatch):
     assert adapter_bytes < full_bytes / 10
     with pytest.raises(ValueError, match="expected the learner to send only its LoRA adapter"):
         full.sync_weights(PutAdapter())
+    # a bfloat16 learner's adapter is float32 (peft upcasts it) and is sent so unless weight_sync_dtype says otherwise
+    bf16 = Learner(_lora(make_spec, dtype="bfloat16"))
+    assert {t.dtype for t in sent(bf16, PutAdapter()).values()} == {torch.float32}
+    assert {p.dtype for n, p in bf16.model.named_parameters() if not is_adapter_name(n)} == {torch.bfloat16}
 
 
 def test_lora_checkpoint_holds_the_adapter_resumes_exactly_and_refuses_other_settings(make_spec, batch, next_batch,
