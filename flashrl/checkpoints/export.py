@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["EXPORT_BUCKET_BYTES", "export_hf", "replace_folder", "save_pretrained"]
+__all__ = ["EXPORT_BUCKET_BYTES", "export_hf", "replace_folder", "save_adapter", "save_pretrained"]
 
 EXPORT_BUCKET_BYTES = 1 << 30
 """``export_hf``: the bytes rank 0 gathers before writing them (one safetensors file per bucket)."""
@@ -178,7 +178,8 @@ def replace_folder(path: str | os.PathLike[str], write: Callable[[Path], None]) 
                 f"{folder} is a file, expected a folder (or nothing) there to write the model folder {target}. "
                 "Fix: pass a path whose folders are folders, or move the file away."
             )
-    if target.exists() and any(target.iterdir()) and not (target / "config.json").is_file():
+    model_files = ("config.json", "adapter_config.json")  # a model, or a PEFT adapter (save_adapter)
+    if target.exists() and any(target.iterdir()) and not any((target / f).is_file() for f in model_files):
         raise FileExistsError(
             f"{target} exists and is not a Hugging Face model folder (no config.json); not replacing it. "
             "Pass a new or empty folder."
@@ -208,6 +209,23 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike[str], *, tokenizer
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
+        AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(tmp)
+
+    return replace_folder(path, write)
+
+
+def save_adapter(peft_model: nn.Module, path: str | os.PathLike[str], *,
+                 tokenizer_source: str | os.PathLike[str], merged: bool = False) -> str:
+    """A LoRA policy's adapter in PEFT's format (``PeftModel.from_pretrained`` and vLLM's ``--lora-modules``
+    load it), with the tokenizer; ``merged``: instead the base model with the adapter merged in, a
+    plain Hugging Face folder (a copy is merged: the learner's model keeps its adapter)."""
+    from transformers import AutoTokenizer
+
+    def write(tmp: Path) -> None:
+        if merged:
+            copy.deepcopy(peft_model).merge_and_unload().save_pretrained(tmp, safe_serialization=True)
+        else:
+            peft_model.save_pretrained(tmp, safe_serialization=True)
         AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(tmp)
 
     return replace_folder(path, write)

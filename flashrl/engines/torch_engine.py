@@ -45,6 +45,9 @@ class TorchEngineOptions:
     record_routed_experts: bool = False
     """MoE models: return the experts every token was routed to (``Completion.routed_experts``), for
     routing replay in the learner; a dense model is refused (``flashrl.models.routing_replay``)."""
+    lora: dict[str, Any] | None = None
+    """A LoRA run's adapter settings (``flashrl.models.lora.LoRASettings`` as a dict; the run plan sets
+    it): the engine injects the same adapter with peft, and every weight update is that adapter's tensors."""
 
 
 @dataclass
@@ -102,11 +105,20 @@ class TorchEngine(ModelEngine):
         self._tokenizer = AutoTokenizer.from_pretrained(path)
         dtype = getattr(torch, self.options.dtype)
         self._model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.options.device).eval()
+        if self.options.lora is not None:  # the learner's computation exactly: peft's layers on the same base
+            from flashrl.models.lora import LoRASettings, apply_lora
+
+            apply_lora(self._model, LoRASettings.from_dict(self.options.lora))
+            self._model.eval()
         config = self._model.config
         self._max_model_len = int(self.options.max_model_len or config.max_position_embeddings)
         self._eos_ids = _eos_ids(self._model, self._tokenizer)
         self._pad_id = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
         self._shapes = {n: t.shape for n, t in self._model.state_dict().items()}
+        if self.options.lora is not None:  # an update is the adapter: the base stays the engine's own
+            from flashrl.models.lora import is_adapter_name
+
+            self._shapes = {n: shape for n, shape in self._shapes.items() if is_adapter_name(n)}
         self._hooks = contextlib.ExitStack()
         self._recorder: RoutingRecorder | None = None
         """The routers' hooks (``record_routed_experts``; a dense model fails here); they stay for the engine's life."""
@@ -123,6 +135,11 @@ class TorchEngine(ModelEngine):
         """Most requests sampled together so far (shows that concurrent calls were batched)."""
 
     # -- Engine API -------------------------------------------------------------------------------
+
+    @property
+    def weight_sync(self) -> str:
+        """The transport new weights take (``flashrl.weight_sync``): ``lora`` with an adapter, else ``shm``."""
+        return "shm" if self.options.lora is None else "lora"
 
     @property
     def model(self) -> torch.nn.Module:

@@ -54,6 +54,7 @@ from flashrl.engines.memory import (
     kv_cache_budget,
 )
 from flashrl.engines.types import Completion, SamplingConfig, check_full_state_dict
+from flashrl.engines.vllm_lora import AdapterSlot, lora_engine_args
 from flashrl.weight_sync.buckets import Weights, aiter_buckets, as_buckets
 from flashrl.weight_sync.resolve import (
     PUSH_ROUTES,
@@ -127,6 +128,10 @@ class VLLMEngineOptions:
     log_level: str | None = "WARNING"
     """vLLM's log level in the engine's processes, known-harmless warnings dropped at WARNING or above
     (``flashrl.framework_logging``; a run sets it from ``framework_log_level``); None = vLLM's own."""
+    lora: dict[str, Any] | None = None
+    """A LoRA run's adapter settings (``flashrl.models.lora.LoRASettings`` as a dict; the run plan sets it
+    with ``weight_sync='lora'``): vLLM starts with ``enable_lora`` and each update is a new adapter
+    version (``flashrl.engines.vllm_lora``)."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """Further ``vllm.AsyncEngineArgs`` fields, passed as given (they override the above)."""
 
@@ -201,6 +206,8 @@ def vllm_engine_args(
         args["enable_chunked_prefill"] = False
         args["max_num_batched_tokens"] = max(int(args["max_model_len"]), CPU_MAX_NUM_BATCHED_TOKENS)
     args.update(vllm_transfer_args(resolve_weight_sync(o.weight_sync, on_cpu=on_cpu)))
+    if o.lora is not None:
+        args.update(lora_engine_args(o.lora))
     if o.record_routed_experts:
         args.update(routed_experts_args(on_cpu=on_cpu))
     if not on_cpu or o.gpu_memory_utilization is not None:
@@ -311,6 +318,8 @@ class VLLMEngine(ModelEngine):
         self._tokenizer = AutoTokenizer.from_pretrained(path)
         self._hf_config = AutoConfig.from_pretrained(path)
         self._shapes = _checkpoint_shapes(Path(path))
+        self._adapters = None if self.options.lora is None else AdapterSlot(self.options.lora, path)
+        """With the option ``lora``: the adapter versions this engine serves (each update is one)."""
         self._tied = bool(getattr(self._hf_config, "tie_word_embeddings", False))
         self._version = 0
         self._update_lock: asyncio.Lock | None = None
@@ -385,8 +394,10 @@ class VLLMEngine(ModelEngine):
             routed_experts_prompt_start=int(sampling.routed_experts_start),
         )
         final = None
+        # LoRA: the adapter of the version served now, which the completion records (it never changes mid-request)
+        adapter, adapter_version = (None, None) if self._adapters is None else (self._adapters.request, self._version)
         async for out in self._llm.generate(
-            {"prompt_token_ids": list(prompt_token_ids)}, params, request_id=uuid.uuid4().hex
+            {"prompt_token_ids": list(prompt_token_ids)}, params, request_id=uuid.uuid4().hex, lora_request=adapter
         ):
             final = out
         if final is None or not final.outputs:
@@ -396,6 +407,8 @@ class VLLMEngine(ModelEngine):
         logprobs = [float(comp.logprobs[i][tok].logprob) for i, tok in enumerate(tokens)]
         spans = _spans(comp)
         version = spans[0][0] if spans else self._version
+        if adapter_version is not None:
+            version, spans = adapter_version, [(adapter_version, 0)]
         reason = comp.finish_reason if comp.finish_reason in ("stop", "length") else "abort"
         routed = None
         if self.options.record_routed_experts:
@@ -413,6 +426,8 @@ class VLLMEngine(ModelEngine):
         then restarted and loads the current weights).
         """
         self._check_usable()
+        if self._adapters is not None:
+            return await self._update_adapter(weights, version)
         stream = self._checked_stream(weights)
         folder = default_transfer_dir(self.options.weight_transfer_dir)
         check_transfer_space(folder, max(bucket_file_bytes(b) for b in stream.manifest))
@@ -449,6 +464,21 @@ class VLLMEngine(ModelEngine):
                 raise
             finally:
                 await self._resume()
+
+    async def _update_adapter(self, weights: Weights, version: int) -> None:
+        """LoRA: version ``version``'s adapter, written as a PEFT folder and loaded as a new ``LoRARequest``.
+
+        Requests already running keep the adapter they started with; every request after this uses
+        the new one (a new name and path: no prefix-cache entry of an older adapter serves it).
+        """
+        assert self._adapters is not None
+        tensors: dict[str, torch.Tensor] = {}
+        async for _, bucket in aiter_buckets(as_buckets(weights, DEFAULT_BUCKET_BYTES)):
+            tensors.update(bucket)
+        request = await asyncio.to_thread(self._adapters.write, tensors, version)
+        await self._llm.add_lora(request)
+        self._adapters.served(request)
+        self._version = int(version)
 
     # -- sleep mode (a colocated learner's update) --------------------------------------------------
 
@@ -666,6 +696,8 @@ class VLLMEngine(ModelEngine):
         llm, self._llm = getattr(self, "_llm", None), None
         if llm is not None:
             llm.shutdown()
+        if getattr(self, "_adapters", None) is not None:
+            self._adapters.close()  # the adapter folders
 
 
 def _spans(completion: Any) -> list[tuple[int, int]]:

@@ -65,6 +65,7 @@ from flashrl.learners.schedule import make_lr_scheduler
 from flashrl.learners.segments import from_segments, split_segments, to_segments
 from flashrl.learners.spec import LearnerSpec
 from flashrl.learners.weight_gather import PolicyWeights
+from flashrl.models.lora import is_adapter_name
 from flashrl.weight_sync.endpoints import WeightOutbox
 from flashrl.weight_sync.sender import LearnerMessage
 
@@ -126,7 +127,12 @@ class Learner:
         self.lr_scheduler = make_lr_scheduler(self.optimizer, spec)
         self.version = 0
         """Number of applied updates (a skipped batch does not count)."""
-        weights = PolicyWeights(lambda: self.policy.sync_model, dtype=spec.sync_torch_dtype, device=self.device)
+        # LoRA: the adapter only, at its own float32 unless weight_sync_dtype says otherwise (it is small, and a
+        # bfloat16-rounded adapter would move in coarse steps on a float32 engine)
+        lora_dtype = None if spec.weight_sync_dtype is None else spec.sync_torch_dtype
+        weights = PolicyWeights(lambda: self.policy.sync_model, device=self.device,
+                                dtype=spec.sync_torch_dtype if spec.lora is None else lora_dtype,
+                                select=None if spec.lora is None else is_adapter_name)
         self.weight_outbox = WeightOutbox(weights, rank=rank, version=lambda: self.version)
         """This rank's side of weight sync (``flashrl.weight_sync.endpoints``): every transport's sender."""
         self.skip_counts: Counter[str] = Counter()
@@ -403,6 +409,7 @@ class Learner:
         if missing:
             raise ValueError(f"Learner state is missing {sorted(missing)}; pass what Learner.get_state() returned.")
         self._check_format(state)
+        self._check_lora(state)
         self.policy.load_train_state(state["model"], state["optimizer"])
         self._load_extra_state(state)
 
@@ -421,7 +428,8 @@ class Learner:
         ``layout``: ``single_file`` or ``dcp``, as a checkpoint's manifest says (``read_checkpoint`` gives
         it); None reads the one present and refuses a folder holding both.
         """
-        extra = self.policy.load_state(path, layout)
+        # the adapter settings are checked before the weights load: a mismatch then says which setting
+        extra = self.policy.load_state(path, layout, check=self._check_lora)
         self._check_format(extra)
         self._load_extra_state(extra)
 
@@ -443,6 +451,27 @@ class Learner:
                 "it with the flashrl version that saved it."
             )
 
+    def _check_lora(self, state: dict[str, Any]) -> None:
+        """The state's adapter settings (its saved spec's ``lora_*``) are this learner's (restore refuses others)."""
+        saved = state.get("spec")
+        if not isinstance(saved, dict):
+            return
+        keys = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout")
+        mine = {k: getattr(self.spec, k) for k in keys}
+        theirs = {k: saved.get(k, None if k == "lora_rank" else mine[k]) for k in keys}  # older states: full
+        if theirs["lora_rank"] is None and mine["lora_rank"] is None:
+            return
+        if theirs["lora_rank"] is None or mine["lora_rank"] is None:  # full against adapter: the rank says it
+            keys = ("lora_rank",)
+            mine, theirs = {"lora_rank": mine["lora_rank"]}, {"lora_rank": theirs["lora_rank"]}
+        if theirs != mine:
+            diff = {k: (theirs[k], mine[k]) for k in keys if theirs[k] != mine[k]}
+            raise ValueError(
+                f"Learner state: expected the adapter settings this run trains with ({mine}), got a checkpoint "
+                f"saved with {theirs} (differs in {sorted(diff)}). Fix: resume with the checkpoint's settings "
+                f"({', '.join(f'{k}={v[0]!r}' for k, v in diff.items())}), or start a new run."
+            )
+
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         if "lr_scheduler" in state:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
@@ -456,13 +485,18 @@ class Learner:
         self.version = int(state["version"])
         self.skip_counts = Counter(state.get("skip_counts", {}))
 
-    def save_policy(self, path: str | os.PathLike[str]) -> str:
+    def save_policy(self, path: str | os.PathLike[str], *, merged: bool = False) -> str:
         """Write the policy as a Hugging Face folder (config, safetensors, tokenizer); returns the path.
+
+        With LoRA: the adapter in PEFT's format (``PeftModel.from_pretrained`` loads it), or with
+        ``merged`` the base model with the adapter merged in.
 
         transformers (``AutoModelForCausalLM.from_pretrained``) and vLLM load it directly. The folder is
         written beside the target and renamed into place, so a reader never sees a half-written policy.
         An existing policy folder at ``path`` is replaced. Sharded: gathered to rank 0, which writes.
         """
+        if self.spec.lora is not None:
+            return self.policy.save_policy(path, merged=merged)
         return self.policy.save_policy(path)
 
 

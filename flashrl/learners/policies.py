@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from flashrl.checkpoints import DCP_LAYOUT, SINGLE_FILE_LAYOUT
-from flashrl.checkpoints.export import export_hf, save_pretrained
+from flashrl.checkpoints.export import export_hf, save_adapter, save_pretrained
 from flashrl.checkpoints.learner_state import (
     load_sharded_state,
     read_full_state,
@@ -40,6 +40,7 @@ from flashrl.checkpoints.learner_state import (
 from flashrl.learners.freeze import freeze_moe_router
 from flashrl.learners.fsdp import tied_aliases
 from flashrl.learners.spec import OPTIMIZERS, LearnerSpec
+from flashrl.models.lora import apply_lora, is_adapter_name
 
 __all__ = ["LocalPolicy", "ShardedPolicy", "attention_implementation"]
 
@@ -74,13 +75,22 @@ class LocalPolicy:
             _enable_hf_checkpointing(self.model)
         if spec.freeze_moe_router:  # before the optimizer: a frozen router gets no state, no decay
             freeze_moe_router(self.model)
+        self.peft_model: Any = None
+        """With LoRA (``spec.lora``): the ``PeftModel`` around ``model``, which peft injected the adapter into in
+        place (base weights frozen), so ``model`` runs the learner's kernels unchanged; it saves the adapter."""
+        if spec.lora is not None:
+            self.peft_model = apply_lora(self.model, spec.lora)
+            self.model.eval()
         self.names = [name for name, p in self.model.named_parameters() if p.requires_grad]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # Low-precision training keeps float32 master weights (and so float32 optimizer state): a bf16
         # weight cannot register a step smaller than about 0.4% of itself, which RL learning rates are.
         # The masters are a float32 copy of the model (never run forward), so they can also be sent to
-        # the engines as weights (``weight_sync_dtype='float32'``).
-        self.master_model = self.model if spec.torch_dtype != torch.bfloat16 else copy.deepcopy(self.model).float()
+        # the engines as weights (``weight_sync_dtype='float32'``). A LoRA adapter is its own master:
+        # peft keeps adapter weights in float32 over a bfloat16 base (``autocast_adapter_dtype``), and
+        # the frozen base needs none.
+        bf16_full = spec.torch_dtype == torch.bfloat16 and spec.lora is None
+        self.master_model = copy.deepcopy(self.model).float() if bf16_full else self.model
         self.master_params = [p for p in self.master_model.parameters() if p.requires_grad]
         self.optimizer = OPTIMIZERS[spec.optimizer](self.master_params, spec)
 
@@ -139,12 +149,16 @@ class LocalPolicy:
         return out
 
     def train_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """(weights at master precision by name, optimizer state keyed by parameter name), CPU copies."""
-        model = self.full_weights()
+        """(weights at master precision by name, optimizer state keyed by parameter name), CPU copies.
+
+        With LoRA the weights are the adapter's only: the frozen base is the config's model.
+        """
+        model = self.full_weights() if self.peft_model is None else {}
         for name, master in zip(self.names, self.master_params):
             model[name] = master.detach().to("cpu", copy=True)
         for alias, primary in tied_aliases(self.model).items():
-            model[alias] = model[primary]
+            if primary in model:  # LoRA: a tied base weight is not in the state
+                model[alias] = model[primary]
         optimizer = _to_cpu(self.optimizer.state_dict())
         optimizer["state"] = {self.names[i]: v for i, v in optimizer["state"].items()}
         for group in optimizer["param_groups"]:
@@ -157,9 +171,12 @@ class LocalPolicy:
         missing = sorted(set(self.names) - set(model))
         if missing:
             raise ValueError(f"Learner state has no weights for {missing[:3]}...; it belongs to another model.")
+        if self.peft_model is not None:
+            _check_adapter_state(model, self.names)
         with torch.no_grad():
             for name, tensor in self.model.state_dict(keep_vars=True).items():
-                tensor.copy_(model[name])
+                if self.peft_model is None or name in index:  # LoRA: the adapter; the base is the model's own
+                    tensor.copy_(model[name])
             if self.master_model is not self.model:
                 for name, tensor in self.master_model.state_dict(keep_vars=True).items():
                     tensor.copy_(model[name])
@@ -178,16 +195,24 @@ class LocalPolicy:
         model, optimizer = self.train_state()
         return write_state_file(path, model, optimizer, extra)
 
-    def load_state(self, path: str | os.PathLike[str], layout: str | None = None) -> dict[str, Any]:
+    def load_state(self, path: str | os.PathLike[str], layout: str | None = None, *,
+                   check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Load a single learner's state file, or the DCP shards of sharded learners (every shard, in full).
 
         ``layout`` (a checkpoint manifest's ``learner_layout``) says which; None: the one present.
+        ``check(extra)`` runs before anything loads (it raises for a state this learner must refuse).
         """
         state = read_full_state(path, layout)
+        if check is not None:
+            check(state.extra)
         self.load_train_state(state.model, state.optimizer)
         return state.extra
 
-    def save_policy(self, path: str | os.PathLike[str]) -> str:
+    def save_policy(self, path: str | os.PathLike[str], *, merged: bool = False) -> str:
+        """The policy as a Hugging Face folder; with LoRA, the adapter in PEFT's format (``merged``: the
+        base with the adapter merged into it, a plain model folder)."""
+        if self.peft_model is not None:
+            return save_adapter(self.peft_model, path, tokenizer_source=self.spec.model, merged=merged)
         return save_pretrained(self.model, path, tokenizer_source=self.spec.model)
 
 
@@ -321,17 +346,24 @@ class ShardedPolicy:
         """
         return save_sharded_state(path, self.model, self.optimizer, extra, rank=self.rank)
 
-    def load_state(self, path: str | os.PathLike[str], layout: str | None = None) -> dict[str, Any]:
+    def load_state(self, path: str | os.PathLike[str], layout: str | None = None, *,
+                   check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Load a DCP folder (from any number of sharded ranks) or a single learner's state file.
 
         ``layout`` (a checkpoint manifest's ``learner_layout``) says which; None: the one present.
+        ``check(extra)`` as ``LocalPolicy.load_state``'s (for DCP shards: after they load).
         """
         folder = Path(path).resolve()
         if state_layout(folder, layout, default=DCP_LAYOUT) == SINGLE_FILE_LAYOUT:
             model, optimizer, extra = read_state_file(folder)
+            if check is not None:
+                check(extra)
             self.load_train_state(model, optimizer)
             return extra
-        return load_sharded_state(folder, self.model, self.optimizer)
+        extra = load_sharded_state(folder, self.model, self.optimizer)
+        if check is not None:
+            check(extra)
+        return extra
 
     def save_policy(self, path: str | os.PathLike[str]) -> str:
         from flashrl.learners import fsdp
@@ -351,6 +383,19 @@ def _enable_hf_checkpointing(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
             module.training = True
+
+
+def _check_adapter_state(model: dict[str, torch.Tensor], names: list[str]) -> None:
+    """A LoRA learner restores an adapter: weights of its own adapter's names only (not a full model's)."""
+    foreign = sorted(name for name in model if not is_adapter_name(name))
+    extra = sorted(set(model) - set(names) - set(foreign))
+    if foreign or extra:
+        raise ValueError(
+            f"LoRA learner state: expected only this adapter's {len(names)} tensors (lora_A / lora_B), got "
+            f"{len(foreign)} base-model weights (e.g. {foreign[:2]}) and {len(extra)} other adapter tensors "
+            f"(e.g. {extra[:2]}). Fix: resume a checkpoint of a run with the same lora_* settings, or train with "
+            "the checkpoint's settings (lora_rank=None for a full-training checkpoint)."
+        )
 
 
 def _to_cpu(value: Any) -> Any:

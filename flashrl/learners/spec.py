@@ -15,6 +15,7 @@ import torch
 
 from flashrl.learners.loss import Loss
 from flashrl.learners.schedule import LR_SCHEDULES
+from flashrl.models.lora import LoRASettings
 from flashrl.models.routing_replay import routing_replay_problem
 from flashrl.user_code import UserCodeError, import_path
 from flashrl.validation import Checks, is_number, setting
@@ -85,6 +86,15 @@ class LearnerSpec:
     """With num_learners >= 2 (FSDP2): keep parameter shards, gradients and optimizer state in host memory."""
     freeze_moe_router: bool = setting(False, section="learners")
     """Freeze the MoE router (gate) weights during RL (``flashrl.learners.freeze``); MoE models only."""
+    lora_rank: int | None = setting(None, section="learners", integer=True, ge=1, optional="full training",
+                                    fix="use e.g. 16 (vLLM serves ranks 1, 8, 16, 32, 64, 128, 256, 320, 512)")
+    """Train a LoRA adapter of this rank (peft; ``docs/training.md``, LoRA) instead of every weight; None = full."""
+    lora_alpha: float = setting(32.0, section="learners", gt=0, fix="use e.g. 2 * lora_rank")
+    """LoRA's alpha: the adapter's update is scaled by lora_alpha / lora_rank."""
+    lora_target_modules: str = setting("all-linear", section="learners")
+    """The layers LoRA adapts: 'all-linear' (every linear layer but the head) or names, e.g. 'q_proj,v_proj'."""
+    lora_dropout: float = setting(0.0, section="learners", ge=0, lt=1, fix="use 0.0 (RL recomputes exact log-probs)")
+    """Dropout on the adapter's input while training (0.0 keeps the learner's log-probs the sampler's)."""
 
     # --- the model and the optimizer ----------------------------------------------------------------
     model: str = "smollm2-135m-instruct"
@@ -153,6 +163,14 @@ class LearnerSpec:
         return DTYPES[self.dtype]
 
     @property
+    def lora(self) -> LoRASettings | None:
+        """The adapter's settings (``flashrl.models.lora``), or None for full training."""
+        if self.lora_rank is None:
+            return None
+        return LoRASettings(rank=int(self.lora_rank), alpha=float(self.lora_alpha),
+                            target_modules=self.lora_target_modules, dropout=float(self.lora_dropout))
+
+    @property
     def sync_torch_dtype(self) -> torch.dtype:
         """The dtype of the weights the engines receive (``weight_sync_dtype``, else the compute dtype)."""
         return DTYPES[self.weight_sync_dtype] if self.weight_sync_dtype is not None else self.torch_dtype
@@ -216,6 +234,7 @@ def _check_values(spec: LearnerSpec, check: Checks) -> None:
                  spec.optimizer_offload, "use False unless num_learners >= 2")
     check.expect(spec.freeze_moe_router in (True, False), "freeze_moe_router", "True or False",
                  spec.freeze_moe_router, "use True only for a mixture-of-experts model")
+    _check_lora(spec, check)
     check.expect(spec.routing_replay in (True, False), "routing_replay", "True or False", spec.routing_replay,
                  "use True only for a mixture-of-experts model")
     if spec.routing_replay is True and isinstance(spec.model, str) and spec.model:
@@ -239,6 +258,26 @@ def _check_values(spec: LearnerSpec, check: Checks) -> None:
                  "a flashrl.learners.Loss object (e.g. FlashReinforceLossSpec) or None", spec.loss,
                  "pass the algorithm's loss object")
     _check_schedule(spec, check)
+
+
+def _check_lora(spec: LearnerSpec, check: Checks) -> None:
+    """The adapter's settings (the rank's and alpha's bounds are their fields'); only with lora_rank set."""
+    if spec.lora_rank is None:
+        return
+    check.expect(isinstance(spec.lora_target_modules, str) and spec.lora_target_modules.strip() != "",
+                 "lora_target_modules", "'all-linear' or comma-separated layer names", spec.lora_target_modules,
+                 "use 'all-linear' or e.g. 'q_proj,k_proj,v_proj,o_proj'")
+    # One learner for now: FSDP2 would shard the frozen base and the adapter in one group, which the
+    # sharded policy's gathers and checkpoints do not handle yet (docs/training.md, LoRA).
+    check.expect(not is_number(spec.num_learners) or spec.num_learners <= 1, "num_learners",
+                 "0 or 1 with lora_rank set (a LoRA learner is not sharded yet)", spec.num_learners,
+                 "use num_learners=1 (an adapter trains on one GPU), or lora_rank=None for full training")
+    if isinstance(spec.model, str) and spec.model and isinstance(spec.lora_target_modules, str):
+        from flashrl.models.lora import lora_target_problem
+
+        problem = lora_target_problem(spec.model, spec.lora_target_modules)  # says expected, actual and fix
+        if problem is not None:
+            check.problems.append(problem)
 
 
 def _check_schedule(spec: LearnerSpec, check: Checks) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from flashrl.learners.fsdp import clean_name, iter_full_tensors
+from flashrl.learners.fsdp import clean_name, gather_full, iter_full_tensors, unique_state_items
 from flashrl.weight_sync.buckets import cut_buckets
 from flashrl.weight_sync.shm import put_buckets
 from flashrl.weight_sync.wire import (
@@ -88,15 +88,31 @@ def _check_names(names: str) -> None:
         raise ValueError(f"names: expected one of {WEIGHT_NAMES}, got {names!r}.")
 
 
-def _unique_entries(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """State-dict entries, each tensor object once (a tied head is left out), HF names."""
+Select = Callable[[str], bool] | None
+"""Which state-dict names to send (None: all); a LoRA learner sends its adapter (``is_adapter_name``)."""
+
+
+def _unique_entries(model: nn.Module, select: Select = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """State-dict entries, each tensor object once (a tied head is left out), HF names, ``select``-ed."""
     seen: set[int] = set()
     # keep_vars: the registered parameters themselves, so a tied weight is one object under two names
     for name, tensor in model.state_dict(keep_vars=True).items():
         if id(tensor) in seen:
             continue
         seen.add(id(tensor))
-        yield clean_name(name), tensor
+        if select is None or select(clean_name(name)):
+            yield clean_name(name), tensor
+
+
+def _selected_tensors(model: nn.Module, select: Select, dtype: torch.dtype | None,
+                      device: torch.device | str | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``iter_full_tensors`` of the ``select``-ed entries only (nothing else is gathered or copied)."""
+    if select is None:
+        yield from iter_full_tensors(model, dtype=dtype, device=device)
+        return
+    for name, tensor in unique_state_items(model):
+        if select(name):
+            yield name, gather_full(tensor.detach(), dtype=dtype, device=device)
 
 
 def weight_manifest(
@@ -105,12 +121,13 @@ def weight_manifest(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     dtype: torch.dtype | None = None,
     names: WeightNames = "model",
+    select: Select = None,
 ) -> WeightManifest:
     """The buckets ``iter_weight_buckets`` will produce (names, dtypes after the cast, full shapes)."""
     _check_names(names)
     entries: Iterable[tuple[str, torch.Tensor]] = (
         (name, torch.empty(tuple(tensor.shape), dtype=_cast(tensor, dtype), device="meta"))
-        for name, tensor in _unique_entries(model)
+        for name, tensor in _unique_entries(model, select)
     )
     if names == "checkpoint":
         entries = checkpoint_items(model, entries)
@@ -129,6 +146,7 @@ def iter_weight_buckets(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = "cpu",
     names: WeightNames = "model",
+    select: Select = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Bucket ``k`` of ``manifest`` as ``{name: full tensor}``, one bucket at a time.
 
@@ -138,7 +156,7 @@ def iter_weight_buckets(
     generator keeps no reference to a bucket it has yielded.
     """
     _check_names(names)
-    tensors = iter_full_tensors(model, dtype=dtype, device=device)
+    tensors = _selected_tensors(model, select, dtype, device)
     if names == "checkpoint":
         tensors = checkpoint_items(model, tensors)
     for index, declared in enumerate(manifest):
@@ -170,22 +188,27 @@ class PolicyWeights:
             ``sync_model``: float32 masters of a bfloat16 learner syncing at float32).
         dtype: the dtype the engines receive (``LearnerSpec.sync_torch_dtype``); None keeps each tensor's.
         device: the learner's device (a push gathers each tensor there).
+        select: which state-dict names are sent (None: every weight; a LoRA learner: its adapter's).
     """
 
     def __init__(
-        self, model: Callable[[], nn.Module], *, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+        self, model: Callable[[], nn.Module], *, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
+        select: Select = None,
     ) -> None:
         self._model = model
         self.dtype = dtype
         self.device = device
+        self.select = select
 
     def manifest(self, bucket_bytes: int, names: WeightNames) -> WeightManifest:
-        return weight_manifest(self._model(), bucket_bytes=bucket_bytes, dtype=self.dtype, names=names)
+        return weight_manifest(self._model(), bucket_bytes=bucket_bytes, dtype=self.dtype, names=names,
+                               select=self.select)
 
     def buckets(
         self, manifest: WeightManifest, names: WeightNames, device: torch.device | str | None
     ) -> Iterator[dict[str, torch.Tensor]]:
-        return iter_weight_buckets(self._model(), manifest, dtype=self.dtype, device=device, names=names)
+        return iter_weight_buckets(self._model(), manifest, dtype=self.dtype, device=device, names=names,
+                                   select=self.select)
 
 
 def put_weight_buckets(

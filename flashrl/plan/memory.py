@@ -150,6 +150,7 @@ __all__ = [
     "CheckpointMemory",
     "EnvRunnerMemory",
     "LearnerMemory",
+    "adapter_parameters",
     "checkpoint_memory",
     "env_runner_memory",
     "format_bytes",
@@ -256,6 +257,8 @@ def learner_memory_for(config: Any, arch: Architecture, *, weight_sync: str) -> 
         pack_sequences=config.pack_sequences,
         weight_sync=weight_sync,
         process_bytes=PROCESS_BYTES if config.num_gpus_per_learner == 0 else 0,
+        lora_rank=getattr(config, "lora_rank", None),
+        lora_target_modules=getattr(config, "lora_target_modules", "all-linear"),
     )
 
 
@@ -267,6 +270,21 @@ def learner_flash_attention(config: Any) -> bool:
         and config.dtype == "bfloat16"
         and importlib.util.find_spec("flash_attn") is not None
     )
+
+
+def adapter_parameters(arch: Architecture, rank: int, target_modules: str = "all-linear") -> int:
+    """Parameters of a LoRA adapter of ``rank``: ``rank * (in + out)`` per adapted linear layer.
+
+    ``all-linear`` adapts the attention projections and, in a dense model, the MLP's three; fused MoE
+    experts are not linear layers (LoRA refuses them), so an MoE model's MLP is left out.
+    """
+    h, q, kv = arch.hidden_size, arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+    i = arch.intermediate_size
+    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    if not arch.is_moe:
+        shapes.update(gate_proj=(h, i), up_proj=(h, i), down_proj=(i, h))
+    names = list(shapes) if target_modules == "all-linear" else [t.strip() for t in target_modules.split(",")]
+    return arch.num_layers * sum(rank * sum(shapes[n]) for n in names if n in shapes)
 
 
 def learner_memory(
@@ -286,13 +304,17 @@ def learner_memory(
     weight_sync: str = "shm",
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     process_bytes: int = 0,
+    lora_rank: int | None = None,
+    lora_target_modules: str = "all-linear",
 ) -> LearnerMemory:
     """The learner formula of the module docstring (``num_learners`` 0 means one learner in the driver).
 
     ``flash_attention``: the learner attends with a varlen flash kernel (no 4-D masks);
     ``pack_sequences`` as the learner's (None: packed only with flash attention); ``weight_sync``
     and ``bucket_bytes``: the route and bucket size of the weight push; ``process_bytes``: the
-    process's own memory, counted in ``total`` (``PROCESS_BYTES`` for a learner on the CPU).
+    process's own memory, counted in ``total`` (``PROCESS_BYTES`` for a learner on the CPU). ``lora_rank``
+    (one learner): the base is frozen in the compute dtype (no gradient, master or optimizer state) and the
+    adapter (``adapter_parameters``) is float32 with its gradients and optimizer state.
     """
     p = arch.num_parameters()
     b = DTYPE_BYTES[dtype]
@@ -301,7 +323,12 @@ def learner_memory(
     host, reduce_scatter = 0, 0
     root = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
     layer = (p - root) // max(1, arch.num_layers)
-    if world == 1:
+    adapter = 0
+    if lora_rank is not None:  # a LoRA learner is not sharded (LearnerSpec refuses num_learners > 1)
+        adapter = adapter_parameters(arch, int(lora_rank), lora_target_modules)
+        weights, gradients, master = p * b + adapter * 4, adapter * 4, 0
+        optimizer_bytes = adapter * 4 * moments
+    elif world == 1:
         weights, gradients = p * b, p * b
         master = p * 4 * 2 if b < 4 else 0
         optimizer_bytes = p * 4 * moments
@@ -336,7 +363,9 @@ def learner_memory(
         backward_activations=backward,
         mask=mask,
         reduce_scatter=reduce_scatter,
-        push=push_bytes(arch, b, largest_layer=layer, route=weight_sync, bucket_bytes=bucket_bytes),
+        # LoRA: the adapter's float32 tensors, at most all of them (the lora route sends nothing else)
+        push=adapter * 4 if lora_rank is not None else push_bytes(
+            arch, b, largest_layer=layer, route=weight_sync, bucket_bytes=bucket_bytes),
         process=int(process_bytes),
     )
 

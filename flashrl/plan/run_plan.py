@@ -26,11 +26,12 @@ from typing import Any
 from flashrl.engines import engine_options_for_run
 from flashrl.engines.colocation import colocated_engine_options, is_colocated, resolve_sleep_mode
 from flashrl.engines.memory import DEFAULT_MAX_NUM_SEQS
+from flashrl.models.lora import LoRASettings
 from flashrl.plan.architectures import Architecture, architecture_for
 from flashrl.plan.memory import EnvRunnerMemory, LearnerMemory, env_runner_memory, learner_memory_for
 from flashrl.weight_sync.layout import RouteError, planned_engine_options
 
-__all__ = ["LearnerPlacement", "RunPlan", "RunnerEngine", "plan_run", "runner_engine_options"]
+__all__ = ["LearnerPlacement", "RunPlan", "RunnerEngine", "lora_engine_options", "plan_run", "runner_engine_options"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,32 @@ def runner_engine_options(spec: Any, engine_options: dict[str, Any] | None = Non
     )
 
 
+def lora_engine_options(config: Any) -> dict[str, Any]:
+    """The config's engine options, with a LoRA run's route and adapter (``flashrl.weight_sync.lora``).
+
+    With ``lora_rank`` set the engines take the ``lora`` route (only the adapter crosses; they keep
+    their base) and get the adapter's settings as the option ``lora`` (vLLM also ``weight_sync='lora'``;
+    the torch engine reports the route from its ``lora`` option); full training leaves the options
+    as they are. A LoRA run whose options ask for another route is a ``RouteError``.
+    """
+    options = dict(config.engine_options)
+    if getattr(config, "lora_rank", None) is None:
+        return options
+    asked = options.get("weight_sync", "auto")
+    if asked not in ("auto", "lora"):
+        raise RouteError(
+            f"weight_sync: expected 'auto' or 'lora' with lora_rank={config.lora_rank} (the engines keep their base "
+            f"and load each version's adapter), got {asked!r}. Fix: drop weight_sync from engine_options, or set "
+            "lora_rank=None for full training."
+        )
+    settings = LoRASettings(rank=int(config.lora_rank), alpha=float(config.lora_alpha),
+                            target_modules=str(config.lora_target_modules), dropout=float(config.lora_dropout))
+    options["lora"] = settings.to_dict()
+    if config.engine == "vllm":  # the torch engine has no route option: it reports 'lora' when it has an adapter
+        options["weight_sync"] = "lora"
+    return options
+
+
 def plan_run(config: Any, *, model_path: str | None = None, raise_problems: bool = True) -> RunPlan:
     """The plan of a validated algorithm config (``FlashReinforceConfig``).
 
@@ -129,7 +156,7 @@ def plan_run(config: Any, *, model_path: str | None = None, raise_problems: bool
     route_error = sleep_error = engine_options_error = runner_memory_error = None
     try:
         options = planned_engine_options(
-            config.engine, config.engine_options, learner_gpus=learner_gpus, runner_gpus=runner_gpus,
+            config.engine, lora_engine_options(config), learner_gpus=learner_gpus, runner_gpus=runner_gpus,
             num_env_runners=config.num_env_runners,
         )  # fmt: skip
     except RouteError as err:
@@ -139,6 +166,8 @@ def plan_run(config: Any, *, model_path: str | None = None, raise_problems: bool
     if config.engine == "vllm":
         options.setdefault("log_level", config.framework_log_level)
     route = str(options.get("weight_sync", "shm")) if route_error is None else "shm"
+    if route_error is None and options.get("lora") is not None:  # the torch engine's route with an adapter
+        route = "lora"
     try:
         sleep = resolve_sleep_mode(
             config.engine_sleep_mode, engine=config.engine, learner_gpus=learner_gpus, runner_gpus=runner_gpus

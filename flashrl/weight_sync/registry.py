@@ -34,6 +34,7 @@ TRANSPORTS: dict[str, Registration] = {
     "shm": Registration("flashrl.weight_sync.shm:ShmTransport"),
     "nccl": Registration("flashrl.weight_sync.nccl:NcclTransport", vllm_backend=True),
     "ipc": Registration("flashrl.weight_sync.ipc:IpcTransport", vllm_backend=True),
+    "lora": Registration("flashrl.weight_sync.lora:LoraTransport"),
 }
 """One line per transport; the order is the order of ``weight_sync``'s documented options."""
 

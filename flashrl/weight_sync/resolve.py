@@ -8,6 +8,7 @@ file of this package:
 | ``shm`` | CPU; the fallback everywhere | the engine's process gets bounded buckets (a Ray object ref at a time) and writes each into a shared-memory file its workers load from (``flashrl.weight_sync.shm``) |
 | ``nccl`` | GPU (``auto``) | vLLM's ``NCCLWeightTransferEngine``: learner rank 0 broadcasts to every worker of every engine (across nodes and tensor-parallel ranks) in one NCCL group, packed into bounded buffers |
 | ``ipc`` | GPU, learner and engine on one device | vLLM's ``IPCWeightTransferEngine``: the workers map the learner's CUDA tensors |
+| ``lora`` | a LoRA learner (the run plan picks it) | the adapter's tensors only, as ``shm`` buckets (``flashrl.weight_sync.lora``) |
 
 ``nccl`` and ``ipc`` are *push* routes: the learner side drives them (``flashrl.weight_sync.push``;
 a run keeps its transfer group in ``PushRoute``). An engine started with them still takes the
@@ -31,7 +32,7 @@ __all__ = [
     "vllm_transfer_args",
 ]
 
-RouteName = Literal["shm", "nccl", "ipc"]
+RouteName = Literal["shm", "nccl", "ipc", "lora"]
 """For type checkers: the registered transports' names (``ROUTE_NAMES`` is the truth)."""
 ROUTE_NAMES: tuple[RouteName, ...] = tuple(TRANSPORTS)  # type: ignore[assignment]
 """What an engine's ``weight_sync`` option resolves to (its ``facts["weight_sync"]``)."""

@@ -224,3 +224,27 @@ def test_cpu_runner_and_learner_estimates_against_the_committed_measurement() ->
                                                                 format_bytes(measured))
             checked.append((engine, role))
     assert ("torch", "env_runner") in checked and ("torch", "learner") in checked
+
+
+def test_lora_counts_a_frozen_base_and_a_float32_adapter_with_its_gradients_and_moments(tiny_llama_path) -> None:
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from flashrl.models.lora import LoRASettings
+    from flashrl.plan.architectures import read_architecture
+    from flashrl.plan.memory import adapter_parameters
+
+    # the count matches what peft trains on a real model, for all-linear and for named layers
+    arch = read_architecture(tiny_llama_path)
+    for targets in ("all-linear", "q_proj,v_proj"):
+        model = AutoModelForCausalLM.from_pretrained(tiny_llama_path)
+        peft = get_peft_model(model, LoRASettings(rank=8, alpha=16.0, target_modules=targets).peft_config())
+        assert adapter_parameters(arch, 8, targets) == sum(p.numel() for p in peft.parameters() if p.requires_grad)
+    a = adapter_parameters(ARCH, 2)  # the toy: r (in + out) per layer: q, k, v, o 4 x 16, MLP 3 x 24
+    assert a == 2 * 2 * (4 * 16 + 3 * 24) == 544
+    m = learner_memory(ARCH, dtype="bfloat16", optimizer="adamw", train_batch_size=4, num_learners=1,
+                       max_episode_tokens=10, gradient_checkpointing=False, logprob_chunk_size=1, lora_rank=2)
+    full = learner_memory(ARCH, dtype="bfloat16", optimizer="adamw", train_batch_size=4, num_learners=1,
+                          max_episode_tokens=10, gradient_checkpointing=False, logprob_chunk_size=1)
+    assert (m.weights, m.gradients, m.master, m.optimizer) == (2 * P + 4 * a, 4 * a, 0, 8 * a)
+    assert m.activations == full.activations and m.static < full.static and m.push == 4 * a

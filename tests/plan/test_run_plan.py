@@ -115,3 +115,20 @@ def test_the_plan_is_read_only() -> None:
     assert isinstance(plan, RunPlan)
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.weight_sync = "nccl"  # type: ignore[misc]
+
+
+def test_a_lora_run_plans_the_adapter_route_and_gives_the_engines_its_settings() -> None:
+    lora = {"rank": 16, "alpha": 32.0, "target_modules": "all-linear", "dropout": 0.0}
+    plan = plan_run(_cpu().learners(lora_rank=16))
+    assert plan.weight_sync == "lora"
+    assert plan.engine_options == {"weight_sync": "lora", "lora": lora, "log_level": "WARNING"}
+    assert plan.runner_engine_options["lora"] == lora
+    torch_plan = plan_run(_cpu(engine="torch").learners(lora_rank=8, lora_alpha=8.0))
+    # the torch engine has no route option: it reports 'lora' itself when it has an adapter
+    assert torch_plan.engine_options == {"lora": {**lora, "rank": 8, "alpha": 8.0}}
+    assert torch_plan.weight_sync == "lora"
+    assert plan.learner_memory.static < plan_run(_cpu()).learner_memory.static  # a frozen base, a small adapter
+    with pytest.raises(RouteError, match="weight_sync: expected 'auto' or 'lora' with lora_rank=16.*Fix:"):
+        plan_run(_cpu(engine_options={"weight_sync": "shm"}).learners(lora_rank=16))
+    with pytest.raises(Exception, match=r"lora_rank: expected one of \(1, 8, 16.*with engine='vllm'.*got 4"):
+        _cpu().learners(lora_rank=4).validate()

@@ -47,7 +47,7 @@ def test_auto_follows_the_layout(learner_gpus, runner_gpus, runners, route) -> N
         ("ipc", 1, 1, 1, "Ray gives them different GPUs and CUDA IPC does not cross devices"),
         ("nccl", 0.5, 0.5, 1, "a learner and an engine can land on one GPU"),
         ("nccl", 1, 0.5, 3, "two of the 3 engines can land on one GPU"),
-        ("rdma", 1, 1, 1, "expected one of ('auto', 'shm', 'nccl', 'ipc')"),
+        ("rdma", 1, 1, 1, "expected one of ('auto', 'shm', 'nccl', 'ipc', 'lora')"),
     ],
 )
 def test_an_explicit_route_the_layout_rules_out_is_refused(option, learner_gpus, runner_gpus, runners, reason) -> None:

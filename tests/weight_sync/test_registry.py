@@ -81,12 +81,12 @@ def _inbox() -> WeightInbox:
     return WeightInbox(lambda: None, ready=ready, on_abort=lambda reason: None)
 
 
-def test_the_registered_transports_are_shm_nccl_and_ipc_each_named_as_registered(fresh_registry) -> None:
-    assert list(TRANSPORTS) == ["shm", "nccl", "ipc"]
-    assert [t.name for t in transports()] == ["shm", "nccl", "ipc"]
+def test_the_registered_transports_are_shm_nccl_ipc_and_lora_each_named_as_registered(fresh_registry) -> None:
+    assert list(TRANSPORTS) == ["shm", "nccl", "ipc", "lora"]
+    assert [t.name for t in transports()] == ["shm", "nccl", "ipc", "lora"]
     assert transport("nccl") is transport("nccl")  # one instance per name
     assert type(transport("nccl")).sender is type(transport("ipc")).sender  # vLLM's two backends share halves
-    with pytest.raises(ValueError, match=r"expected a transport in \('shm', 'nccl', 'ipc'\), got 'rdma'. Fix:"):
+    with pytest.raises(ValueError, match=r"expected a transport in \('shm', 'nccl', 'ipc', 'lora'\), got 'rdma'. Fix:"):
         transport("rdma")
 
 

@@ -78,7 +78,7 @@ def test_an_unknown_or_missing_route_is_refused_with_the_fix(facts) -> None:
         route_for(facts, wait_for_load=False)
     message = str(err.value)
     assert f"report weight_sync={facts.get('weight_sync')!r}" in message
-    assert "expected one of ('shm', 'nccl', 'ipc')" in message and "Fix:" in message
+    assert "expected one of ('shm', 'nccl', 'ipc', 'lora')" in message and "Fix:" in message
 
 
 def test_a_bucket_size_must_be_positive() -> None:

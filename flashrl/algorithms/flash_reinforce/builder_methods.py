@@ -159,6 +159,10 @@ class BuilderMethods:
         pack_sequences: bool | None = NotProvided,
         optimizer_offload: bool = NotProvided,
         freeze_moe_router: bool = NotProvided,
+        lora_rank: int | None = NotProvided,
+        lora_alpha: float = NotProvided,
+        lora_target_modules: str = NotProvided,
+        lora_dropout: float = NotProvided,
         restart_failed_learners: bool = NotProvided,
         max_num_learner_restarts: int = NotProvided,
         **misplaced: Any,
@@ -179,6 +183,13 @@ class BuilderMethods:
                 state in host memory.
             freeze_moe_router: Freeze the MoE router (gate) weights during RL (``flashrl.learners.freeze``);
                 MoE models only.
+            lora_rank: Train a LoRA adapter of this rank (peft; ``docs/training.md``, LoRA) instead of every
+                weight; None = full.
+            lora_alpha: LoRA's alpha: the adapter's update is scaled by lora_alpha / lora_rank.
+            lora_target_modules: The layers LoRA adapts: 'all-linear' (every linear layer but the head) or
+                names, e.g. 'q_proj,v_proj'.
+            lora_dropout: Dropout on the adapter's input while training (0.0 keeps the learner's log-probs
+                the sampler's).
             restart_failed_learners: When a learner actor dies or times out, start a new learner group and
                 resume from the run's newest checkpoint (or its start); False stops the run with the cause
                 (see docs/runtime.md, Faults).

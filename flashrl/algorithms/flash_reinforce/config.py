@@ -61,6 +61,7 @@ from flashrl.env_runners.user_env import (
 from flashrl.framework_logging import LEVELS, valid_level
 from flashrl.learners.spec import LearnerSpec
 from flashrl.loggers import logger_problems
+from flashrl.models.lora import VLLM_LORA_RANKS
 from flashrl.user_code import UserCodeError, describe, is_description, is_path
 from flashrl.validation import DERIVED, SECTION, Checks, SpecError, is_int, is_number, setting
 from flashrl.weight_sync.layout import route_problem
@@ -471,6 +472,9 @@ class FlashReinforceConfig(BuilderMethods, _TuneConfig):
         if is_int(self.num_learners) and self.num_learners > 1 and b < self.num_learners:
             yield (f"train_batch_size: expected >= num_learners ({self.num_learners}) so every learner gets "
                    f"data, got {b}. Fix: raise train_batch_size or lower num_learners")
+        if self.engine == "vllm" and is_int(self.lora_rank) and self.lora_rank not in VLLM_LORA_RANKS:
+            yield (f"lora_rank: expected one of {VLLM_LORA_RANKS} with engine='vllm' (its max_lora_rank choices), "
+                   f"got {self.lora_rank}. Fix: use the nearest of those, e.g. lora_rank=16")
 
     def _warn_risky(self) -> None:
         if self.top_p < 1.0 or self.top_k > 0:
