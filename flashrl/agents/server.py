@@ -198,7 +198,9 @@ class AgentServer:
 
         @app.exception_handler(RequestRefused)
         async def refused(_: Request, err: RequestRefused) -> JSONResponse:
-            # a caller without a key keeps no connection: each try costs it a new one (see connections.py)
+            # a caller without a key keeps no connection: each try costs it a new one (see connections.py). A body
+            # refused unread (413) is drained, not kept, within request_timeout_s (the connection's header timer), so
+            # that the client reads the 413 rather than a reset
             headers = {**_NO_RETRY, "connection": "close"} if err.status == 401 else _NO_RETRY
             return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
