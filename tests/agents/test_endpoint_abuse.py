@@ -70,7 +70,7 @@ def test_idle_connections_past_the_cap_are_closed_and_an_agent_still_gets_in(
     # today: all 60 stay open (one descriptor each, until the process runs out)
     assert live <= cap and server_side <= cap + 4, (live, server_side)
     assert closed >= flood - cap and stats.evicted >= flood - cap
-    assert took < 5.0
+    assert took < 10.0
     assert reply.choices[0].message.content == "Five." and session.calls == 1
 
 
@@ -115,7 +115,7 @@ def test_an_oversized_header_is_cut_off_early(scripted_engine, serve) -> None:
     sent, took, answer, bad_http = serve(scripted_engine([]), scenario)
     # the server stops reading past 64 KiB of headers (the kernel's socket buffers take a few MiB more)
     assert sent < 24 * 1024 * 1024, sent
-    assert took < 3.0 and bad_http == 1
+    assert took < 10.0 and bad_http == 1  # loose: the machine may be loaded; the bytes are the bound
     assert answer == b"" or answer.startswith(b"HTTP/1.1 400")
 
 
