@@ -6,6 +6,6 @@ OpenAI-compatible endpoint, every model call recorded token-exactly into the epi
 the agent used). See ``docs/agents.md``.
 """
 
-from flashrl.agents.server import AgentLimits, AgentServer, AgentSession
+from flashrl.agents.server import AgentLimits, AgentServer, AgentSession, ConnectionLimits
 
-__all__ = ["AgentLimits", "AgentServer", "AgentSession"]
+__all__ = ["AgentLimits", "AgentServer", "AgentSession", "ConnectionLimits"]

@@ -30,7 +30,9 @@ stop tokens, the run's chat template. So a request is refused (HTTP 400) when it
   ``request_id`` and ``session_id``.
 
 A ``model`` other than the served one is refused with HTTP 404 ``model_not_found`` (the agent asks
-``GET .../models`` for the name). A malformed body gives ``invalid_request`` (or ``invalid_json``);
+``GET .../models`` for the name). A malformed body gives ``invalid_request`` (or ``invalid_json``),
+and so does one nested deeper than ``MAX_JSON_DEPTH`` (a tool schema included) or a string holding a
+lone surrogate (which no text encoding can tokenise): both are refused before any other check;
 a malformed ``tools`` list ``invalid_tools``; message content other than text (images, audio)
 ``unsupported_content``. Roles are ``system``, ``user``, ``assistant`` and ``tool``; ``developer``
 (the newer clients' name for instructions) is rendered as ``system``. A message's ``name`` and a tool
@@ -84,6 +86,9 @@ INFORMATIONAL = frozenset({"user", "metadata", "store"})
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 """Accepted message roles -> the role rendered."""
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of a request body (objects and arrays): a tool schema nested deeper is no schema a model
+is prompted with, and the validator and the chat template recurse over it."""
 
 
 class RequestRefused(Exception):
@@ -161,6 +166,7 @@ def check_request(body: Any, *, sampling: SamplingConfig, model_name: str) -> Ch
     :class:`RequestRefused`."""
     if not isinstance(body, dict):
         raise RequestRefused(400, "invalid_request", f"expected a JSON object as the body; got {type(body).__name__}.")
+    _check_plain_json(body)
     _check_tools_shape(body.get("tools"))
     try:
         request = request_class().model_validate(body)
@@ -254,6 +260,31 @@ def _check_neutral(body: Mapping[str, Any], request: Any) -> None:
             400, "unsupported_parameter", f"{name}={body[name]!r} is refused: the run's policy samples every call "
             f"the same way (see the endpoint's list of refused parameters); leave {name} out.", param=name,
         )
+
+
+def _check_plain_json(body: Any) -> None:
+    """Refuse a body nested past ``MAX_JSON_DEPTH`` or with a string that is not valid Unicode (a lone
+    surrogate, which ``json`` reads from ``\\ud800``); walked without recursion."""
+    stack: list[tuple[Any, int, str]] = [(body, 0, "")]
+    while stack:
+        value, depth, where = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RequestRefused(400, "invalid_request", f"the string at {where or 'the top'} holds a lone "
+                                     "surrogate (not valid Unicode); send UTF-8 text.", param=where or None) from None
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise RequestRefused(400, "invalid_request", f"the request nests deeper than {MAX_JSON_DEPTH} objects or "
+                                 f"arrays (at {where}); flatten it.", param=where.split(".", 1)[0].split("[", 1)[0])
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(key, str):
+                stack.append((key, depth, where))
+            stack.append((item, depth + 1, (f"{where}.{key}" if where else key) if isinstance(key, str) else f"{where}[{key}]"))
 
 
 def _check_tools_shape(tools: Any) -> None:

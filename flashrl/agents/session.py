@@ -5,14 +5,26 @@ A session answers the chat-completions requests of one episode: it checks a requ
 (:class:`flashrl.agents.recorder.CallRecorder`), samples the reply with the engine (the run's
 sampling, the seed of call ``k`` ``stream_seed(seed, k)``, the chat template's stop tokens, as an
 env's episode in ``flashrl.env_runners.rollout.play_episode``), records it and answers it. Every
-refused request is counted in :attr:`AgentSession.errors` by its code.
+refused request is counted in :attr:`AgentSession.errors` by its code, and past
+``AgentLimits.max_refused`` of them (a wrong key and a closed session aside: those say nothing of
+the agent) every further request is refused before it is read.
+
+A body is parsed, checked and rendered in the server's rendering thread (``executor``), off the
+event loop. Completion tokens are reserved per call (what the call may sample) and what it did not
+sample is released when it ends; a call that would fit once the calls in flight release their
+reservations waits for them instead of being refused, so concurrent calls are refused for
+``max_completion_tokens`` only when the tokens sampled have used it up.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import json
 import logging
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +39,9 @@ __all__ = ["AgentLimits", "AgentSession", "closed_refusal"]
 
 logger = logging.getLogger("flashrl.agents")
 
+NOT_THE_AGENTS = frozenset({"invalid_api_key", "session_closed", "refusal_limit"})
+"""Refusals that do not count toward ``max_refused``: a wrong key may come from anyone who read the URL."""
+
 
 @dataclass(frozen=True)
 class AgentLimits:
@@ -36,8 +51,13 @@ class AgentLimits:
     """Model calls per episode; a call past it gets an OpenAI-style error (HTTP 429, code "call_limit")."""
     max_completion_tokens: int | None = None
     """Tokens the model may generate over the whole episode (None: no limit beyond each call's max)."""
+    max_refused: int = 64
+    """Refused requests per episode (bad JSON, refused parameters, limits; not a wrong key); past it every
+    request is refused before its body is read (HTTP 429, code "refusal_limit")."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_refused, int) or self.max_refused < 1:
+            raise ValueError(f"AgentLimits.max_refused must be an int >= 1; got {self.max_refused!r}.")
         if not isinstance(self.max_calls, int) or self.max_calls < 1:
             raise ValueError(f"AgentLimits.max_calls must be an int >= 1; got {self.max_calls!r}.")
         if self.max_completion_tokens is not None and (
@@ -55,13 +75,13 @@ class AgentSession:
         self, *, key: str, base_url: str, api_key: str, prompt_id: str, seed: int, limits: AgentLimits,
         engine: Engine, sampling: SamplingConfig, model_name: str, max_episode_tokens: int,
         max_observation_tokens: int | None, stop_token_ids: frozenset[int],
-        on_close: Callable[[AgentSession], None] | None = None,
+        on_close: Callable[[AgentSession], None] | None = None, executor: Executor | None = None,
     ) -> None:
         self.key = key
         self.base_url = base_url
         """What the agent's ``openai`` client gets as ``base_url``."""
         self.api_key = api_key
-        """The per-run token (``Authorization: Bearer ...``)."""
+        """This episode's own key (``Authorization: Bearer ...``), refused once the session is closed."""
         self.limits = limits
         self.calls = 0
         """Model calls served."""
@@ -82,6 +102,8 @@ class AgentSession:
         self._generated = 0
         self._closed = False
         self._on_close = on_close
+        self._executor = executor
+        self._released = asyncio.Event()  # set (and replaced) when a call gives back its reservation
         self._transcript: list[dict[str, Any]] = []
 
     @property
@@ -106,6 +128,7 @@ class AgentSession:
         """Refuse later calls (HTTP 404); a call in flight is answered with a refusal and not recorded."""
         if not self._closed:
             self._closed = True
+            self._release()
             if self._on_close is not None:
                 self._on_close(self)
 
@@ -117,25 +140,47 @@ class AgentSession:
         details = {**(info or {}), "tito_mismatches": self.tito_mismatches, "errors": dict(self.errors)}
         return self._recorder.to_episode(reward=reward, terminated=terminated, truncated=truncated, info=details)
 
+    def check_refusals(self) -> None:
+        """Refuse (and count) a request once this episode's ``max_refused`` refusals are spent."""
+        refused = sum(n for code, n in self.errors.items() if code not in NOT_THE_AGENTS)
+        if refused >= self.limits.max_refused:
+            self.errors["refusal_limit"] += 1
+            raise RequestRefused(429, "refusal_limit", f"this episode's requests were refused {refused} times "
+                                 f"(max_refused {self.limits.max_refused}); no more requests are read. Fix the "
+                                 "agent's requests (each refusal's message says what was wrong).",
+                                 type="rate_limit_error")
+
     async def chat(self, body: Any) -> dict[str, Any]:
-        """Answer one chat-completions request body; raise (and count) :class:`RequestRefused`."""
+        """Answer one chat-completions request (its body: JSON bytes or text, or parsed); raise (and count)
+        :class:`RequestRefused`."""
+        self.check_refusals()
         try:
             return await self._chat(body)
         except RequestRefused as err:
             self.errors[err.code] += 1
             raise
 
+    async def _offload(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in the rendering thread (here without one); too deep a nesting is a 400."""
+        try:
+            if self._executor is None:
+                return fn(*args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        except RecursionError:
+            raise RequestRefused(400, "invalid_request", "the request is nested too deeply to be read.") from None
+
     async def _chat(self, body: Any) -> dict[str, Any]:
         self._check_open()
-        request = check_request(body, sampling=self._sampling, model_name=self._model_name)
-        if self._admitted >= self.limits.max_calls:
-            raise RequestRefused(429, "call_limit", f"this episode's {self.limits.max_calls} model calls are used "
-                                 "up (max_calls); end the episode.", type="rate_limit_error")
+        if isinstance(body, bytes | bytearray | str):
+            body = await self._offload(_parse_json, body)
+        request = await self._offload(check_request, body, sampling=self._sampling, model_name=self._model_name)
+        self._check_calls_left()
         try:
-            prompt = self._recorder.prompt(request.messages, request.tools)
+            prompt = await self._offload(self._recorder.prompt, request.messages, request.tools)
         except ChatTemplateError as err:
             raise RequestRefused(400, "template_error", f"the messages cannot be rendered token-exactly: {err}",
                                  param="messages") from None
+        self._check_open()
         room = self._context - len(prompt.ids)
         if room < 1:
             raise RequestRefused(
@@ -143,19 +188,17 @@ class AgentSession:
                 f"context holds {self._context} (prompt and reply together); shorten or summarise the messages.",
                 param="messages",
             )
-        budget = min(request.max_tokens, room)
-        if self.limits.max_completion_tokens is not None:
-            left = self.limits.max_completion_tokens - self._generated - self._reserved
-            if left < 1:
-                raise RequestRefused(429, "completion_token_limit", f"this episode's {self.limits.max_completion_tokens} "
-                                     "completion tokens are used up (max_completion_tokens); end the episode.",
-                                     type="rate_limit_error")
-            budget = min(budget, left)
+        budget = await self._reserve(min(request.max_tokens, room))
+        try:
+            self._check_calls_left()
+        except RequestRefused:
+            self._reserved -= budget
+            self._release()
+            raise
         index = self._admitted
         self._admitted += 1
         sampling = replace(self._sampling, max_tokens=budget, seed=stream_seed(self._seed, index),
                            stop_token_ids=self._stop_ids)
-        self._reserved += budget
         try:
             completion = await self._engine.generate(prompt.ids, sampling)
         except RequestError as err:
@@ -165,7 +208,8 @@ class AgentSession:
             raise RequestRefused(500, "engine_error", f"the engine failed: {type(err).__name__}: {err}",
                                  type="server_error") from None
         finally:
-            self._reserved -= budget
+            self._reserved -= budget  # what it did not sample goes back; what it did is counted below
+            self._release()
         self._check_open()  # closed while sampling: the episode is over, the call is not recorded
         call = self._recorder.record(prompt, request.messages, completion, parse_tools=request.parse_tools)
         self.calls += 1
@@ -180,9 +224,45 @@ class AgentSession:
             completion_tokens=len(call.completion_ids),
         )
 
+    async def _reserve(self, budget: int) -> int:
+        """Reserve the tokens a call of up to ``budget`` tokens may sample under ``max_completion_tokens``;
+        wait while the calls in flight hold what it could use; refuse when the episode's tokens are spent."""
+        limit = self.limits.max_completion_tokens
+        while limit is not None:
+            self._check_open()
+            self._check_calls_left()
+            unused = limit - self._generated
+            if unused < 1:
+                raise RequestRefused(429, "completion_token_limit", f"this episode's {limit} completion tokens are "
+                                     "used up (max_completion_tokens); end the episode.", type="rate_limit_error")
+            budget = min(budget, unused)
+            if self._reserved == 0 or unused - self._reserved >= budget:
+                break
+            await self._released.wait()
+        self._reserved += budget
+        return budget
+
+    def _release(self) -> None:
+        """Wake the calls waiting for a reservation (a call ended, or the session closed)."""
+        self._released.set()
+        self._released = asyncio.Event()
+
+    def _check_calls_left(self) -> None:
+        if self._admitted >= self.limits.max_calls:
+            raise RequestRefused(429, "call_limit", f"this episode's {self.limits.max_calls} model calls are used "
+                                 "up (max_calls); end the episode.", type="rate_limit_error")
+
     def _check_open(self) -> None:
         if self._closed:
             raise closed_refusal()
+
+
+def _parse_json(raw: bytes | bytearray | str) -> Any:
+    """A request body as JSON; HTTP 400 ``invalid_json`` when it is not (or nests past Python's recursion limit)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise RequestRefused(400, "invalid_json", f"the body is not JSON: {type(err).__name__}: {err!s:.200}") from None
 
 
 def closed_refusal() -> RequestRefused:

@@ -124,7 +124,7 @@ class AgentRollout(Rollout):
 
     async def _server(self, ctx: RolloutContext) -> Any:
         """The started endpoint for ``ctx.sampling`` (started in this event loop on first use)."""
-        from flashrl.agents import AgentServer
+        from flashrl.agents import AgentServer, ConnectionLimits
 
         key = tuple(sorted(ctx.sampling.items()))
         loop = asyncio.get_running_loop()
@@ -138,6 +138,10 @@ class AgentRollout(Rollout):
                     ctx.engine, sampling=dict(ctx.sampling), max_episode_tokens=ctx.limits.max_episode_tokens,
                     model_name=spec.agent_model_name, host=spec.agent_host, port=spec.agent_port,
                     max_observation_tokens=ctx.limits.max_observation_tokens,
+                    # room for every episode in flight to hold a few connections; a flood evicts idle ones
+                    connections=ConnectionLimits(
+                        max_connections=max(128, 4 * spec.episodes_in_flight_per_env_runner)
+                    ),
                 )
                 await server.start()
                 self.servers[key] = server

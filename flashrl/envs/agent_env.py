@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +30,18 @@ from flashrl.user_code import import_path, is_path
 __all__ = ["AgentEnv", "AgentError", "AgentResult", "agent_result"]
 
 STDERR_TAIL_CHARS = 4000
+"""How much of a failed command's stderr its error quotes (the end: where a traceback names the cause)."""
 TASK_ENV_MAX_BYTES = 100_000
 """Largest task JSON also given in ``FLASHRL_TASK`` (Linux refuses to start a process with an environment
 variable past 128 KiB); a larger task comes on stdin only."""
-"""How much of a failed command's stderr its error quotes (the end: where a traceback names the cause)."""
+MAX_STDOUT_BYTES = 16 * 1024 * 1024
+"""The end of a command's stdout that is kept (its last line is the result); the rest is read and dropped."""
+MAX_STDERR_BYTES = 64 * 1024
+"""The end of a command's stderr that is kept (its error quotes the last ``STDERR_TAIL_CHARS``)."""
+REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_agent_reaper.py")
+"""The script a command runs under: when the command ends, every process it started ends too."""
+REAPER_GRACE_S = 5.0
+"""How long a cancelled command's reaper gets to end its processes before its session is SIGKILLed."""
 
 
 class AgentError(RuntimeError):
@@ -315,34 +324,79 @@ def _check_reward_fn(reward_fn: Any) -> Callable[..., Any] | None:
 
 
 async def _run_command(command: Sequence[str], task: Mapping[str, Any], env: Mapping[str, str]) -> Any:
-    """Run the agent command; its last stdout line, parsed as JSON. Cancelling this kills its process group."""
+    """Run the agent command under the reaper (`flashrl.envs._agent_reaper`: when it ends, so does every
+    process it started); its last stdout line, parsed as JSON. Cancelling this ends the command and its
+    processes. Only the ends of stdout and stderr are kept (``MAX_STDOUT_BYTES``, ``MAX_STDERR_BYTES``)."""
     task_json = json.dumps(task, ensure_ascii=False)
     data = task_json.encode("utf-8")
     task_env = {"FLASHRL_TASK": task_json} if len(data) <= TASK_ENV_MAX_BYTES else {}
     process = await asyncio.create_subprocess_exec(
-        *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-I", "-S", REAPER, str(os.getpid()), "--", *command,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, **env, **task_env}, start_new_session=True,
     )
     try:
-        stdout, stderr = await process.communicate(data)
+        assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+        _, (stdout, stdout_size), (stderr, _) = await asyncio.gather(
+            _feed(process.stdin, data), _tail(process.stdout, MAX_STDOUT_BYTES), _tail(process.stderr, MAX_STDERR_BYTES)
+        )
+        await process.wait()
     finally:
-        if process.returncode is None:  # cancelled (wall time, the runner stopping): the agent and its children go
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            await process.wait()
+        if process.returncode is None:  # cancelled (wall time, the runner stopping): the reaper ends them all
+            await _stop(process)
     tail = stderr.decode("utf-8", "replace").rstrip()[-STDERR_TAIL_CHARS:]
     if process.returncode != 0:
         last = tail.splitlines()[-1] if tail else "(no stderr)"
         raise AgentError(f"the agent command {list(command)!r} exited with status {process.returncode}: {last}\n"
                          f"its stderr ends with:\n{tail}")
-    lines = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.strip()]
+    text = stdout.decode("utf-8", "replace")
+    if stdout_size > len(stdout):  # only the end was kept: its first line is cut
+        text = text.partition("\n")[2]
+    lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
-        raise AgentError(f"the agent command {list(command)!r} printed nothing on stdout: expected its last line to "
-                         "be a JSON number (the reward) or object. Fix: print(json.dumps(reward)) at the end")
+        too_long = f" (its last line is over the {MAX_STDOUT_BYTES} bytes kept)" if stdout_size > len(stdout) else ""
+        raise AgentError(f"the agent command {list(command)!r} printed nothing on stdout{too_long}: expected its last "
+                         "line to be a JSON number (the reward) or object. Fix: print(json.dumps(reward)) at the end")
     try:
         return json.loads(lines[-1])
     except ValueError:
         raise AgentError(f"the agent command {list(command)!r} ended its stdout with {lines[-1]!r:.200}: expected a "
                          "JSON number (the reward), null or an object. Fix: print(json.dumps(reward)) last") from None
+
+
+async def _feed(stream: asyncio.StreamWriter, data: bytes) -> None:
+    """Write the task to the command's stdin and close it (a command that does not read it is fine)."""
+    try:
+        stream.write(data)
+        await stream.drain()
+        stream.close()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+async def _tail(stream: asyncio.StreamReader, limit: int) -> tuple[bytes, int]:
+    """Read ``stream`` to its end; its last ``limit`` bytes and how many it gave in all."""
+    kept = bytearray()
+    size = 0
+    while chunk := await stream.read(1 << 16):
+        size += len(chunk)
+        kept += chunk
+        if len(kept) > limit:
+            del kept[: len(kept) - limit]
+    return bytes(kept), size
+
+
+async def _stop(process: asyncio.subprocess.Process) -> None:
+    """End a command that is still running: SIGTERM to the reaper (it kills the command and every process it
+    started), then SIGKILL to the session it started in, should the reaper not exit within ``REAPER_GRACE_S``."""
+    try:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(asyncio.shield(process.wait()), REAPER_GRACE_S)
+    except (ProcessLookupError, TimeoutError):
+        pass
+    if process.returncode is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        await process.wait()

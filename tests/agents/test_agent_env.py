@@ -213,14 +213,8 @@ def test_a_command_that_fails_is_an_agent_error(script: str, match: str) -> None
         run(env)
 
 
-def test_cancelling_a_command_agent_kills_it(tmp_path: Path) -> None:
-    pid_file = tmp_path / "pid"
-    script = f"""
-        import os, time
-        open({str(pid_file)!r}, "w").write(str(os.getpid()))
-        time.sleep(60)
-    """
-    env = AgentEnv(TASKS, command=command(script))
+def _cancel_once_started(env: AgentEnv, pid_file: Path) -> None:
+    """Run ``env``'s command agent and cancel it once it wrote ``pid_file``; within 30 s."""
     env.reset(seed=0)
 
     async def cancelled_once_started() -> None:
@@ -234,6 +228,76 @@ def test_cancelling_a_command_agent_kills_it(tmp_path: Path) -> None:
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(cancelled_once_started())
     assert time.monotonic() - began < 30
+
+
+def test_cancelling_a_command_agent_kills_it(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    script = f"""
+        import os, time
+        open({str(pid_file)!r}, "w").write(str(os.getpid()))
+        time.sleep(60)
+    """
+    _cancel_once_started(AgentEnv(TASKS, command=command(script)), pid_file)
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # killed and reaped
+
+
+# ------------------------------------------------------------------------------------------
+# a command's processes and output
+# ------------------------------------------------------------------------------------------
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _leaves_a_daemon(pid_file: Path, then: str) -> str:
+    """A command that starts a daemon (a new session, then a second fork: it is nobody's child) and ``then``."""
+    return f"""
+        import os, subprocess, sys, time
+        daemon = "import os, time\\nif os.fork(): os._exit(0)\\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\\ntime.sleep(60)"
+        subprocess.Popen([sys.executable, "-c", daemon], start_new_session=True).wait()
+        while not os.path.exists({str(pid_file)!r}) or not open({str(pid_file)!r}).read():
+            time.sleep(0.02)
+        {then}
+    """
+
+
+def test_every_process_a_command_started_ends_with_it(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    env = AgentEnv(TASKS, command=command(_leaves_a_daemon(pid_file, "print('1.0')")))
+    env.reset(seed=0)
+    assert run(env) == AgentResult(reward=1.0)
+    assert _gone(int(pid_file.read_text()))  # today: the daemon (setsid, double fork) outlives the episode
+
+
+def test_cancelling_a_command_ends_the_processes_it_started(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    _cancel_once_started(AgentEnv(TASKS, command=command(_leaves_a_daemon(pid_file, "time.sleep(60)"))), pid_file)
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_a_commands_output_is_kept_up_to_a_bound() -> None:
+    import tracemalloc
+
+    script = """
+        import sys
+        block = "x" * (1 << 20) + "\\n"
+        for _ in range(96):
+            sys.stdout.write(block)
+            sys.stderr.write(block)
+        print('{"reward": 0.5}')
+    """
+    env = AgentEnv(TASKS, command=command(script))
+    env.reset(seed=0)
+    tracemalloc.start()
+    try:
+        result = run(env)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result == AgentResult(reward=0.5)
+    assert peak < 64 * 1024 * 1024, peak  # today: all 192 MiB of output held, and again decoded

@@ -84,13 +84,14 @@ def test_the_error_body_says_what_was_refused_and_why(torch_engine, serve) -> No
         "type": "invalid_request_error", "param": "temperature", "code": "unsupported_value"}}
 
 
-def test_requests_without_the_runs_token_are_refused(torch_engine, serve, agent_client) -> None:
+def test_requests_without_the_sessions_key_are_refused(torch_engine, serve, agent_client) -> None:
     async def scenario(server):
         session = server.open_session(prompt_id="p", seed=0, limits=AgentLimits())
-        wrong = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key + "x", max_retries=0)
-        with pytest.raises(openai.AuthenticationError) as caught:
-            await wrong.chat.completions.create(model=server.model_name, messages=USER)
-        assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
+        for key in (session.api_key + "x", server.api_key):  # the server's own token opens no session
+            wrong = openai.AsyncOpenAI(base_url=session.base_url, api_key=key, max_retries=0)
+            with pytest.raises(openai.AuthenticationError) as caught:
+                await wrong.chat.completions.create(model=server.model_name, messages=USER)
+            assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
         async with httpx.AsyncClient() as http:
             bare = await http.post(f"{session.base_url}/chat/completions", json={"messages": USER})
             models = await http.get(f"{session.base_url}/models")
@@ -100,8 +101,8 @@ def test_requests_without_the_runs_token_are_refused(torch_engine, serve, agent_
         return session, [m.id for m in listed.data]
 
     session, listed = serve(torch_engine, scenario, api_key="run-token")
-    assert session.api_key == "run-token" and session.calls == 0
-    assert session.errors == Counter({"invalid_api_key": 3})
+    assert session.api_key != "run-token" and len(session.api_key) >= 32 and session.calls == 0
+    assert session.errors == Counter({"invalid_api_key": 4})
     assert listed == ["tiny-policy"]
 
 
