@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--min-length", type=int, default=128)
     parser.add_argument("--max-length", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on shared cores)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/packed_attention.json"))
     args = parser.parse_args(argv)
