@@ -358,3 +358,22 @@ def test_packed_attention_refusals(choice: str, device: str, loaded: str, messag
     # Forward passes (no learner) may use FlexAttention on CPU.
     if choice == "flex":
         assert packed_attention_implementation(choice, torch.device(device), loaded, training=False) == "flex_attention"
+
+
+def test_flex_keeps_an_episodes_segments_apart(tiny_llama_path: str) -> None:
+    """Episodes of several segments (positions restart inside a row): FlexAttention scores each segment alone."""
+    flex = _model("llama", "flex_attention", torch.float64, tiny_llama_path)
+    sdpa = _model("llama", "sdpa", torch.float64, tiny_llama_path)
+    ids, mask = _rows(flex.config.vocab_size, lengths=[9, 6], seed=5)
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1], [0, 1, 2, 0, 1, 2, 0, 0, 0]])  # 4 + 3 + 2; 3 + 3
+    packed = pack_rows(ids, mask, positions=positions)
+    assert packed.num_sequences == 5
+    with torch.no_grad():
+        got = unpack_rows(compute_packed_token_logprobs(flex, packed.input_ids, packed.position_ids)[0], packed)
+        ref = unpack_rows(compute_packed_token_logprobs(sdpa, packed.input_ids, packed.position_ids)[0], packed)
+        alone = [compute_token_logprobs(sdpa, ids[r : r + 1, a:b], mask[r : r + 1, a:b])[0][0]
+                 for r, a, b in ((0, 0, 4), (0, 4, 7), (0, 7, 9), (1, 0, 3), (1, 3, 6))]
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    segments = torch.cat([got[0, :4], got[0, 4:7], got[0, 7:9], got[1, :3], got[1, 3:6]])
+    torch.testing.assert_close(segments, torch.cat(alone), rtol=0, atol=1e-12)
+    assert got[0, 4] == 0 and got[0, 7] == 0 and got[1, 3] == 0  # a segment's first token: no prediction
