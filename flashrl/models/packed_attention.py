@@ -21,9 +21,10 @@ attention implementation, which this module chooses for the packed passes:
   given the sequences' boundaries (``cu_seq_lens``) by ``compute_packed_token_logprobs``.
 
 ``None`` (auto): ``flash_varlen`` when the model was loaded with flash attention, ``flex`` on CUDA
-(where the architecture has a FlexAttention path), else the masked attention the model was loaded with
-(``sdpa_mask``, or eager where the architecture has no sdpa): on CPU the only ones with a backward. The choice only matters where the
-learner packs (``pack_sequences``); see ``docs/engines.md``.
+(where the architecture has a FlexAttention path), else the masked attention the model was loaded
+with (``sdpa_mask``, or eager where the architecture has no sdpa): on CPU the only ones with a
+backward. The choice only matters where the learner packs (``pack_sequences``); see
+``docs/engines.md``.
 """
 
 from __future__ import annotations
