@@ -40,9 +40,13 @@ The phases, in order (each frees its GPU memory before the next):
 ``packed``
     The learner's packed path (``LearnerSpec.pack_sequences=True``: every micro-batch one packed
     sequence with position ids that restart per trajectory, ``flashrl.models.packing``) against its
-    padded path, both with sdpa attention, on one ragged batch (``--batch-size`` / 4 trajectories of
-    ``--length`` / 8 to ``--length`` tokens): the two updates' loss and gradient norm on the same
-    weights and batch, then each path's time, real tokens/s and peak memory on a second such batch.
+    padded path (sdpa), on one ragged batch (``--batch-size`` / 4 trajectories of ``--length`` / 8 to
+    ``--length`` tokens), packed twice: ``packed`` with sdpa's materialised block-diagonal mask
+    (``pack_attention="sdpa_mask"``) and ``packed_flex`` with FlexAttention's document mask
+    (``pack_attention="flex"``; CUDA only, FlexAttention has no backward on CPU: recorded as skipped).
+    Each against padded: the two updates' loss and gradient norm on the same weights and batch, then
+    each path's time, real tokens/s and peak memory on a second such batch, and
+    ``speedup_packed_flex_over_padded`` (the goal: at least 1.3).
     First, what ``flashrl.models.packing_tolerance`` rests on: for the model in bfloat16 and float32,
     how far two packed sequences' log-probs are from each scored alone (rounding, where the mask
     works), and how far a leak would move them (the two scored as one causal sequence).
@@ -762,8 +766,12 @@ def phase_packed(ctx: Context) -> dict[str, Any]:
         _free(opts)
     base = _learner_spec(ctx, opts.max_tokens_per_micro_batch)
     out: dict[str, Any] = {"probe": probe}
-    for name, pack in (("padded", False), ("packed", True)):
-        learner = Learner(replace(base, pack_sequences=pack))
+    paths = [("padded", False, None), ("packed", True, "sdpa_mask"), ("packed_flex", True, "flex")]
+    if opts.device != "cuda":  # FlexAttention has no backward on CPU: a learner refuses it there
+        out["packed_flex"] = {"skipped": f"FlexAttention has no backward on {opts.device} (torch {torch.__version__})"}
+        paths.pop()
+    for name, pack, attention in paths:
+        learner = Learner(replace(base, pack_sequences=pack, pack_attention=attention))
         if learner.pack_sequences != pack:
             raise RuntimeError(f"asked for pack_sequences={pack}, the learner resolved {learner.pack_sequences}")
         vocab = int(learner.model.config.vocab_size)
@@ -776,19 +784,30 @@ def phase_packed(ctx: Context) -> dict[str, Any]:
                      "real_tokens_per_s": real / timed["seconds"]}
         del learner
         _free(opts)
-    padded, packed = out["padded"]["first_update"], out["packed"]["first_update"]
-    # The loss is compared absolutely: with advantages of mean zero (+-0.5 here) and ratios near 1 it is
-    # itself near 0, where a relative difference means nothing (the first H200 run: 1.33 "relative").
-    loss_diff = abs(packed["loss"] - padded["loss"])
-    grad_diff = abs(packed["grad_norm"] - padded["grad_norm"]) / max(padded["grad_norm"], 1e-12)
-    out.update(loss_abs_diff=loss_diff, grad_norm_relative_diff=grad_diff,
-               time_ratio_packed_over_padded=out["packed"]["update"]["seconds"] / out["padded"]["update"]["seconds"])
-    if opts.device == "cuda":
-        out["peak_ratio_packed_over_padded"] = out["packed"]["update"]["peak_bytes"] / out["padded"]["update"]["peak_bytes"]
+    padded = out["padded"]["first_update"]
     tol = 1e-4 if opts.dtype == "float32" else 5e-2  # bf16: attention kernels and sums differ by path
-    if not (loss_diff < tol and grad_diff < tol):
-        raise PhaseCheckFailed(f"packed and padded updates disagree on one batch: loss {loss_diff:.3g} apart, "
-                               f"grad norm {grad_diff:.3g} relative (expected < {tol})", out)
+    disagree = []
+    for name, prefix in (("packed", ""), ("packed_flex", "flex_")):  # packed: sdpa's mask; packed_flex: flex
+        if "skipped" in out[name]:
+            continue
+        packed = out[name]["first_update"]
+        # The loss is compared absolutely: with advantages of mean zero (+-0.5 here) and ratios near 1 it is
+        # itself near 0, where a relative difference means nothing (the first H200 run: 1.33 "relative").
+        loss_diff = abs(packed["loss"] - padded["loss"])
+        grad_diff = abs(packed["grad_norm"] - padded["grad_norm"]) / max(padded["grad_norm"], 1e-12)
+        seconds = out[name]["update"]["seconds"] / out["padded"]["update"]["seconds"]
+        out.update({f"{prefix}loss_abs_diff": loss_diff, f"{prefix}grad_norm_relative_diff": grad_diff,
+                    f"time_ratio_{name}_over_padded": seconds})
+        if opts.device == "cuda":
+            out[f"peak_ratio_{name}_over_padded"] = (out[name]["update"]["peak_bytes"]
+                                                     / out["padded"]["update"]["peak_bytes"])
+        if not (loss_diff < tol and grad_diff < tol):
+            disagree.append(f"{name}: loss {loss_diff:.3g} apart, grad norm {grad_diff:.3g} relative")
+    if "time_ratio_packed_flex_over_padded" in out:  # the goal: FlexAttention packing >= 1.3x faster
+        out["speedup_packed_flex_over_padded"] = 1 / out["time_ratio_packed_flex_over_padded"]
+    if disagree:
+        raise PhaseCheckFailed(f"packed and padded updates disagree on one batch: {'; '.join(disagree)} "
+                               f"(expected < {tol})", out)
     return out
 
 
@@ -1018,9 +1037,14 @@ def table(result: dict[str, Any]) -> str:
                          f"grad norm {p['vs_local']['grad_norm_relative_diff']:.1e}")
         elif name == "packed":
             text = (f"{p['packed']['real_tokens']} real tokens: {p['padded']['update']['seconds']:.2f} s padded, "
-                    f"{p['packed']['update']['seconds']:.2f} s packed ({p['time_ratio_packed_over_padded']:.2f}x)")
+                    f"{p['packed']['update']['seconds']:.2f} s packed sdpa mask ({p['time_ratio_packed_over_padded']:.2f}x)")
             if "peak_ratio_packed_over_padded" in p:
                 text += f", peak {p['peak_ratio_packed_over_padded']:.2f}x"
+            if "speedup_packed_flex_over_padded" in p:
+                text += (f", {p['packed_flex']['update']['seconds']:.2f} s packed flex "
+                         f"({p['speedup_packed_flex_over_padded']:.2f}x faster than padded, goal 1.3x)")
+            else:
+                text += f", packed flex skipped: {p['packed_flex']['skipped']}"
             text += (f"; loss {p['loss_abs_diff']:.1e}, grad norm {p['grad_norm_relative_diff']:.1e} apart; "
                      "packed vs alone (leak vs alone): " + ", ".join(
                          f"{k} {v['packed_vs_alone']:.1e} ({v['leak_vs_alone']:.2f})" for k, v in p["probe"].items()))

@@ -151,12 +151,20 @@ class Learner:
         return sum(self.skip_counts.values())
 
     def _resolve_packing(self) -> bool:
-        """Pack when asked (or, for None, when attention is a varlen flash kernel), after a probe."""
-        from flashrl.models import packing_tolerance, verify_packed_attention
+        """Pack when asked (or, for None, when attention is a varlen flash kernel), after a probe.
+
+        A packing learner switches its model to the attention of ``spec.pack_attention``
+        (``flashrl.models.packed_attention``: FlexAttention on CUDA unless flash attention is loaded).
+        """
+        from flashrl.models import packed_attention_implementation, packing_tolerance, verify_packed_attention
 
         implementation = str(getattr(self.model.config, "_attn_implementation", ""))
         pack = self.spec.pack_sequences if self.spec.pack_sequences is not None else "flash" in implementation
         if pack:
+            packed = packed_attention_implementation(self.spec.pack_attention, self.device, implementation,
+                                                     supports_flex=getattr(self.model, "_supports_flex_attn", False))
+            if packed != implementation:
+                self.model.set_attn_implementation(packed)
             # Refuses (with the fix) a model whose mask code would let packed sequences see each other; the
             # tolerance is the compute dtype's (the parameters are float32 under FSDP2 mixed precision).
             tolerance = packing_tolerance(self.spec.torch_dtype)

@@ -16,6 +16,7 @@ import torch
 from flashrl.learners.loss import Loss
 from flashrl.learners.schedule import LR_SCHEDULES
 from flashrl.models.lora import LoRASettings
+from flashrl.models.packed_attention import PACK_ATTENTION
 from flashrl.models.routing_replay import routing_replay_problem
 from flashrl.user_code import UserCodeError, import_path
 from flashrl.validation import Checks, is_number, setting
@@ -82,6 +83,8 @@ class LearnerSpec:
     """Tokens per learner forward/backward pass (gradients accumulate; one step per batch); None = one."""
     pack_sequences: bool | None = setting(None, section="learners")
     """Pack a micro-batch's episodes into one row without padding; None = only with flash attention (GPU)."""
+    pack_attention: str | None = setting(None, section="learners")
+    """Attention of packed passes: 'flex' (FlexAttention, CUDA), 'sdpa_mask' or 'flash_varlen'; None = auto."""
     optimizer_offload: bool = setting(False, section="learners")
     """With num_learners >= 2 (FSDP2): keep parameter shards, gradients and optimizer state in host memory."""
     freeze_moe_router: bool = setting(False, section="learners")
@@ -227,6 +230,8 @@ def _check_values(spec: LearnerSpec, check: Checks) -> None:
     check.gpus(spec, "num_gpus_per_learner")
     check.expect(spec.pack_sequences in (None, True, False), "pack_sequences", "None (auto), True or False",
                  spec.pack_sequences, "use None")
+    check.expect(spec.pack_attention is None or spec.pack_attention in PACK_ATTENTION, "pack_attention",
+                 f"None (auto) or one of {', '.join(PACK_ATTENTION)}", spec.pack_attention, "use None")
     # Whether the learners are sharded is known where the group is formed (the group size reaches
     # LearnerGroup as an argument): the Learner refuses offload on one rank, and an algorithm config,
     # which holds both settings, refuses it before anything starts.

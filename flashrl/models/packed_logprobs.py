@@ -5,16 +5,18 @@ restarting at 0 where each sequence starts (``flashrl.learners.packing.pack_rows
 Attention must never cross a sequence boundary; how that is obtained depends on the attention
 implementation of the Hugging Face model (``config._attn_implementation``):
 
-* ``sdpa``, ``eager``, ``flex_attention`` (the CPU paths): the model is called with
+* ``sdpa``, ``eager``, ``flex_attention``: the model is called with
   ``attention_mask=None`` and the packed ``position_ids``. transformers' ``create_causal_mask``
   (``masking_utils``) then detects the packed format from the positions (a new sequence wherever a
   position is not its predecessor + 1, ``find_packed_sequence_indices``) and ANDs the causal mask with a
-  same-sequence mask: the block-diagonal causal mask, materialised for sdpa/eager. Passing a 2D padding
-  mask would disable that detection, so none is passed (a packed row has no padding).
+  same-sequence mask: the block-diagonal causal mask, materialised for sdpa/eager, a ``BlockMask`` (a
+  document mask whose empty blocks the kernel skips) for flex_attention. Passing a 2D padding mask would
+  disable that detection, so none is passed (a packed row has no padding).
 * ``flash_attention_*``: the boundaries are also passed explicitly (``cu_seq_lens_q/k``,
   ``max_length_q/k``), so the varlen kernel runs without re-deriving them from the positions.
 
-Anything else is refused. Because the detection lives in the model's own mask code, an architecture
+Anything else is refused. Which of these a learner packs with is ``LearnerSpec.pack_attention``
+(``flashrl.models.packed_attention``). Because the detection lives in the model's own mask code, an architecture
 with custom mask code could ignore packing silently; :func:`verify_packed_attention` runs a few-token
 probe that catches it, for a learner to call once when it loads a model.
 
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from flashrl.models.logprobs import _check_plain_head
+from flashrl.models.packed_attention import flex_dtype_context
 from flashrl.ops.logprobs import chunked_token_logprobs
 
 __all__ = [
@@ -124,11 +127,12 @@ def compute_packed_token_logprobs(
         longest = int(cu.diff().max())
         kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
     body = model.get_decoder()
-    hidden = body(
-        input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False, **kwargs
-    ).last_hidden_state  # [1, N, H]
-    valid = ~starts[1:]  # [N-1] token p+1 is predicted from position p of the same sequence
     head = model.get_output_embeddings()
+    with flex_dtype_context(implementation, head.weight.dtype, input_ids.device):
+        hidden = body(
+            input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False, **kwargs
+        ).last_hidden_state  # [1, N, H]
+    valid = ~starts[1:]  # [N-1] token p+1 is predicted from position p of the same sequence
     stats = chunked_token_logprobs(
         hidden[0, :-1][valid],  # [M, H]
         head.weight,  # [V, H]

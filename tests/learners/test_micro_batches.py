@@ -97,3 +97,29 @@ def test_the_learner_probes_with_its_compute_dtypes_tolerance(make_spec, monkeyp
     for dtype in ("float32", "bfloat16"):
         Learner(make_spec(dtype=dtype, pack_sequences=True))
     assert seen == [1e-4, 0.2]
+
+
+def test_a_packing_learner_switches_to_its_pack_attention(make_spec, monkeypatch) -> None:
+    """The learner runs its packed passes with the attention ``pack_attention`` resolves to (flex on CUDA)."""
+    import flashrl.models
+
+    seen: list[tuple] = []
+
+    def choose(choice, device, loaded, *, supports_flex=False, training=True) -> str:
+        seen.append((choice, device.type, loaded, supports_flex, training))
+        return "eager"  # another implementation than the loaded one: the switch is visible on CPU
+
+    monkeypatch.setattr(flashrl.models, "packed_attention_implementation", choose)
+    learner = Learner(make_spec(pack_sequences=True, pack_attention="sdpa_mask"))
+    assert seen == [("sdpa_mask", "cpu", "sdpa", True, True)]
+    assert learner.model.config._attn_implementation == "eager"
+    padded = Learner(make_spec(pack_sequences=False, pack_attention="sdpa_mask"))
+    assert padded.model.config._attn_implementation == "sdpa" and len(seen) == 1  # only packing learners switch
+
+
+def test_flex_packing_is_refused_on_cpu_and_unknown_choices_by_the_spec(make_spec) -> None:
+    with pytest.raises(ValueError, match="FlexAttention in torch .* has no backward on CPU"):
+        Learner(make_spec(pack_sequences=True, pack_attention="flex"))
+    with pytest.raises(ValueError, match=r"pack_attention: expected None \(auto\) or one of flex, sdpa_mask, "
+                                         r"flash_varlen, got 'varlen'\. Fix: use None"):
+        make_spec(pack_attention="varlen")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -20,9 +21,10 @@ LENGTHS = [2, 37, 5, 64, 1, 9]
 
 PADDED_ATOL = 1e-12
 """Packed vs padded in float64, every model and attention (measured: 0 for values, 2e-15 for grads)."""
-ALONE_ATOL = {"sdpa": 1e-12, "eager": 2e-6}
+ALONE_ATOL = {"sdpa": 1e-12, "eager": 2e-6, "flex_attention": 1e-12}
 """Packed vs each sequence scored alone in float64. Eager upcasts its attention softmax to float32 (as
-transformers does on purpose), and a [1, n] forward rounds differently from a [1, N] one: measured 8e-7."""
+transformers does on purpose), and a [1, n] forward rounds differently from a [1, N] one: measured 8e-7.
+FlexAttention in float64 on CPU runs torch's unfused reference (``flex_dtype_context``)."""
 
 
 def _qwen2(impl: str, *, sliding_window: int | None = None) -> torch.nn.Module:
@@ -80,17 +82,23 @@ def _packed(model, ids, mask, **kwargs):
 
 MODELS = [
     ("llama", "sdpa"), ("llama", "eager"), ("qwen2", "sdpa"), ("qwen2", "eager"), ("qwen2_sliding", "sdpa"),
+    ("llama", "flex_attention"), ("qwen2", "flex_attention"), ("qwen2_sliding", "flex_attention"),
 ]
+"""Forward passes; FlexAttention has no backward on CPU (torch 2.13), so gradients are checked without it."""
 
 
 @pytest.mark.parametrize(("name", "impl"), MODELS)
 def test_packed_equals_padded_and_alone_float64(name: str, impl: str, tiny_llama_path: str) -> None:
     model = _model(name, impl, torch.float64, tiny_llama_path)
+    # The padded reference: the same weights with sdpa where the packed model runs FlexAttention (compiled
+    # flex refuses float64 on CPU, and another kernel makes the comparison stronger).
+    ref = _model(name, "sdpa", torch.float64, tiny_llama_path) if impl == "flex_attention" else model
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters(), strict=True))
     ids, mask = _rows(model.config.vocab_size)
     with torch.no_grad():
         lp, ent = _packed(model, ids, mask, chunk_size=7)  # [B, T]
-        ref_lp, ref_ent = compute_token_logprobs(model, ids, mask, chunk_size=7)  # [B, T]
-        alone = [compute_token_logprobs(model, ids[i : i + 1, :n], mask[i : i + 1, :n]) for i, n in
+        ref_lp, ref_ent = compute_token_logprobs(ref, ids, mask, chunk_size=7)  # [B, T]
+        alone = [compute_token_logprobs(ref, ids[i : i + 1, :n], mask[i : i + 1, :n]) for i, n in
                  enumerate(LENGTHS)]
     assert lp.dtype == torch.float64 and lp.shape == ids.shape
     torch.testing.assert_close(lp, ref_lp, rtol=0, atol=PADDED_ATOL)
@@ -156,9 +164,10 @@ def test_gradients_equal_padded(name: str, impl: str, tiny_llama_path: str) -> N
     assert worst <= 1e-12, worst
 
 
-def test_no_attention_across_sequences(tiny_llama_path: str) -> None:
+@pytest.mark.parametrize("impl", ["sdpa", "flex_attention"])
+def test_no_attention_across_sequences(impl: str, tiny_llama_path: str) -> None:
     """Changing one packed sequence leaves its neighbours' log-probs as they were."""
-    model = _model("llama", "sdpa", torch.float64, tiny_llama_path)
+    model = _model("llama", impl, torch.float64, tiny_llama_path)
     ids, mask = _rows(model.config.vocab_size, lengths=[6, 8, 5], seed=4)
     changed = ids.clone()
     changed[0, :6] = (ids[0, :6] + 101) % model.config.vocab_size
@@ -187,8 +196,9 @@ def test_transformers_builds_the_block_diagonal_causal_mask(impl: str) -> None:
     assert torch.equal(allowed[0, 0], expected)
 
 
-def test_verify_packed_attention_passes_and_catches_leaks(tiny_llama_path: str, monkeypatch) -> None:
-    model = _model("llama", "sdpa", torch.float32, tiny_llama_path)
+@pytest.mark.parametrize("impl", ["sdpa", "flex_attention"])
+def test_verify_packed_attention_passes_and_catches_leaks(impl: str, tiny_llama_path: str, monkeypatch) -> None:
+    model = _model("llama", impl, torch.float32, tiny_llama_path)
     assert verify_packed_attention(model) <= 1e-5
     # A model whose mask code does not detect packing (simulated): the probe must notice.
     from transformers import masking_utils
@@ -271,3 +281,99 @@ def test_packed_equals_padded_on_cuda(impl: str, tiny_llama_path: str) -> None:
     atol = 5e-2 if dtype == torch.bfloat16 else 1e-4  # bf16 hidden states: ~3 significant digits
     torch.testing.assert_close(lp, ref_lp, rtol=0, atol=atol)
     torch.testing.assert_close(ent, ref_ent, rtol=0, atol=atol)
+
+
+def test_flex_block_mask_is_the_document_mask() -> None:
+    """The mechanism of pack_attention='flex': transformers' BlockMask from packed positions is block-diagonal."""
+    from transformers.masking_utils import create_causal_mask
+
+    model = _qwen2("flex_attention")
+    position_ids = torch.tensor([[0, 1, 2, 0, 0, 1, 2, 3]])  # sequences of 3, 1 and 4 tokens
+    embeds = torch.zeros(1, 8, model.config.hidden_size)
+    mask = create_causal_mask(
+        config=model.config, inputs_embeds=embeds, attention_mask=None, past_key_values=None,
+        position_ids=position_ids,
+    )
+    from torch.nn.attention.flex_attention import BlockMask
+
+    assert isinstance(mask, BlockMask)
+    seq = torch.tensor([0, 0, 0, 1, 2, 2, 2, 2])
+    expected = (seq.unsqueeze(1) == seq.unsqueeze(0)) & torch.ones(8, 8, dtype=torch.bool).tril()  # [8, 8]
+    q, k = torch.arange(8).unsqueeze(1), torch.arange(8).unsqueeze(0)  # [8, 1], [1, 8]
+    zero = torch.zeros((), dtype=torch.long)
+    assert torch.equal(mask.mask_mod(zero, zero, q, k), expected)
+
+
+def test_flex_in_float64_on_cpu_runs_unfused(tiny_llama_path: str) -> None:
+    """Compiled FlexAttention refuses float64 on CPU; the packed path runs it unfused instead (exact)."""
+    from flashrl.models.packed_attention import flex_dtype_context
+
+    model = _model("llama", "flex_attention", torch.float64, tiny_llama_path)
+    ids, mask = _rows(model.config.vocab_size, lengths=[4, 3])
+    packed = pack_rows(ids, mask)
+    cpu = torch.device("cpu")
+    assert isinstance(flex_dtype_context("flex_attention", torch.float32, cpu), contextlib.nullcontext)
+    assert isinstance(flex_dtype_context("sdpa", torch.float64, cpu), contextlib.nullcontext)
+    with torch.no_grad(), pytest.raises(Exception, match="float64"):  # what the context avoids
+        model.get_decoder()(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+    with torch.no_grad():
+        lp, _ = compute_packed_token_logprobs(model, packed.input_ids, packed.position_ids)
+    assert lp.dtype == torch.float64 and bool((lp != 0).any())
+
+
+@pytest.mark.parametrize(
+    ("choice", "device", "loaded", "supports_flex", "expected"),
+    [
+        (None, "cuda", "sdpa", True, "flex_attention"),  # auto on a GPU: FlexAttention
+        (None, "cuda", "sdpa", False, "sdpa"),  # ... unless the architecture has no flex path
+        (None, "cuda", "flash_attention_2", True, "flash_attention_2"),  # loaded with flash: its varlen kernel
+        (None, "cpu", "sdpa", True, "sdpa"),  # CPU: the materialised mask (FlexAttention has no backward)
+        (None, "cpu", "eager", True, "eager"),
+        (None, "cpu", "flex_attention", True, "sdpa"),
+        ("sdpa_mask", "cuda", "sdpa", True, "sdpa"),
+        ("flex", "cuda", "sdpa", True, "flex_attention"),
+        ("flash_varlen", "cuda", "flash_attention_3", True, "flash_attention_3"),
+    ],
+)
+def test_packed_attention_choice(choice, device: str, loaded: str, supports_flex: bool, expected: str) -> None:
+    from flashrl.models import packed_attention_implementation
+
+    got = packed_attention_implementation(choice, torch.device(device), loaded, supports_flex=supports_flex)
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("choice", "device", "loaded", "message"),
+    [
+        ("flex", "cpu", "sdpa", "no backward on CPU"),
+        ("flash_varlen", "cuda", "sdpa", "needs a model loaded with a flash_attention"),
+        ("varlen", "cuda", "sdpa", "expected None \\(auto\\) or one of flex, sdpa_mask, flash_varlen; got 'varlen'"),
+    ],
+)
+def test_packed_attention_refusals(choice: str, device: str, loaded: str, message: str) -> None:
+    from flashrl.models import packed_attention_implementation
+
+    with pytest.raises(ValueError, match=message):
+        packed_attention_implementation(choice, torch.device(device), loaded)
+    # Forward passes (no learner) may use FlexAttention on CPU.
+    if choice == "flex":
+        assert packed_attention_implementation(choice, torch.device(device), loaded, training=False) == "flex_attention"
+
+
+def test_flex_keeps_an_episodes_segments_apart(tiny_llama_path: str) -> None:
+    """Episodes of several segments (positions restart inside a row): FlexAttention scores each segment alone."""
+    flex = _model("llama", "flex_attention", torch.float64, tiny_llama_path)
+    sdpa = _model("llama", "sdpa", torch.float64, tiny_llama_path)
+    ids, mask = _rows(flex.config.vocab_size, lengths=[9, 6], seed=5)
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1], [0, 1, 2, 0, 1, 2, 0, 0, 0]])  # 4 + 3 + 2; 3 + 3
+    packed = pack_rows(ids, mask, positions=positions)
+    assert packed.num_sequences == 5
+    with torch.no_grad():
+        got = unpack_rows(compute_packed_token_logprobs(flex, packed.input_ids, packed.position_ids)[0], packed)
+        ref = unpack_rows(compute_packed_token_logprobs(sdpa, packed.input_ids, packed.position_ids)[0], packed)
+        alone = [compute_token_logprobs(sdpa, ids[r : r + 1, a:b], mask[r : r + 1, a:b])[0][0]
+                 for r, a, b in ((0, 0, 4), (0, 4, 7), (0, 7, 9), (1, 0, 3), (1, 3, 6))]
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    segments = torch.cat([got[0, :4], got[0, 4:7], got[0, 7:9], got[1, :3], got[1, 3:6]])
+    torch.testing.assert_close(segments, torch.cat(alone), rtol=0, atol=1e-12)
+    assert got[0, 4] == 0 and got[0, 7] == 0 and got[1, 3] == 0  # a segment's first token: no prediction

@@ -219,6 +219,10 @@ def test_small_run_on_a_simulated_gpu_machine(tmp_path: Path) -> None:
     assert (packed["padded"]["attention"], packed["packed"]["attention"]) == ("sdpa", "sdpa")
     assert packed["padded"]["real_tokens"] == packed["packed"]["real_tokens"] == 8 + 27 + 45 + 64  # 4 ragged rows
     assert packed["loss_abs_diff"] < 1e-4 and packed["grad_norm_relative_diff"] < 1e-4
+    assert packed["time_ratio_packed_over_padded"] > 0
+    # FlexAttention (pack_attention="flex") has no backward on CPU: the phase records why it did not run it.
+    assert packed["packed_flex"] == {"skipped": f"FlexAttention has no backward on cpu (torch {torch.__version__})"}
+    assert "speedup_packed_flex_over_padded" not in packed
     assert set(packed["probe"]) == {"bfloat16 5+4", "bfloat16 64+48", "float32 5+4", "float32 64+48"}
     for probe in packed["probe"].values():  # a working mask: rounding apart; a leak: far apart
         assert probe["packed_vs_alone"] < 0.05 and probe["leak_vs_alone"] > 0.1

@@ -157,6 +157,7 @@ class BuilderMethods:
         num_gpus_per_learner: float = NotProvided,
         max_tokens_per_micro_batch: int | None = NotProvided,
         pack_sequences: bool | None = NotProvided,
+        pack_attention: str | None = NotProvided,
         optimizer_offload: bool = NotProvided,
         freeze_moe_router: bool = NotProvided,
         lora_rank: int | None = NotProvided,
@@ -179,6 +180,8 @@ class BuilderMethods:
                 step per batch); None = one.
             pack_sequences: Pack a micro-batch's episodes into one row without padding; None = only with flash
                 attention (GPU).
+            pack_attention: Attention of packed passes: 'flex' (FlexAttention, CUDA), 'sdpa_mask' or
+                'flash_varlen'; None = auto.
             optimizer_offload: With num_learners >= 2 (FSDP2): keep parameter shards, gradients and optimizer
                 state in host memory.
             freeze_moe_router: Freeze the MoE router (gate) weights during RL (``flashrl.learners.freeze``);
