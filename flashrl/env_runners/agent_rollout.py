@@ -188,17 +188,18 @@ async def play_agent_episode(ctx: RolloutContext, server: Any, *, model_name: st
         session.close()
     if session.calls == 0:
         return None
-    reward = getattr(result, "reward", None)
+    reward, source = getattr(result, "reward", None), "the agent (its result's reward)"
     if reward is None:
         transcript = getattr(result, "transcript", None)
         if truncated and agent.reward_fn is None:
             reward = 0.0  # the agent gave no reward before it stopped, and nothing grades its transcript
         else:
             graded = session.transcript if transcript is None else transcript
-            reward = await in_thread(executor, limits.env_timeout_s, agent.grade, graded)
-    value, problem = reward_value(reward)
+            reward, source = await in_thread(executor, limits.env_timeout_s, agent.grade, graded), "reward_fn"
+    value, problem = reward_value(reward, source)
     if problem is not None:
-        logger.warning("%s: the agent's reward was refused: %s.", type(agent).__name__, problem)
+        logger.warning("%s: the agent's reward was refused (prompt id %r): %s.", type(agent).__name__, prompt_id,
+                       problem)
         info[REWARD_ERROR] = problem
         value = 0.0
     # the session adds what it recorded (its calls, segments, refused requests by code)

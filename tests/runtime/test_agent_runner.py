@@ -278,13 +278,18 @@ def test_one_endpoint_per_sampling_setting_each_stopped_by_stop(tiny_config: Any
             httpx.post(f"{url}/sessions/x/v1/chat/completions", json={}, timeout=5)
 
 
-def test_a_bad_reward_from_the_agent_is_counted(tiny_config: Any) -> None:
+def test_a_bad_reward_from_the_agent_is_counted(tiny_config: Any, caplog: Any) -> None:
     async def says_text(client: Any, task: dict[str, Any]) -> Any:
         await ask(client, task["question"])
         return {"reward": "1.0"}
 
-    report = _sample(_runner(tiny_config, agent=says_text), [0])
+    with caplog.at_level(logging.WARNING, logger="flashrl"):
+        report = _sample(_runner(tiny_config, agent=says_text), [0])
     assert report.episodes == [] and report.skipped == Counter({"bad_reward": 1})
+    # the fix names what returned the reward, and the prompt (before: "Return float(...) from step", no prompt)
+    refused = [r.getMessage() for r in caplog.records if "reward was refused" in r.getMessage()]
+    assert len(refused) == 1 and "(prompt id 't" in refused[0]
+    assert "Return float(...) from the agent (its result's reward)" in refused[0] and "from step" not in refused[0]
 
 
 def test_an_engine_failure_under_an_agent_fails_the_runner(tiny_config: Any) -> None:
