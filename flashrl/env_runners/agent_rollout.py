@@ -117,8 +117,13 @@ class AgentRollout(Rollout):
         return await play_agent_episode(ctx, await self._server(ctx), model_name=self.spec.agent_model_name)
 
     async def close(self) -> None:
+        """Stop the endpoints. The runner cancelled its episodes first (`EnvRunner.stop`); model calls still
+        being served are cancelled by the stopping server, which is expected, so it is not logged as an error
+        (`quiet_expected_cancellation`)."""
         servers = list(self.servers.values())
         self.servers.clear()
+        if servers:
+            quiet_expected_cancellation()
         for server in servers:
             await server.stop()
 
@@ -143,6 +148,25 @@ class AgentRollout(Rollout):
                 self.servers[key] = server
                 logger.info("EnvRunner %d: agent endpoint at %s", self.runner_index, server.url)
             return self.servers[key]
+
+
+class _ExpectedCancellation(logging.Filter):
+    """Drops uvicorn's records of the calls a stopping endpoint cancels: its "Cancel N running task(s)"
+    line and the "Exception in ASGI application" traceback of each cancelled call (a ``CancelledError``).
+    The runner is stopping and cancelled those calls' episodes first: nothing failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Cancel %s running task(s)"):
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, asyncio.CancelledError)
+
+
+def quiet_expected_cancellation() -> None:
+    """Install `_ExpectedCancellation` on uvicorn's error logger (once per process)."""
+    log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(item, _ExpectedCancellation) for item in log.filters):
+        log.addFilter(_ExpectedCancellation())
 
 
 async def play_agent_episode(ctx: RolloutContext, server: Any, *, model_name: str) -> Episode | None:

@@ -311,6 +311,41 @@ def test_an_engine_failure_under_an_agent_fails_the_runner(tiny_config: Any) -> 
     assert type(caught.value.__cause__).__name__ == "InternalServerError"  # what the agent raised: HTTP 500
 
 
+def test_stop_with_agent_calls_in_flight_is_quiet(tiny_config: Any, caplog: Any) -> None:
+    # Before: "Cancel 2 running task(s), timeout graceful shutdown exceeded" and a ~50-line ASGI traceback per call.
+    config = tiny_config(env="flashrl/Agent-v0", env_config={"tasks": TASKS, "agent": two_calls},
+                         episodes_in_flight_per_env_runner=2)
+    runner = EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1, model_path=config.model)
+    calls = 0
+
+    async def slow_generate(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(60)
+
+    async def scenario() -> None:
+        await runner.setup()
+        runner._engine.generate = slow_generate
+        await runner.start()
+        while calls < 2:
+            await asyncio.sleep(0.05)
+        uvicorn_log.addHandler(handler)  # now: starting the endpoint (its logging config) reset the handlers
+        await runner.stop()
+
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    uvicorn_log = logging.getLogger("uvicorn.error")  # uvicorn's loggers do not propagate to caplog's
+    try:
+        with caplog.at_level(logging.INFO):
+            asyncio.run(scenario())
+    finally:
+        uvicorn_log.removeHandler(handler)
+    assert calls == 2
+    errors = [r for r in [*caplog.records, *seen] if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage()[:200] for r in errors]
+
+
 def test_a_call_the_engine_aborted_drops_the_episode_as_aborted(tiny_config: Any) -> None:
     from flashrl.engines.types import Completion
 
