@@ -55,16 +55,16 @@ def progress_line(iteration: int, metrics: Mapping[str, float], *, multi_turn: b
     )
 
 
-_DROPPED = re.compile(r"^env_runners/num_skipped_(\w+?)$")
+_DROPPED = re.compile(r"^env_runners/dropped/(\w+)$")
 
 
 def dropped_column(metrics: Mapping[str, float]) -> str:
     """``" | dropped 3 (empty 2, env_error 1)"``: the iteration's dropped episodes by reason
-    (``env_runners/num_skipped_<reason>``, the largest first); nothing when none was dropped."""
+    (``env_runners/dropped/<reason>``, the largest first); nothing when none was dropped."""
     drops = {}
     for key, value in metrics.items():
         match = _DROPPED.match(key)
-        if match and not key.endswith("_lifetime") and isinstance(value, (int, float)) and value > 0:
+        if match and isinstance(value, (int, float)) and value > 0:
             drops[match.group(1)] = int(value)
     if not drops:
         return ""

@@ -88,7 +88,7 @@ class IterationMetrics:
         self.multi_turn = False
         """Whether any episode so far had more than one model turn (the console then shows turns)."""
         self._skipped_before: Counter[str] = Counter()
-        """The stream's drop counts at the previous iteration (behind ``env_runners/num_skipped_<reason>``)."""
+        """The stream's drop counts at the previous iteration (behind ``env_runners/dropped/<reason>``)."""
 
     def update(
         self,
@@ -153,7 +153,7 @@ class IterationMetrics:
         for reason, count in counts.skipped.items():
             out[f"env_runners/num_skipped_{reason}_lifetime"] = float(count)
             # this iteration's share: the drops the runners' reports brought since the previous iteration
-            out[f"env_runners/num_skipped_{reason}"] = float(count - self._skipped_before.get(reason, 0))
+            out[f"env_runners/dropped/{reason}"] = float(count - self._skipped_before.get(reason, 0))
         self._skipped_before = Counter(counts.skipped)
         for bucket, fraction in lag_histogram(lags, self.lag_buckets).items():
             out[f"env_runners/policy_lag_hist/{bucket}"] = fraction

@@ -141,7 +141,7 @@ def test_each_iteration_reports_its_own_drops_by_reason():
                        learner_version=1, learner_metrics={}, times=times)
         for skipped in drops
     ]
-    assert [(m["env_runners/num_skipped_empty"], m["env_runners/num_skipped_env_error"]) for m in got] == [
+    assert [(m["env_runners/dropped/empty"], m["env_runners/dropped/env_error"]) for m in got] == [
         (3.0, 0.0), (0.0, 2.0)]
     assert got[1]["env_runners/num_skipped_empty_lifetime"] == 3.0
 
