@@ -91,7 +91,8 @@ def user_traceback(err: BaseException, frames: int = TRACEBACK_FRAMES) -> str:
     lines = list(summary.format(chain=False))
     if below:
         modules = sorted({_top_module(frame.filename) for frame in full[-below:]})
-        lines.insert(-1, f"  ... then {below} frame(s) in {', '.join(modules)}\n")
+        message = len(list(summary.format_exception_only()))  # the exception's own lines, last
+        lines.insert(len(lines) - message, f"  ... then {below} frame(s) in {', '.join(modules)}\n")
     text = "".join(lines).rstrip()
     cause = err.__cause__
     if cause is not None:
