@@ -86,6 +86,15 @@ def test_iteration_line_shows_the_evaluation_taken_in_it():
     assert " eval " not in progress_line(11, METRICS)  # no evaluation in that iteration: no column
 
 
+def test_iteration_line_shows_the_episodes_dropped_in_it_by_reason():
+    # Before: no drop column; an agent that never called the model left no trace on the console.
+    drops = {"env_runners/dropped/empty": 3.0, "env_runners/dropped/env_error": 1.0,
+             "env_runners/dropped/stale": 0.0, "env_runners/num_skipped_empty_lifetime": 40.0}
+    line = progress_line(12, {**METRICS, **drops})
+    assert " | batch return 0.312 | dropped 4 (empty 3, env_error 1) | accepted 1.00" in line
+    assert "dropped" not in progress_line(13, {**METRICS, "env_runners/dropped/empty": 0.0})
+
+
 def _reporting_algorithm(stream) -> SimpleNamespace:
     clock = FakeClock(0.0)
     progress = RunProgress(40, clock=clock, stream=stream)

@@ -117,8 +117,13 @@ class AgentRollout(Rollout):
         return await play_agent_episode(ctx, await self._server(ctx), model_name=self.spec.agent_model_name)
 
     async def close(self) -> None:
+        """Stop the endpoints. The runner cancelled its episodes first (`EnvRunner.stop`); model calls still
+        being served are cancelled by the stopping server, which is expected, so it is not logged as an error
+        (`quiet_expected_cancellation`)."""
         servers = list(self.servers.values())
         self.servers.clear()
+        if servers:
+            quiet_expected_cancellation()
         for server in servers:
             await server.stop()
 
@@ -147,6 +152,25 @@ class AgentRollout(Rollout):
                 self.servers[key] = server
                 logger.info("EnvRunner %d: agent endpoint at %s", self.runner_index, server.url)
             return self.servers[key]
+
+
+class _ExpectedCancellation(logging.Filter):
+    """Drops uvicorn's records of the calls a stopping endpoint cancels: its "Cancel N running task(s)"
+    line and the "Exception in ASGI application" traceback of each cancelled call (a ``CancelledError``).
+    The runner is stopping and cancelled those calls' episodes first: nothing failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Cancel %s running task(s)"):
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, asyncio.CancelledError)
+
+
+def quiet_expected_cancellation() -> None:
+    """Install `_ExpectedCancellation` on uvicorn's error logger (once per process)."""
+    log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(item, _ExpectedCancellation) for item in log.filters):
+        log.addFilter(_ExpectedCancellation())
 
 
 async def play_agent_episode(ctx: RolloutContext, server: Any, *, model_name: str) -> Episode | None:
@@ -192,17 +216,18 @@ async def play_agent_episode(ctx: RolloutContext, server: Any, *, model_name: st
         session.close()
     if session.calls == 0:
         return None
-    reward = getattr(result, "reward", None)
+    reward, source = getattr(result, "reward", None), "the agent (its result's reward)"
     if reward is None:
         transcript = getattr(result, "transcript", None)
         if truncated and agent.reward_fn is None:
             reward = 0.0  # the agent gave no reward before it stopped, and nothing grades its transcript
         else:
             graded = session.transcript if transcript is None else transcript
-            reward = await in_thread(executor, limits.env_timeout_s, agent.grade, graded)
-    value, problem = reward_value(reward)
+            reward, source = await in_thread(executor, limits.env_timeout_s, agent.grade, graded), "reward_fn"
+    value, problem = reward_value(reward, source)
     if problem is not None:
-        logger.warning("%s: the agent's reward was refused: %s.", type(agent).__name__, problem)
+        logger.warning("%s: the agent's reward was refused (prompt id %r): %s.", type(agent).__name__, prompt_id,
+                       problem)
         info[REWARD_ERROR] = problem
         value = 0.0
     # the session adds what it recorded (its calls, segments, refused requests by code)

@@ -7,7 +7,9 @@ restarted over and over, each time starting an engine again. So the driver check
 - ``env_config_problems``: every key of an ``env_config`` against the signature of the env's entry
   point (cheap; no env is built), with the closest valid name;
 - ``build_env_once``: makes one env with the given ``env_config``, resets it once, steps it once with
-  a throwaway reply (`CHECK_ACTION`) and closes it, and turns any error into an ``EnvCheckError`` that
+  a throwaway reply (`CHECK_ACTION`) and closes it, each call within ``env_timeout_s`` as in the
+  runners (a call that hangs is an ``EnvCheckError`` naming the call and the setting, not a setup
+  that never returns), and turns any error into an ``EnvCheckError`` that
   names the env, the settings and the cause with the innermost frames of its traceback (a reward
   function that raises, or one given as a plain string to an env that expects a callable, fails
   here, not as thousands of dropped episodes in the runners);
@@ -26,7 +28,8 @@ import dataclasses
 import difflib
 import importlib
 import inspect
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -81,32 +84,77 @@ def env_config_problems(env_id: str, env_config: Mapping[str, Any], *, name: str
     return problems
 
 
+class _Hung(Exception):
+    """An env call of the check ran past its time limit (it goes on in its daemon thread)."""
+
+
+def _within(timeout_s: float | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a daemon thread within ``timeout_s`` (None: no limit); raises `_Hung`
+    past it, or what ``fn`` raised. A Python thread cannot be killed: a daemon one at least does not keep
+    the process alive once the check has failed."""
+    if timeout_s is None:
+        return fn(*args, **kwargs)
+    result: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            result["value"] = fn(*args, **kwargs)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            result["error"] = err
+
+    thread = threading.Thread(target=call, name="flashrl-env-check", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise _Hung
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
 def build_env_once(
-    env_id: str, env_config: Mapping[str, Any], *, what: str = "env_config", seed: int = 0
+    env_id: str, env_config: Mapping[str, Any], *, what: str = "env_config", seed: int = 0,
+    timeout_s: float | None = None,
 ) -> int | None:
     """Make, reset, step (once, with `CHECK_ACTION`) and close one env; an error in any of them is an
     ``EnvCheckError`` quoting the cause's traceback (its innermost frames: the env's own code).
 
-    Returns the env's finite task count (`finite_task_count`: what the data passes walk), or None.
+    ``timeout_s``: the time limit of each call (the run's ``env_timeout_s``; None: none); a call past it
+    is an ``EnvCheckError`` too. Returns the env's finite task count (`finite_task_count`: what the data
+    passes walk), or None.
     """
     from flashrl.env_runners.env_errors import EnvBoundary, user_traceback
     from flashrl.env_runners.rollout import finite_task_count
 
+    def hung(call: str) -> EnvCheckError:
+        return EnvCheckError(
+            f"{what}: expected {env_id}'s {call} to return within env_timeout_s={timeout_s:g} s, got a call still "
+            f"running (with {dict(env_config)!r}); the runners would drop every episode as env_timeout. Fix: find "
+            f"where the env's {call} blocks (a lock, a network call, an endless loop), or raise env_timeout_s if "
+            "it is only slow."
+        )
+
     try:
-        env = gym.make(env_id, **dict(env_config))
+        env = _within(timeout_s, gym.make, env_id, **dict(env_config))
+    except _Hung:
+        raise hung("constructor") from None
     except Exception as err:  # any constructor error is the user's setting to fix
         raise EnvCheckError(
             f"{what}: expected settings with which {env_id} can be built, got {dict(env_config)!r}; building it "
             f"raised {type(err).__name__}: {err}. Fix: correct {what} (the env's docstring lists its arguments)."
         ) from err
     env = EnvBoundary(env)  # text the runners' tokenizer cannot encode fails here too
-    call = "reset"
+    call, hanging = "reset", False
     try:
-        env.reset(seed=seed)
+        _within(timeout_s, env.reset, seed=seed)
         count = finite_task_count(env)
         call = f"step({CHECK_ACTION!r})"
-        env.step(CHECK_ACTION)
+        _within(timeout_s, env.step, CHECK_ACTION)
+        call = "close()"
         return count
+    except _Hung:
+        hanging = True  # the env is still in use by the hung call: no close (it could hang too)
+        raise hung(call) from None
     except Exception as err:  # as above, for the first reset and step
         raise EnvCheckError(
             f"{what}: expected an env that resets and steps, got {env_id} with {dict(env_config)!r}, whose "
@@ -114,7 +162,11 @@ def build_env_once(
             "code (e.g. its reward function) or its data."
         ) from err
     finally:
-        env.close()
+        if not hanging:
+            try:
+                _within(timeout_s, env.close)
+            except _Hung:
+                raise hung("close()") from None
 
 
 def code_arguments(env_id: str) -> tuple[str, ...]:

@@ -46,6 +46,7 @@ from flashrl.env_runners.env_errors import (
     EnvBoundary,
     EnvErrorBooks,
     EnvErrorRecord,
+    agent_name,
     error_signature,
     user_traceback,
 )
@@ -509,9 +510,12 @@ class EnvRunner:
             await self._dispose_failed(err, env, pool, index)
             return _Outcome(None, kind)
         pool.append(env)
-        self._env_errors.success()
-        if episode is None:  # an agent that never called the model
+        if episode is None:  # an agent that never called the model: not a success (env_errors docstring)
+            streak = self._env_errors.empty(self._record(env, index, "no model call"))
+            if streak is not None:
+                raise streak  # deterministic: the run stops (EnvRunnerGroup does not restart it)
             return _Outcome(None, "empty")
+        self._env_errors.success()
         tokens, turns = episode.num_generated_tokens, len(episode.policy_versions)
         reason = skip_reason(episode, max_episode_tokens=self.spec.max_episode_tokens)
         if reason is not None:
@@ -550,10 +554,7 @@ class EnvRunner:
             self._executor = self._new_executor()
         elif isinstance(err, EnvError):
             cause = err.__cause__ if err.__cause__ is not None else err
-            record = EnvErrorRecord(
-                env_id=str(self.spec.env), episode_index=index, prompt_id=getattr(env, "prompt_id", None),
-                signature=error_signature(cause), traceback=user_traceback(cause),
-            )
+            record = self._record(env, index, error_signature(cause), user_traceback(cause))
             await self._close_env(env)  # a broken env is not reused
             streak = self._env_errors.error(record)
             if streak is not None:
@@ -561,6 +562,14 @@ class EnvRunner:
         else:  # the engine rejected a request: the env is fine
             logger.warning("EnvRunner %d: request rejected in episode %d: %s", self.runner_index, index, err)
             pool.append(env)
+
+
+    def _record(self, env: gym.Env, index: int, signature: str, text: str = "") -> EnvErrorRecord:
+        """How an episode's failure is quoted: the env, its agent, the episode and its prompt id."""
+        return EnvErrorRecord(
+            env_id=str(self.spec.env), episode_index=index, prompt_id=getattr(env, "prompt_id", None),
+            signature=signature, traceback=text, agent=agent_name(env),
+        )
 
 
 @dataclass

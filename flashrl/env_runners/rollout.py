@@ -86,8 +86,10 @@ def finite_task_count(env: gym.Env) -> int | None:
     return None
 
 
-def reward_value(reward: Any) -> tuple[float, str | None]:
+def reward_value(reward: Any, source: str = "step") -> tuple[float, str | None]:
     """An env's reward as a float, or why it is not a reward: ``(value, None)`` or ``(nan, problem)``.
+
+    ``source``: what returned it, named in the fix (``step``; an agent's result or its ``reward_fn``).
 
     A reward is a real number: a Python ``int`` or ``float``, a NumPy integer or floating scalar, or a
     NumPy array of one such number. Refused: text (``"0.5"`` is not silently read as 0.5), ``bool``
@@ -103,7 +105,7 @@ def reward_value(reward: Any) -> tuple[float, str | None]:
         value = value.reshape(()).item()
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         return math.nan, (f"a reward is a real number (int or float); got {type(reward).__name__} "
-                          f"{_shown(reward)}. Return float(...) from step, e.g. 1.0 for a solved task")
+                          f"{_shown(reward)}. Return float(...) from {source}, e.g. 1.0 for a solved task")
     if abs(value) > MAX_REWARD and value not in (math.inf, -math.inf):  # exact for ints of any size
         return math.nan, (f"the reward {_shown(value)} is outside float32's finite range (|reward| <= "
                           f"{MAX_REWARD:.8g}), where the learner holds it; scale the rewards down")
@@ -212,7 +214,8 @@ async def play_episode(
         turn += 1
         value, problem = reward_value(reward)
         if problem is not None:  # the episode is dropped and counted (`skip_reason`: bad_reward)
-            logger.warning("%s.step returned a bad reward in turn %d: %s.", type(env.unwrapped).__name__, turn, problem)
+            logger.warning("%s.step returned a bad reward in turn %d (prompt id %r): %s.", type(env.unwrapped).__name__,
+                           turn, getattr(env, "prompt_id", None), problem)
             reward_error = {REWARD_ERROR: f"turn {turn}: {problem}"}
             break
         total_reward += value

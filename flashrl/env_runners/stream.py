@@ -174,23 +174,27 @@ class EpisodeStream:
             else:
                 group.grant(self.allowed_starts(assembler.blocked()))
             last_growth, arrived, stale, repeated = wait_start, 0, 0, assembler.repeated
+            dropped: Counter[str] = Counter()  # by reason, since the batch last grew (the stall error's)
             while not assembler.full:
                 new = group.next_reports(timeout_s=self.wait_slice_s)
                 reports.extend(new)
                 size = len(assembler.batch)
                 for report in new:
                     self._book_skipped(report.skipped)  # now: the admission budget counts them
+                    dropped.update(report.skipped)
                     arrived += len(report.episodes)
                     assembler.offer_all(report.episodes)
                 skipped = assembler.take_skipped()
                 stale += skipped["stale"]
+                dropped.update(skipped)
                 self._book_skipped(skipped)
                 group.grant(self.allowed_starts(assembler.blocked()))
                 now = time.perf_counter()
                 if len(assembler.batch) > size:
                     last_growth, arrived, stale, repeated = now, 0, 0, assembler.repeated
+                    dropped = Counter()
                 elif now - last_growth > spec.sample_timeout_s:
-                    raise self._stalled(assembler, arrived, assembler.repeated - repeated, stale)
+                    raise self._stalled(assembler, arrived, assembler.repeated - repeated, stale, dropped)
         except BaseException:
             # Kept on the books: nothing is dropped silently.
             self.pending = deque([*assembler.batch, *assembler.later])
@@ -228,11 +232,26 @@ class EpisodeStream:
         self.totals.update({f"skipped/{k}": v for k, v in skipped.items()})
 
     def _stalled(
-        self, assembler: BatchAssembler, arrived: int, repeated: int, stale: int
+        self, assembler: BatchAssembler, arrived: int, repeated: int, stale: int,
+        dropped: Mapping[str, int] | None = None,
     ) -> EnvRunnerGroupError:
-        """The error of a batch that has not grown for `sample_timeout_s`, with its likely cause and fix."""
+        """The error of a batch that has not grown for `sample_timeout_s`, with its likely cause and fix.
+
+        ``dropped``: episodes dropped since the batch last grew, by reason; when there are any, the error
+        counts each with the setting or code that governs it (`drop_causes`) instead of blaming slowness."""
         spec, b = self.spec, self.batch_size
         collected = len(assembler.batch)
+        drops = {k: v for k, v in (dropped or {}).items() if v}
+        if drops and not arrived:
+            env_error = getattr(self.group, "last_env_error", None)
+            last = "" if env_error is None or "env_error" not in drops else f" The last env error was in {env_error}"
+            return EnvRunnerGroupError(
+                f"No finished episode arrived for {spec.sample_timeout_s:g} s (sample_timeout_s); {collected}/{b} "
+                f"collected, {self.group.in_flight} in flight; meanwhile {sum(drops.values())} episodes ended "
+                f"dropped: {drop_causes(drops, spec)}. Expected episodes that get through: the runners are not "
+                f"slow, their episodes fail. Fix: what the largest count names (the env_runners/num_skipped_<reason>"
+                f"_lifetime metrics count them).{last}"
+            )
         if not arrived:
             env_error = getattr(self.group, "last_env_error", None)
             blame = "" if env_error is None else (
@@ -250,6 +269,9 @@ class EpisodeStream:
             f"in the batch and {stale} were stale (async_queue_size={spec.async_queue_size}); "
             f"{collected}/{b} collected."
         )
+        others = {k: v for k, v in drops.items() if k != "stale"}
+        if others:
+            what += f" Besides, {sum(others.values())} episodes ended dropped: {drop_causes(others, spec)}."
         if stale > repeated:
             return EnvRunnerGroupError(
                 f"{what} Expected episodes at most async_queue_size versions behind the learner: the "
@@ -406,3 +428,36 @@ class EpisodeStream:
     def stop(self) -> None:
         """Stop the runners."""
         self.group.stop()
+
+
+DROP_CAUSES: dict[str, str] = {
+    "empty": "no model call (an agent that returns without calling the model: its code) or no generated token "
+             "(a prompt that fills max_episode_tokens={max_episode_tokens})",
+    "env_error": "the env or the agent raised (their code; the same error ENV_ERROR_LIMIT times in a row stops "
+                 "the run)",
+    "env_timeout": "an env call past env_timeout_s={env_timeout_s}, or an agent past agent_wall_time_s="
+                   "{agent_wall_time_s}",
+    "bad_reward": "a reward that is not a real number (the env's step, the agent's result or its reward_fn)",
+    "non_finite": "a NaN or inf reward or log-prob (the env's reward, the engine)",
+    "invalid_logprob": "a log-prob above 0 (the engine)",
+    "aborted": "a model turn the engine aborted (the engine)",
+    "over_long": "longer than max_episode_tokens={max_episode_tokens}",
+    "request_error": "a request the engine rejected (max_episode_tokens={max_episode_tokens}, max_new_tokens="
+                     "{max_new_tokens})",
+    "stale": "more than async_queue_size={async_queue_size} versions behind the learner",
+    "pending_overflow": "the queue of waiting episodes overflowed (train_batch_size={train_batch_size}: too few "
+                        "distinct prompts)",
+}
+"""What governs each drop reason (`flashrl.env_runners.types.SKIP_REASONS`): the setting or the code to fix."""
+
+
+def drop_causes(drops: Mapping[str, int], spec: Any) -> str:
+    """``"3 env_timeout (an env call past env_timeout_s=5, ...); 1 empty (...)"``, the largest count first."""
+    values = {name: getattr(spec, name, "?") for name in (
+        "max_episode_tokens", "env_timeout_s", "agent_wall_time_s", "max_new_tokens", "async_queue_size",
+        "train_batch_size")}
+    parts = []
+    for reason, count in sorted(drops.items(), key=lambda item: (-item[1], item[0])):
+        cause = DROP_CAUSES.get(reason)
+        parts.append(f"{count} {reason}" + ("" if cause is None else f" ({cause.format(**values)})"))
+    return "; ".join(parts)

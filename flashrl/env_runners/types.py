@@ -21,7 +21,8 @@ RUNNER_SKIP_REASONS = (
 - ``non_finite``: a non-finite reward or recorded behavior log-prob (NaN, inf);
 - ``invalid_logprob``: a recorded behavior log-prob above 0 (not a log-probability);
 - ``aborted``: the engine ended a model turn with finish reason ``"abort"`` (the reply is incomplete);
-- ``empty``: no generated token (e.g. a prompt that fills the context);
+- ``empty``: no generated token (e.g. a prompt that fills the context), or an agent episode without a
+  model call (`ENV_ERROR_LIMIT` of those in a row stop the run: `flashrl.env_runners.env_errors`);
 - ``over_long``: longer than ``max_episode_tokens`` (an agent's episode: a segment longer than it);
 - ``request_error``: the engine rejected the request;
 - ``env_error``: the environment raised;

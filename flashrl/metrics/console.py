@@ -32,7 +32,8 @@ def progress_line(iteration: int, metrics: Mapping[str, float], *, multi_turn: b
 
     An evaluation taken in the iteration shows its return after the batch return (``| eval 0.359``).
     With ``multi_turn`` (the run has seen an episode of several model turns) the batch's mean turns
-    per episode follow, and its mean tool calls when the env reports them.
+    per episode follow, and its mean tool calls when the env reports them. Episodes dropped in the
+    iteration follow, by reason (`dropped_column`), when there were any.
     """
     get = _getter(metrics)
     evaluation = f" | eval {get(EVALUATION_KEY):.3f}" if EVALUATION_KEY in metrics else ""
@@ -44,7 +45,7 @@ def progress_line(iteration: int, metrics: Mapping[str, float], *, multi_turn: b
     return (
         f"iter {iteration:>4d} | return {get('env_runners/episode_return_mean'):.3f}"
         f" | batch return {get('env_runners/batch_episode_return_mean'):.3f}"
-        f"{evaluation}{turns}"
+        f"{evaluation}{turns}{dropped_column(metrics)}"
         f" | accepted {get('learners/accepted_fraction'):.2f}"
         f" | drift {get('learners/drift_mean'):.1e}"
         f" | lag {get('env_runners/policy_lag_mean'):.2f}"
@@ -52,6 +53,23 @@ def progress_line(iteration: int, metrics: Mapping[str, float], *, multi_turn: b
         f" | {get('env_runners/generated_tokens_per_s'):.0f} tok/s"
         f" | {get('timers/iteration_s'):.1f} s"
     )
+
+
+_DROPPED = re.compile(r"^env_runners/dropped/(\w+)$")
+
+
+def dropped_column(metrics: Mapping[str, float]) -> str:
+    """``" | dropped 3 (empty 2, env_error 1)"``: the iteration's dropped episodes by reason
+    (``env_runners/dropped/<reason>``, the largest first); nothing when none was dropped."""
+    drops = {}
+    for key, value in metrics.items():
+        match = _DROPPED.match(key)
+        if match and isinstance(value, (int, float)) and value > 0:
+            drops[match.group(1)] = int(value)
+    if not drops:
+        return ""
+    parts = ", ".join(f"{reason} {count}" for reason, count in sorted(drops.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f" | dropped {sum(drops.values())} ({parts})"
 
 
 _AT_K = re.compile(r"^evaluation/((?:avg|pass)@\d+)$")

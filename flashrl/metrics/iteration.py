@@ -8,7 +8,7 @@ algorithm: the stream's books arrive as a `StreamCounts`, the timings as an `Ite
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +87,8 @@ class IterationMetrics:
         self.datasource_key = datasource_key
         self.multi_turn = False
         """Whether any episode so far had more than one model turn (the console then shows turns)."""
+        self._skipped_before: Counter[str] = Counter()
+        """The stream's drop counts at the previous iteration (behind ``env_runners/dropped/<reason>``)."""
 
     def update(
         self,
@@ -150,6 +152,9 @@ class IterationMetrics:
         }
         for reason, count in counts.skipped.items():
             out[f"env_runners/num_skipped_{reason}_lifetime"] = float(count)
+            # this iteration's share: the drops the runners' reports brought since the previous iteration
+            out[f"env_runners/dropped/{reason}"] = float(count - self._skipped_before.get(reason, 0))
+        self._skipped_before = Counter(counts.skipped)
         for bucket, fraction in lag_histogram(lags, self.lag_buckets).items():
             out[f"env_runners/policy_lag_hist/{bucket}"] = fraction
         for key, value in learner_metrics.items():

@@ -6,6 +6,7 @@ tiny model and the torch engine).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import textwrap
@@ -18,7 +19,7 @@ import pytest
 
 import flashrl.envs  # noqa: F401  (registers flashrl/Agent-v0)
 from flashrl.env_runners import EnvRunner
-from flashrl.env_runners.env_errors import ENV_ERROR_LIMIT, EnvErrorStreak
+from flashrl.env_runners.env_errors import ENV_ERROR_LIMIT, EmptyEpisodeStreak, EnvErrorStreak
 
 TASKS = [{"id": "t0", "question": "2+3"}, {"id": "t1", "question": "4+4"}]
 
@@ -59,6 +60,18 @@ async def raises_at_once(client: Any, task: dict[str, Any]) -> float:
 
 
 async def never_calls(client: Any, task: dict[str, Any]) -> float:
+    return 1.0
+
+
+async def asks_a_model_that_is_not_served(client: Any, task: dict[str, Any]) -> float:
+    await ask(client, task["question"])
+    await ask(client, task["question"], model="no-such-model")
+    return 1.0
+
+
+async def raises_on_t0_skips_t1(client: Any, task: dict[str, Any]) -> float:
+    if task["id"] == "t0":
+        raise KeyError("no_such_field")
     return 1.0
 
 
@@ -162,6 +175,52 @@ def test_an_agent_that_never_calls_the_model_is_counted_empty(tiny_config: Any) 
     assert report.last_env_error is None
 
 
+def test_an_agent_that_never_calls_the_model_stops_the_run_naming_the_agent_and_prompt(tiny_config: Any) -> None:
+    # Before: each was counted empty and the stream waited out sample_timeout_s (600 s) with nothing said.
+    runner = _runner(tiny_config, agent=never_calls)
+    start = time.perf_counter()
+    with pytest.raises(EmptyEpisodeStreak) as caught:
+        _sample(runner, list(range(ENV_ERROR_LIMIT)), evaluation=True)
+    assert time.perf_counter() - start < 60
+    text = str(caught.value)
+    assert f"made no model call in {ENV_ERROR_LIMIT} episodes in a row" in text
+    assert "test_agent_runner.never_calls" in text and "prompt id 't1'" in text  # the last episode's task
+    assert "env.step" not in text and "run the agent" in text
+    assert isinstance(caught.value, EnvErrorStreak)  # the group stops the run, it does not restart the runner
+
+
+def test_empty_agent_episodes_do_not_reset_the_env_error_streak(tiny_config: Any) -> None:
+    # Before: an empty episode counted as a success, so errors interleaved with empties never stopped the run.
+    runner = _runner(tiny_config, agent=raises_on_t0_skips_t1)
+    with pytest.raises(EnvErrorStreak) as caught:  # evaluation walks t0, t1, t0, ...: the errors come first
+        _sample(runner, list(range(2 * ENV_ERROR_LIMIT - 1)), evaluation=True)
+    text = str(caught.value)
+    assert not isinstance(caught.value, EmptyEpisodeStreak) and "KeyError: 'no_such_field'" in text
+    assert "agent tests.runtime.test_agent_runner.raises_on_t0_skips_t1" in text
+    assert "prompt id 't0'" in text and "run the agent" in text and "env.step('0')" not in text
+
+
+def test_an_env_error_kind_logs_its_traceback_once_then_one_counted_line(tiny_config: Any, caplog: Any) -> None:
+    # Before: the traceback of every error that did not repeat the previous one (~22 lines each).
+    with caplog.at_level(logging.WARNING, logger="flashrl"):
+        report = _sample(_runner(tiny_config, agent=raises_at_once), [0, 1, 2])
+    assert report.skipped == Counter({"env_error": 3})
+    lines = [r.getMessage() for r in caplog.records if "Environment error" in r.getMessage()]
+    assert len(lines) == 3
+    assert sum('raise KeyError("no_such_field")' in line for line in lines) == 1
+    assert [line.count("\n") for line in lines[1:]] == [0, 0]
+    assert "again (2 times, 2 in a row)" in lines[1] and "again (3 times, 3 in a row)" in lines[2]
+
+
+def test_an_agent_error_through_a_library_quotes_the_users_frames_first(tiny_config: Any) -> None:
+    # Before: the innermost frames only, here the openai client's, none of the agent's code.
+    report = _sample(_runner(tiny_config, agent=asks_a_model_that_is_not_served), [0])
+    text = report.last_env_error
+    assert report.skipped == Counter({"env_error": 1})
+    assert "in asks_a_model_that_is_not_served" in text and "frame(s) in" in text and "openai" in text
+    assert "_base_client.py" not in text
+
+
 def test_an_agent_past_its_wall_time_is_cancelled_and_dropped(tiny_config: Any) -> None:
     runner = _runner(tiny_config, agent=sleeps, wall_time_s=1.0)
 
@@ -219,13 +278,18 @@ def test_one_endpoint_per_sampling_setting_each_stopped_by_stop(tiny_config: Any
             httpx.post(f"{url}/sessions/x/v1/chat/completions", json={}, timeout=5)
 
 
-def test_a_bad_reward_from_the_agent_is_counted(tiny_config: Any) -> None:
+def test_a_bad_reward_from_the_agent_is_counted(tiny_config: Any, caplog: Any) -> None:
     async def says_text(client: Any, task: dict[str, Any]) -> Any:
         await ask(client, task["question"])
         return {"reward": "1.0"}
 
-    report = _sample(_runner(tiny_config, agent=says_text), [0])
+    with caplog.at_level(logging.WARNING, logger="flashrl"):
+        report = _sample(_runner(tiny_config, agent=says_text), [0])
     assert report.episodes == [] and report.skipped == Counter({"bad_reward": 1})
+    # the fix names what returned the reward, and the prompt (before: "Return float(...) from step", no prompt)
+    refused = [r.getMessage() for r in caplog.records if "reward was refused" in r.getMessage()]
+    assert len(refused) == 1 and "(prompt id 't" in refused[0]
+    assert "Return float(...) from the agent (its result's reward)" in refused[0] and "from step" not in refused[0]
 
 
 def test_an_engine_failure_under_an_agent_fails_the_runner(tiny_config: Any) -> None:
@@ -245,6 +309,41 @@ def test_an_engine_failure_under_an_agent_fails_the_runner(tiny_config: Any) -> 
     with pytest.raises(RuntimeError, match=r"the engine failed a model call of an agent episode \('t0'\)") as caught:
         asyncio.run(scenario())
     assert type(caught.value.__cause__).__name__ == "InternalServerError"  # what the agent raised: HTTP 500
+
+
+def test_stop_with_agent_calls_in_flight_is_quiet(tiny_config: Any, caplog: Any) -> None:
+    # Before: "Cancel 2 running task(s), timeout graceful shutdown exceeded" and a ~50-line ASGI traceback per call.
+    config = tiny_config(env="flashrl/Agent-v0", env_config={"tasks": TASKS, "agent": two_calls},
+                         episodes_in_flight_per_env_runner=2)
+    runner = EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1, model_path=config.model)
+    calls = 0
+
+    async def slow_generate(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(60)
+
+    async def scenario() -> None:
+        await runner.setup()
+        runner._engine.generate = slow_generate
+        await runner.start()
+        while calls < 2:
+            await asyncio.sleep(0.05)
+        uvicorn_log.addHandler(handler)  # now: starting the endpoint (its logging config) reset the handlers
+        await runner.stop()
+
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    uvicorn_log = logging.getLogger("uvicorn.error")  # uvicorn's loggers do not propagate to caplog's
+    try:
+        with caplog.at_level(logging.INFO):
+            asyncio.run(scenario())
+    finally:
+        uvicorn_log.removeHandler(handler)
+    assert calls == 2
+    errors = [r for r in [*caplog.records, *seen] if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage()[:200] for r in errors]
 
 
 def test_a_call_the_engine_aborted_drops_the_episode_as_aborted(tiny_config: Any) -> None:

@@ -80,3 +80,26 @@ def test_a_multi_segment_agent_trains_on_two_runners_and_two_learners(ray_sessio
         assert r["env_runners/episode_info/calls_mean"] == 2.0
         assert r["env_runners/episode_info/segments_mean"] == 2.0
         assert r.get("env_runners/num_skipped_env_error_lifetime", 0.0) == 0.0
+
+
+async def never_calls(client: Any, task: dict[str, Any]) -> float:
+    return 1.0  # a cached answer: the model is never asked
+
+
+def test_an_agent_that_never_calls_the_model_stops_train_within_a_minute(ray_session: Any, tiny_config: Any) -> None:
+    # Before: train() waited out sample_timeout_s (600 s), then blamed slow environments.
+    import time
+
+    from flashrl.env_runners import EnvRunnerGroupError
+
+    config = tiny_config(env="flashrl/Agent-v0", env_config={"tasks": TASKS, "agent": never_calls}, tensorboard=False)
+    algo = config.build_algo()
+    try:
+        start = time.perf_counter()
+        with pytest.raises(EnvRunnerGroupError) as caught:
+            algo.train()
+        assert time.perf_counter() - start < 60
+    finally:
+        algo.stop()
+    text = str(caught.value)
+    assert "made no model call in 20 episodes in a row" in text and "never_calls" in text and "prompt id 't" in text

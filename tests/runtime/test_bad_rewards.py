@@ -7,6 +7,7 @@ the runner's float64 check, became inf in the learner's float32 and had every ba
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import gymnasium as gym
 import numpy as np
@@ -103,6 +104,14 @@ def test_the_runner_drops_and_counts_bad_rewards(tiny_config, rewards: list[obje
     report = _sample(tiny_config, rewards)
     assert report.episodes == []
     assert report.skipped == {"bad_reward": 2}
+
+
+def test_a_bad_step_reward_is_logged_with_its_prompt_id(tiny_config, caplog) -> None:
+    # Before: "<Env>.step returned a bad reward in turn 1: ..." without the prompt it came from.
+    with caplog.at_level(logging.WARNING, logger="flashrl"):
+        _sample(tiny_config, ["0.5"], n=1)
+    lines = [r.getMessage() for r in caplog.records if "returned a bad reward" in r.getMessage()]
+    assert len(lines) == 1 and "in turn 1 (prompt id '" in lines[0] and "Return float(...) from step" in lines[0]
 
 
 def test_the_runner_keeps_numpy_rewards(tiny_config) -> None:

@@ -76,7 +76,16 @@ class BlockingCloseEnv(ParityEnv):
         super().close()
 
 
+class HangingStepEnv(ParityEnv):
+    """step blocks far past the test's time limit (a verifier that never answers)."""
+
+    def _step_action(self, action: str):
+        RELEASE.wait(HANG_S)
+        return [], 0.0, True, False, {}
+
+
 ENVS = {
+    "flashrl-test/HangingStep-v0": HangingStepEnv,
     "flashrl-test/RaisingReward-v0": RaisingRewardEnv,
     "flashrl-test/RewardFn-v0": RewardFnEnv,
     "flashrl-test/SurrogateRow-v0": SurrogateRowEnv,
@@ -118,6 +127,24 @@ def test_the_quoted_traceback_names_what_the_error_was_raised_from():
         raise RuntimeError("outer") from KeyError("inner")
     except RuntimeError as err:
         assert user_traceback(err).splitlines()[-1] == "Caused by KeyError: 'inner'"
+
+
+def test_the_env_check_of_the_setup_stops_a_hung_step_within_env_timeout_s(tiny_config):
+    # Before: build_algo() waited for the step forever, printing nothing, although env_timeout_s was set.
+    from flashrl.algorithms.flash_reinforce.algorithm import _check_envs
+
+    config = tiny_config(env="flashrl-test/HangingStep-v0").env_runners(env_timeout_s=0.3)
+    began = time.monotonic()
+    try:
+        with pytest.raises(EnvCheckError) as caught:
+            _check_envs(config)
+    finally:
+        RELEASE.set()
+    assert time.monotonic() - began < 10
+    text = str(caught.value)
+    assert "expected flashrl-test/HangingStep-v0's step('0') to return within env_timeout_s=0.3 s" in text
+    assert "raise env_timeout_s if it is only slow" in text
+    RELEASE.clear()
 
 
 def test_a_raising_reward_fails_the_env_check_with_its_traceback():

@@ -131,6 +131,21 @@ def test_iteration_metrics_by_hand():
                        learner_metrics={}, times=times)
 
 
+def test_each_iteration_reports_its_own_drops_by_reason():
+    # Before: lifetime counts only, so a run's dropped episodes per update had to be differenced by hand.
+    metrics = IterationMetrics(smoothing_window=3)
+    times = IterationTimes(sample_wait=1.0, learner_update=0.5, weight_sync=0.25, iteration=4.0)
+    drops = [{"empty": 3, "env_error": 0}, {"empty": 3, "env_error": 2}]
+    got = [
+        metrics.update([_episode("a", 1.0, 4, 0)], lags=[0], generated_tokens=0, counts=_counts(skipped=skipped),
+                       learner_version=1, learner_metrics={}, times=times)
+        for skipped in drops
+    ]
+    assert [(m["env_runners/dropped/empty"], m["env_runners/dropped/env_error"]) for m in got] == [
+        (3.0, 0.0), (0.0, 2.0)]
+    assert got[1]["env_runners/num_skipped_empty_lifetime"] == 3.0
+
+
 def test_the_lag_histogram_has_a_bucket_for_every_allowed_lag():
     assert IterationMetrics(smoothing_window=1).lag_buckets == LAG_BUCKETS
     assert IterationMetrics(smoothing_window=1, max_lag=2).lag_buckets == LAG_BUCKETS

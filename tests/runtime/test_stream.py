@@ -142,6 +142,21 @@ def test_no_arrival_within_the_timeout_says_what_is_in_flight():
     )
 
 
+def test_a_stall_of_dropped_episodes_counts_each_outcome_and_names_its_setting():
+    # Before: "Raise sample_timeout_s for slow environments, or lower max_new_tokens", whatever ended the episodes.
+    drops = [[report(skipped={"env_timeout": 3, "empty": 1})], [report(skipped={"env_timeout": 2, "bad_reward": 1})]]
+    group = ScriptedGroup(drops, env_timeout_s=5.0, agent_wall_time_s=30.0)
+    group.in_flight = 4
+    stream = EpisodeStream(group, wait_slice_s=0.01)
+    with pytest.raises(EnvRunnerGroupError) as err:
+        stream.next_batch(learner_version=0)
+    message = str(err.value)
+    assert "0/2 collected, 4 in flight; meanwhile 7 episodes ended dropped: 5 env_timeout (an env call past " \
+           "env_timeout_s=5.0, or an agent past agent_wall_time_s=30.0); 1 bad_reward (" in message
+    assert "; 1 empty (no model call" in message
+    assert "Raise sample_timeout_s" not in message and "not slow" in message
+
+
 def test_sync_group_rounds_walk_the_prompt_cursor_and_sort_by_index_and_replica():
     order = ((1, 1), (0, 1), (1, 0), (0, 0))
     played = [ep(f"p{i}", info={"episode_index": i, "replica": r}) for i, r in order]

@@ -601,7 +601,7 @@ def _check_envs(config: FlashReinforceConfig) -> int | None:
     from flashrl.env_runners.evaluation import evaluation_splits
 
     spec = config.env_runner_spec()
-    train_size = build_env_once(spec.env, spec.env_config, seed=spec.seed)
+    train_size = build_env_once(spec.env, spec.env_config, seed=spec.seed, timeout_s=spec.env_timeout_s)
     if train_size is None and spec.max_samples is not None:
         raise ConfigError(
             f"max_samples: expected a finite training set to cut, got env {spec.env!r} with {spec.env_config!r}, "
@@ -610,7 +610,7 @@ def _check_envs(config: FlashReinforceConfig) -> int | None:
     if config.evaluation_interval or config.evaluation_at_start:
         for split, env_config in evaluation_splits(spec).items():
             what = "evaluation_env_config" if split is None else f"evaluation_splits[{split!r}]"
-            build_env_once(spec.env, env_config, what=what, seed=spec.seed)
+            build_env_once(spec.env, env_config, what=what, seed=spec.seed, timeout_s=spec.env_timeout_s)
     return train_size
 
 
