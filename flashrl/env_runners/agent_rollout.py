@@ -166,11 +166,17 @@ class _ExpectedCancellation(logging.Filter):
         return not isinstance(error, asyncio.CancelledError)
 
 
+QUIETED_LOGGERS = ("uvicorn.error", "uvicorn.error.flashrl_agents")
+"""uvicorn's error logger and the child the endpoint's guarded connections log to (`flashrl.agents.connections`):
+a logger's filter does not see records its children propagate, so each gets its own."""
+
+
 def quiet_expected_cancellation() -> None:
-    """Install `_ExpectedCancellation` on uvicorn's error logger (once per process)."""
-    log = logging.getLogger("uvicorn.error")
-    if not any(isinstance(item, _ExpectedCancellation) for item in log.filters):
-        log.addFilter(_ExpectedCancellation())
+    """Install `_ExpectedCancellation` on uvicorn's error loggers (once per process)."""
+    for name in QUIETED_LOGGERS:
+        log = logging.getLogger(name)
+        if not any(isinstance(item, _ExpectedCancellation) for item in log.filters):
+            log.addFilter(_ExpectedCancellation())
 
 
 async def play_agent_episode(ctx: RolloutContext, server: Any, *, model_name: str) -> Episode | None:
