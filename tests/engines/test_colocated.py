@@ -115,6 +115,7 @@ def _engine(tmp_path) -> tuple[VLLMEngine, RecordingLLM]:
     engine.options = VLLMEngineOptions(sleep_mode=True, weight_transfer_dir=str(tmp_path))
     engine._llm, engine._version, engine._update_lock, engine._broken, engine._asleep = llm, 0, None, None, []
     engine._shapes, engine._tied, engine.weight_sync = {"w": torch.Size([2])}, False, "ipc"
+    engine._adapters = None  # full weights: no LoRA adapter slot
     return engine, llm
 
 
