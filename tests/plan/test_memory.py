@@ -223,6 +223,8 @@ def test_cpu_runner_and_learner_estimates_against_the_committed_measurement() ->
             assert abs(estimate - measured) <= 0.3 * measured, (engine, role, format_bytes(estimate),
                                                                 format_bytes(measured))
             checked.append((engine, role))
+            if engine == "torch":  # the estimates docs/benchmarks.md quotes beside the measurement (MiB)
+                assert round(estimate / 2**20) == {"env_runner": 2184, "learner": 4605}[role], (role, estimate)
     assert ("torch", "env_runner") in checked and ("torch", "learner") in checked
 
 
