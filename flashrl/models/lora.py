@@ -44,7 +44,7 @@ ALL_LINEAR = "all-linear"
 """peft's target: every linear layer but the output head."""
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""The ranks vLLM 0.32 serves (its ``max_lora_rank`` choices)."""
+"""The ranks vLLM 0.32 serves (its ``max_lora_rank`` choices: ``MaxLoRARanks`` in ``vllm/config/lora.py``)."""
 
 ADAPTER_NAME = "default"
 """peft's name of the one adapter (it appears in every adapter tensor's state-dict name)."""
