@@ -29,9 +29,10 @@ token ids the model sampled, as a chat reply sent back does.
 * accepted whatever their value: ``metadata``, ``user``, ``store``, ``service_tier``,
   ``prompt_cache_key``, ``prompt_cache_retention``, ``safety_identifier``; at their neutral value only:
   ``truncation`` (``"disabled"``), ``include`` (empty), ``reasoning``, ``top_logprobs``,
-  ``background``, ``max_tool_calls``, ``prompt``, ``conversation``, ``stream`` (false: a streamed
-  response is refused, code ``unsupported_parameter``; chat completions stream); any other field
-  goes to the chat request's checks as it is.
+  ``background``, ``max_tool_calls``, ``prompt``, ``conversation``; any other field goes to the
+  chat request's checks as it is;
+* ``stream``: the finished ``Response`` sent as the Responses API's stream events
+  (:func:`flashrl.agents.streaming.response_events`), recorded as the plain call.
 
 **The reply** is a ``Response`` (``openai.types.responses.Response``): a ``message`` item with one
 ``output_text`` part when the reply has text (or no tool call), then one ``function_call`` item per
@@ -56,10 +57,13 @@ INFORMATIONAL = frozenset({
 """Fields accepted whatever their value: they change nothing of the reply."""
 NEUTRAL = {
     "truncation": ("disabled",), "include": ([],), "reasoning": ({},), "top_logprobs": (0,), "background": (False,),
-    "max_tool_calls": (), "prompt": (), "conversation": (), "stream": (False,), "stream_options": ({},),
+    "max_tool_calls": (), "prompt": (), "conversation": (),
 }
 """Fields accepted only absent, null or at these values."""
-_OWN = frozenset({"input", "instructions", "previous_response_id", "tools", "tool_choice", "max_output_tokens", "text"})
+_OWN = frozenset({
+    "input", "instructions", "previous_response_id", "tools", "tool_choice", "max_output_tokens", "text", "stream",
+    "stream_options",
+})
 _CHAT_PARAMS = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
 """The chat request's parameter names in a refusal -> the Responses request's."""
 
@@ -75,6 +79,9 @@ class ResponsesCall:
     echo: dict[str, Any]
     """Request fields the ``Response`` repeats (``instructions``, ``tools``, ``previous_response_id``, ...)."""
     store: bool
+    """Whether a later ``previous_response_id`` may continue this response."""
+    stream: bool
+    """Whether the response is sent as the Responses API's stream events."""
 
 
 def read_responses_request(body: Any, previous: Mapping[str, Sequence[dict[str, Any]]]) -> ResponsesCall:
@@ -86,7 +93,8 @@ def read_responses_request(body: Any, previous: Mapping[str, Sequence[dict[str, 
         value = body.get(name)
         if value is not None and value not in values:
             raise RequestRefused(400, "unsupported_parameter", f"{name}={value!r:.200} is not supported on "
-                                 f"/responses; leave {name} out.{_STREAM_FIX if name == 'stream' else ''}", param=name)
+                                 f"/responses; leave {name} out.", param=name)
+    stream = _stream(body)
     chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _OWN and k not in NEUTRAL}
     for name in INFORMATIONAL - {"metadata", "user", "store"}:  # the chat request knows these three
         chat.pop(name, None)
@@ -117,11 +125,24 @@ def read_responses_request(body: Any, previous: Mapping[str, Sequence[dict[str, 
                                               "temperature", "top_p", "metadata", "user")}
     echo.update(tools=[t for t in tools or () if isinstance(t, dict)], tool_choice=body.get("tool_choice") or "auto",
                 parallel_tool_calls=body.get("parallel_tool_calls") is not False)
-    return ResponsesCall(chat_body=chat, history=tuple(history), echo=echo, store=body.get("store") is not False)
+    return ResponsesCall(chat_body=chat, history=tuple(history), echo=echo, store=body.get("store") is not False,
+                         stream=stream)
 
 
-_STREAM_FIX = (" A streamed response is not served: call responses.create without stream (the OpenAI Agents SDK: "
-               "Runner.run, not Runner.run_streamed), or stream chat.completions, which this endpoint serves.")
+def _stream(body: Mapping[str, Any]) -> bool:
+    """Whether the response is streamed (:func:`flashrl.agents.streaming.response_events`)."""
+    stream, options = body.get("stream"), body.get("stream_options")
+    if stream is not None and not isinstance(stream, bool):
+        raise RequestRefused(400, "invalid_request", f"stream must be true or false; got {stream!r:.100}.",
+                             param="stream")
+    if options is not None:
+        if not stream:
+            raise RequestRefused(400, "invalid_request", "stream_options can only be given with stream=true.",
+                                 param="stream_options")
+        if not isinstance(options, dict) or set(options) - {"include_obfuscation"}:
+            raise RequestRefused(400, "unsupported_parameter", f"stream_options={options!r:.100} is not supported; "
+                                 "only include_obfuscation is (and changes nothing here).", param="stream_options")
+    return bool(stream)
 
 
 def responses_refusal(err: RequestRefused) -> RequestRefused:

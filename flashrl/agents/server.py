@@ -10,8 +10,8 @@ episode gets an :class:`~flashrl.agents.session.AgentSession` and its own root,
   chat request it means (:mod:`flashrl.agents.responses_api`);
 * ``GET /sessions/{key}/v1/models``: the served model (``model_name``).
 
-A chat request with ``stream=true`` is answered with server-sent events of the recorded reply's
-chunks (:mod:`flashrl.agents.streaming`).
+A request with ``stream=true`` (chat or Responses) is answered with server-sent events of the recorded
+reply (:mod:`flashrl.agents.streaming`).
 
 Security (docs/agents.md, "Security model"): the server binds to 127.0.0.1 unless told otherwise
 (``host``). A call on a session must carry ``Authorization: Bearer <key>``, that session's own key (a
@@ -43,7 +43,7 @@ import secrets
 import socket
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -214,13 +214,15 @@ class AgentServer:
         async def chat_completions(key: str, request: Request) -> Response:
             reply = await self._answer(key, request, AgentSession.chat)
             if isinstance(reply, list):  # stream=true: the recorded reply's chunks, as server-sent events
-                return Response(b"".join(server_sent_events(reply)), media_type="text/event-stream",
-                                headers={"cache-control": "no-cache"})
+                return _event_stream(server_sent_events(reply))
             return JSONResponse(reply)
 
         @app.post("/sessions/{key}/v1/responses")
-        async def responses(key: str, request: Request) -> JSONResponse:
-            return JSONResponse(await self._answer(key, request, AgentSession.respond))
+        async def responses(key: str, request: Request) -> Response:
+            reply = await self._answer(key, request, AgentSession.respond)
+            if isinstance(reply, list):  # stream=true: the recorded response's stream events
+                return _event_stream(server_sent_events(reply, named=True))
+            return JSONResponse(reply)
 
         @app.get("/sessions/{key}/v1/models")
         async def models(key: str, request: Request) -> JSONResponse:
@@ -301,6 +303,11 @@ class AgentServer:
             session.errors["invalid_api_key"] += 1
         raise RequestRefused(401, "invalid_api_key", "missing or wrong API key: send the episode's key as "
                              "'Authorization: Bearer <api_key>' (the session's api_key, valid while its episode runs).")
+
+
+def _event_stream(events: Iterable[bytes]) -> Response:
+    """Server-sent events, all at once: the reply is sampled and recorded before its first event."""
+    return Response(b"".join(events), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 
 def _quiet_server(config: Any) -> Any:

@@ -37,7 +37,7 @@ from flashrl.agents.responses_api import (
     response_object,
     responses_refusal,
 )
-from flashrl.agents.streaming import chunks, split_stream
+from flashrl.agents.streaming import chunks, response_events, split_stream
 from flashrl.conversation import ChatTemplateError
 from flashrl.engines.types import Engine, RequestError, SamplingConfig
 from flashrl.episode import Episode
@@ -170,9 +170,9 @@ class AgentSession:
             self.errors[err.code] += 1
             raise
 
-    async def respond(self, body: Any) -> dict[str, Any]:
+    async def respond(self, body: Any) -> dict[str, Any] | list[dict[str, Any]]:
         """Answer one Responses request (:mod:`flashrl.agents.responses_api`) through the chat path: the
-        ``Response``; raise (and count) :class:`RequestRefused`."""
+        ``Response``, or with ``stream=true`` its stream events; raise (and count) :class:`RequestRefused`."""
         self.check_refusals()
         try:
             self._check_open()
@@ -186,7 +186,8 @@ class AgentSession:
             response_id = "resp_" + completion["id"].removeprefix("chatcmpl-")
             if request.store:  # what a later previous_response_id continues (this episode's calls only)
                 self._responses[response_id] = (*request.history, assistant_message(completion))
-            return response_object(completion, request, response_id=response_id)
+            response = response_object(completion, request, response_id=response_id)
+            return response_events(response) if request.stream else response
         except RequestRefused as err:
             self.errors[err.code] += 1
             raise

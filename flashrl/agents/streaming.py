@@ -1,5 +1,5 @@
-"""Streamed chat completions: ``stream=true`` answered as server-sent events of OpenAI's
-``chat.completion.chunk`` objects.
+"""Streamed replies: a chat call's ``stream=true`` answered as server-sent events of OpenAI's
+``chat.completion.chunk`` objects, and a Responses call's as the Responses API's stream events.
 
 **Recorded as a plain call.** A streamed request is the same request without ``stream`` and
 ``stream_options``: it is checked, rendered, sampled (the same seed) and recorded by the very path of a
@@ -13,6 +13,11 @@ as it samples (vLLM's ``AsyncLLM.generate`` yields partial outputs), but the too
 the whole reply (a ``<tool_call>`` block's prose and calls are told apart only at its end), the
 episode's recording does not depend on it, and an agent's framework waits for the end of the stream
 before it acts on a reply. A refused request is an ordinary HTTP error before any chunk.
+
+A streamed Responses call (:mod:`flashrl.agents.responses_api`) is likewise the plain call's
+``Response``, sent as ``response.created``, ``response.in_progress``, for each output item its
+``added`` event, its text or arguments in ``delta`` events and its ``done`` events, then
+``response.completed`` (``response.incomplete`` when the reply was cut by the token limit).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 from flashrl.agents.protocol import RequestRefused
 
-__all__ = ["StreamOptions", "chunks", "server_sent_events", "split_stream"]
+__all__ = ["StreamOptions", "chunks", "response_events", "server_sent_events", "split_stream"]
 
 _PIECE = re.compile(r"\S*\s*")  # a word and the spaces after it: the pieces of a streamed text
 
@@ -104,11 +109,53 @@ def chunks(completion: Mapping[str, Any], options: StreamOptions) -> list[dict[s
     return [ChatCompletionChunk.model_validate(chunk).model_dump(mode="json", exclude_unset=True) for chunk in out]
 
 
-def server_sent_events(objects: list[dict[str, Any]]) -> Iterator[bytes]:
-    """Each object as one ``data:`` event, then ``data: [DONE]`` (what the ``openai`` client reads)."""
+def response_events(response: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The Responses API's stream events of a finished ``Response`` (its JSON), in order: created, in
+    progress, each output item (added; a message's text part and its text in pieces, or a function
+    call's arguments in pieces; done), then completed (``response.incomplete`` for a reply cut short)."""
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    start = {**response, "status": "in_progress", "output": [], "usage": None, "completed_at": None,
+             "incomplete_details": None}
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": start},
+                                    {"type": "response.in_progress", "response": start}]
+    for index, item in enumerate(response["output"]):
+        where = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "message":
+            part = item["content"][0]
+            events.append({"type": "response.output_item.added", "output_index": index,
+                           "item": {**item, "status": "in_progress", "content": []}})
+            events.append({"type": "response.content_part.added", **where, "content_index": 0,
+                           "part": {**part, "text": ""}})
+            events += [{"type": "response.output_text.delta", **where, "content_index": 0, "delta": piece,
+                        "logprobs": []} for piece in _pieces(part["text"])]
+            events.append({"type": "response.output_text.done", **where, "content_index": 0, "text": part["text"],
+                           "logprobs": []})
+            events.append({"type": "response.content_part.done", **where, "content_index": 0, "part": part})
+        else:
+            events.append({"type": "response.output_item.added", "output_index": index,
+                           "item": {**item, "status": "in_progress", "arguments": ""}})
+            events += [{"type": "response.function_call_arguments.delta", **where, "delta": piece}
+                       for piece in _pieces(item["arguments"])]
+            events.append({"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"]})
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    end = "response.completed" if response["status"] == "completed" else "response.incomplete"
+    events.append({"type": end, "response": response})
+    adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+    return [adapter.validate_python({**event, "sequence_number": number}).model_dump(mode="json", by_alias=True)
+            for number, event in enumerate(events)]
+
+
+def server_sent_events(objects: list[dict[str, Any]], *, named: bool = False) -> Iterator[bytes]:
+    """Each object as one ``data:`` event, then ``data: [DONE]`` (what the ``openai`` client reads); with
+    ``named``, each event carries its object's ``type`` as its name and no ``[DONE]`` follows (the Responses
+    API's stream)."""
     for item in objects:
-        yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n".encode()
-    yield b"data: [DONE]\n\n"
+        name = f"event: {item['type']}\n" if named else ""
+        yield f"{name}data: {json.dumps(item, ensure_ascii=False)}\n\n".encode()
+    if not named:
+        yield b"data: [DONE]\n\n"
 
 
 def _pieces(text: str) -> list[str]:

@@ -28,14 +28,22 @@ def _recorded(session):
     return episode.token_ids, episode.loss_mask, episode.behavior_logprobs, episode.policy_versions, episode.info
 
 
+def _items(response) -> list[tuple[str, ...]]:
+    """A response's output items as what an agent reads of them."""
+    return [(i.type, i.content[0].text) if i.type == "message" else (i.type, i.call_id, i.name, i.arguments)
+            for i in response.output]
+
+
 def test_a_response_records_what_the_chat_call_records(torch_engine, serve, agent_client) -> None:
     async def scenario(server):
         chat = server.open_session(prompt_id="p", seed=SEED, limits=AgentLimits())
         responses = server.open_session(prompt_id="p", seed=SEED, limits=AgentLimits())
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
         c1 = await agent_client(chat).chat.completions.create(model=server.model_name, messages=messages)
-        r1 = await agent_client(responses).responses.create(model=server.model_name, instructions=SYSTEM,
-                                                            input=QUESTION, max_output_tokens=6)
+        events = [e async for e in await agent_client(responses).responses.create(
+            model=server.model_name, instructions=SYSTEM, input=QUESTION, max_output_tokens=6, stream=True)]
+        r1 = events[-1].response  # streamed: the plain call's response, its last event
+        assert events[-1].type == ("response.incomplete" if r1.status == "incomplete" else "response.completed")
         # the second call continues the first: by previous_response_id, and as chat messages
         messages += [c1.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Why?"}]
         c2 = await agent_client(chat).chat.completions.create(model=server.model_name, messages=messages)
@@ -98,9 +106,42 @@ def test_a_function_call_round_trip_by_previous_response_id_and_by_full_input(
     assert engine.requests[:2] == engine.requests[2:4] == engine.requests[4:]  # the same prompts and sampling
 
 
+def test_a_streamed_response_is_the_plain_responses_events(scripted_engine, serve, agent_client) -> None:
+    """``create(stream=True)`` for the function call, the ``stream()`` helper for the answer, against plain calls."""
+    engine = scripted_engine([CALL_TEXT, "It is 5.<|im_end|>"] * 2)
+    first = [{"role": "user", "content": QUESTION}]
+
+    async def scenario(server):
+        plain, streamed = (server.open_session(prompt_id="p", seed=SEED, limits=AgentLimits()) for _ in range(2))
+        api = agent_client(plain).responses
+        p1 = await api.create(model=server.model_name, input=first, tools=TOOLS)
+        output = [{"type": "function_call_output", "call_id": "call_0_0", "output": "5"}]
+        p2 = await api.create(model=server.model_name, input=output, tools=TOOLS, previous_response_id=p1.id)
+        api = agent_client(streamed).responses
+        events = [event async for event in await api.create(model=server.model_name, input=first, tools=TOOLS,
+                                                               stream=True)]
+        s1 = events[-1].response
+        async with api.stream(model=server.model_name, input=output, tools=TOOLS, previous_response_id=s1.id) as stream:
+            s2 = await stream.get_final_response()
+        return plain, streamed, (p1, p2), events, (s1, s2)
+
+    plain, streamed, answers, events, streamed_answers = serve(engine, scenario)
+    for answer, streamed_answer in zip(answers, streamed_answers, strict=True):
+        assert _items(streamed_answer) == _items(answer) and streamed_answer.status == answer.status == "completed"
+    assert _items(answers[0]) == [("message", "Adding.\n"), ("function_call", "call_0_0", "add", '{"a": 2, "b": 3}')]
+    kinds = [event.type for event in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"] and kinds[-1] == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Adding.\n"
+    assert "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta") == '{"a": 2, "b": 3}'
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert _recorded(streamed) == _recorded(plain) and streamed.tito_mismatches == 0
+    assert engine.requests[:2] == engine.requests[2:]
+
+
 @pytest.mark.parametrize(("kwargs", "code", "param"), [
     ({"previous_response_id": "resp_nope"}, "previous_response_not_found", "previous_response_id"),
-    ({"stream": True}, "unsupported_parameter", "stream"),
+    ({"stream_options": {"include_obfuscation": False}}, "invalid_request", "stream_options"),
     ({"max_output_tokens": 7}, "unsupported_value", "max_output_tokens"),
     ({"tools": [{"type": "web_search"}]}, "invalid_tools", "tools[0]"),
     ({"tools": [{"type": "function", "name": "add two"}]}, "invalid_tools", "tools[0].name"),

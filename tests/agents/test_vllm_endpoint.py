@@ -91,7 +91,7 @@ def test_streamed_and_responses_calls_record_the_plain_calls_tokens(engine, loop
                     model="tiny-policy", messages=messages, stream=True, stream_options={"include_usage": True})
                 texts.append("".join([c.choices[0].delta.content or "" async for c in stream if c.choices]))
             api = agent_client(responses).responses
-            first = await api.create(model="tiny-policy", input=M1[0]["content"])
+            first = [e async for e in await api.create(model="tiny-policy", input=M1[0]["content"], stream=True)][-1].response
             await api.create(model="tiny-policy", input="Why?", previous_response_id=first.id)
         finally:
             await server.stop()
