@@ -2,10 +2,11 @@
 
 A session answers the chat-completions requests of one episode (streamed ones as the plain call,
 then cut into chunks: :mod:`flashrl.agents.streaming`; Responses requests as the chat request they
-mean: :mod:`flashrl.agents.responses_api`): it checks a request (:mod:`flashrl.agents.protocol`), renders its prompt token-exactly
-(:class:`flashrl.agents.recorder.CallRecorder`), samples the reply with the engine (the run's
-sampling, the seed of call ``k`` ``stream_seed(seed, k)``, the chat template's stop tokens, as an
-env's episode in ``flashrl.env_runners.rollout.play_episode``), records it and answers it. Every
+mean: :mod:`flashrl.agents.responses_api`): it checks a request (:mod:`flashrl.agents.protocol`),
+renders its prompt token-exactly (:class:`flashrl.agents.recorder.CallRecorder`), samples the
+reply with the engine (the run's sampling, the seed of call ``k`` ``stream_seed(seed, k)``, the chat
+template's stop tokens, as an env's episode in ``flashrl.env_runners.rollout.play_episode``),
+records it and answers it. Every
 refused request is counted in :attr:`AgentSession.errors` by its code, and past
 ``AgentLimits.max_refused`` of them (a wrong key and a closed session aside: those say nothing of
 the agent) every further request is refused before it is read.

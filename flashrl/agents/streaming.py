@@ -70,8 +70,8 @@ def _check_options(options: Any) -> None:
                              param="stream_options")
     for name, value in options.items():
         if name not in ("include_usage", "include_obfuscation", "continuous_usage_stats"):
-            raise RequestRefused(400, "unsupported_parameter", f"stream_options.{name} is not supported; "
-                                 "only include_usage is.", param=f"stream_options.{name}")
+            raise RequestRefused(400, "unsupported_parameter", f"stream_options {name!r:.60} is not supported; "
+                                 "only include_usage is.", param="stream_options")
         if value is not None and not isinstance(value, bool):
             raise RequestRefused(400, "invalid_request", f"stream_options.{name} must be true or false; got "
                                  f"{value!r:.100}.", param=f"stream_options.{name}")

@@ -114,6 +114,7 @@ def test_streamed_tool_calls_reassemble_to_the_plain_calls(scripted_engine, serv
     ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "unsupported_parameter",
      "stream_options.continuous_usage_stats"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}}, "invalid_request", "stream_options.include_usage"),
+    ({"stream": True, "stream_options": {"foo": True}}, "unsupported_parameter", "stream_options"),
     ({"stream": "yes"}, "invalid_request", "stream"),
     ({"stream": True, "max_tokens": 7}, "unsupported_value", "max_tokens"),  # refused as the plain call, no stream
 ])
