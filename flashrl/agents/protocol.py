@@ -13,7 +13,6 @@ stop tokens, the run's chat template. So a request is refused (HTTP 400) when it
   and -1 both mean "all tokens"): code ``unsupported_value``;
 * ``max_tokens``/``max_completion_tokens`` above the run's ``max_tokens`` or below 1: ``unsupported_value``;
 * ``n`` other than 1 (one rollout per prompt): ``unsupported_value``;
-* ``stream=true`` (not implemented; send ``stream=false``): ``unsupported_parameter``;
 * ``tool_choice`` other than ``"auto"`` or ``"none"`` (``"required"`` and a named tool would need
   constrained decoding, which changes the distribution sampled from): ``unsupported_value``;
   ``parallel_tool_calls=false`` (the same): ``unsupported_value``;
@@ -28,6 +27,9 @@ stop tokens, the run's chat template. So a request is refused (HTTP 400) when it
 * a field neither OpenAI's nor vLLM's request knows: ``unsupported_parameter``. Accepted whatever
   their value, since they change nothing of the reply: ``user``, ``metadata``, ``store`` and vLLM's
   ``request_id`` and ``session_id``.
+
+``stream`` and ``stream_options`` are the session's: it takes them off the body before these checks
+and streams the recorded reply (:mod:`flashrl.agents.streaming`).
 
 A ``model`` other than the served one is refused with HTTP 404 ``model_not_found`` (the agent asks
 ``GET .../models`` for the name). A malformed body gives ``invalid_request`` (or ``invalid_json``),
@@ -233,11 +235,6 @@ def _check_sampling(body: Mapping[str, Any], request: Any, run: SamplingConfig) 
             raise refuse(name, f"it must be an integer from 1 to the run's max_tokens, {run.max_tokens}.")
     if request.n not in (None, 1):
         raise refuse("n", "one completion per call (n=1): FlashREINFORCE samples one rollout per prompt.")
-    if request.stream:
-        raise RequestRefused(
-            400, "unsupported_parameter", "stream=true is not supported by this endpoint; send stream=false.",
-            param="stream",
-        )
 
 
 def _check_neutral(body: Mapping[str, Any], request: Any) -> None:

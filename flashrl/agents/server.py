@@ -6,7 +6,12 @@ episode gets an :class:`~flashrl.agents.session.AgentSession` and its own root,
 
 * ``POST /sessions/{key}/v1/chat/completions``: one model call (:mod:`flashrl.agents.protocol` says
   what a request may ask; :mod:`flashrl.agents.recorder` how it is recorded);
+* ``POST /sessions/{key}/v1/responses``: one model call through OpenAI's Responses API, served as the
+  chat request it means (:mod:`flashrl.agents.responses_api`);
 * ``GET /sessions/{key}/v1/models``: the served model (``model_name``).
+
+A request with ``stream=true`` (chat or Responses) is answered with server-sent events of the recorded
+reply (:mod:`flashrl.agents.streaming`).
 
 Security (docs/agents.md, "Security model"): the server binds to 127.0.0.1 unless told otherwise
 (``host``). A call on a session must carry ``Authorization: Bearer <key>``, that session's own key (a
@@ -38,17 +43,18 @@ import secrets
 import socket
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from flashrl.agents.connections import ConnectionLimits, ConnectionStats, guarded_protocol
 from flashrl.agents.protocol import RequestRefused, models_list, request_class
 from flashrl.agents.session import AgentLimits, AgentSession, closed_refusal
+from flashrl.agents.streaming import server_sent_events
 from flashrl.conversation import chat_stop_token_ids
 from flashrl.engines.types import Engine, SamplingConfig
 
@@ -205,22 +211,18 @@ class AgentServer:
             return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
         @app.post("/sessions/{key}/v1/chat/completions")
-        async def chat_completions(key: str, request: Request) -> JSONResponse:
-            session = self._session(key, request)
-            try:
-                session.check_refusals()
-                raw = await self._read_body(request)
-            except RequestRefused as err:
-                if err.code == "refusal_limit":
-                    raise  # counted by check_refusals
-                session.errors[err.code] += 1
-                raise
-            try:
-                return JSONResponse(await session.chat(raw))
-            except RequestRefused:
-                raise
-            except Exception as err:  # noqa: BLE001 - a bug of the endpoint: the agent gets a 500, the log one line
-                raise self._internal_error(session, err) from None
+        async def chat_completions(key: str, request: Request) -> Response:
+            reply = await self._answer(key, request, AgentSession.chat)
+            if isinstance(reply, list):  # stream=true: the recorded reply's chunks, as server-sent events
+                return _event_stream(server_sent_events(reply))
+            return JSONResponse(reply)
+
+        @app.post("/sessions/{key}/v1/responses")
+        async def responses(key: str, request: Request) -> Response:
+            reply = await self._answer(key, request, AgentSession.respond)
+            if isinstance(reply, list):  # stream=true: the recorded response's stream events
+                return _event_stream(server_sent_events(reply, named=True))
+            return JSONResponse(reply)
 
         @app.get("/sessions/{key}/v1/models")
         async def models(key: str, request: Request) -> JSONResponse:
@@ -228,6 +230,25 @@ class AgentServer:
             return JSONResponse(models_list(self.model_name, self._created))
 
         return app
+
+    async def _answer(self, key: str, request: Request, answer: Callable[[AgentSession, bytes], Awaitable[Any]]) -> Any:
+        """``answer(session, body)`` for a model call on session ``key``: refusals counted, a failure of the
+        endpoint itself an HTTP 500."""
+        session = self._session(key, request)
+        try:
+            session.check_refusals()
+            raw = await self._read_body(request)
+        except RequestRefused as err:
+            if err.code == "refusal_limit":
+                raise  # counted by check_refusals
+            session.errors[err.code] += 1
+            raise
+        try:
+            return await answer(session, raw)
+        except RequestRefused:
+            raise
+        except Exception as err:  # noqa: BLE001 - a bug of the endpoint: the agent gets a 500, the log one line
+            raise self._internal_error(session, err) from None
 
     async def _read_body(self, request: Request) -> bytes:
         """The request's body, refused (HTTP 413) past ``max_request_bytes`` before it is all read, and
@@ -282,6 +303,11 @@ class AgentServer:
             session.errors["invalid_api_key"] += 1
         raise RequestRefused(401, "invalid_api_key", "missing or wrong API key: send the episode's key as "
                              "'Authorization: Bearer <api_key>' (the session's api_key, valid while its episode runs).")
+
+
+def _event_stream(events: Iterable[bytes]) -> Response:
+    """Server-sent events, all at once: the reply is sampled and recorded before its first event."""
+    return Response(b"".join(events), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 
 def _quiet_server(config: Any) -> Any:

@@ -1,10 +1,12 @@
 """One episode of an agent: its limits, its calls served through the engine, its refusals, its episode.
 
-A session answers the chat-completions requests of one episode: it checks a request
-(:mod:`flashrl.agents.protocol`), renders its prompt token-exactly
-(:class:`flashrl.agents.recorder.CallRecorder`), samples the reply with the engine (the run's
-sampling, the seed of call ``k`` ``stream_seed(seed, k)``, the chat template's stop tokens, as an
-env's episode in ``flashrl.env_runners.rollout.play_episode``), records it and answers it. Every
+A session answers the chat-completions requests of one episode (streamed ones as the plain call,
+then cut into chunks: :mod:`flashrl.agents.streaming`; Responses requests as the chat request they
+mean: :mod:`flashrl.agents.responses_api`): it checks a request (:mod:`flashrl.agents.protocol`),
+renders its prompt token-exactly (:class:`flashrl.agents.recorder.CallRecorder`), samples the
+reply with the engine (the run's sampling, the seed of call ``k`` ``stream_seed(seed, k)``, the chat
+template's stop tokens, as an env's episode in ``flashrl.env_runners.rollout.play_episode``),
+records it and answers it. Every
 refused request is counted in :attr:`AgentSession.errors` by its code, and past
 ``AgentLimits.max_refused`` of them (a wrong key and a closed session aside: those say nothing of
 the agent) every further request is refused before it is read.
@@ -30,6 +32,13 @@ from typing import Any
 
 from flashrl.agents.protocol import RequestRefused, chat_completion, check_request, reply_dict
 from flashrl.agents.recorder import CallRecorder
+from flashrl.agents.responses_api import (
+    assistant_message,
+    read_responses_request,
+    response_object,
+    responses_refusal,
+)
+from flashrl.agents.streaming import chunks, response_events, split_stream
 from flashrl.conversation import ChatTemplateError
 from flashrl.engines.types import Engine, RequestError, SamplingConfig
 from flashrl.episode import Episode
@@ -105,6 +114,7 @@ class AgentSession:
         self._executor = executor
         self._released = asyncio.Event()  # set (and replaced) when a call gives back its reservation
         self._transcript: list[dict[str, Any]] = []
+        self._responses: dict[str, tuple[dict[str, Any], ...]] = {}  # response id -> its conversation (chat messages)
 
     @property
     def closed(self) -> bool:
@@ -150,12 +160,35 @@ class AgentSession:
                                  "agent's requests (each refusal's message says what was wrong).",
                                  type="rate_limit_error")
 
-    async def chat(self, body: Any) -> dict[str, Any]:
-        """Answer one chat-completions request (its body: JSON bytes or text, or parsed); raise (and count)
-        :class:`RequestRefused`."""
+    async def chat(self, body: Any) -> dict[str, Any] | list[dict[str, Any]]:
+        """Answer one chat-completions request (its body: JSON bytes or text, or parsed): the
+        ``ChatCompletion``, or with ``stream=true`` its chunks (:mod:`flashrl.agents.streaming`); raise
+        (and count) :class:`RequestRefused`."""
         self.check_refusals()
         try:
             return await self._chat(body)
+        except RequestRefused as err:
+            self.errors[err.code] += 1
+            raise
+
+    async def respond(self, body: Any) -> dict[str, Any] | list[dict[str, Any]]:
+        """Answer one Responses request (:mod:`flashrl.agents.responses_api`) through the chat path: the
+        ``Response``, or with ``stream=true`` its stream events; raise (and count) :class:`RequestRefused`."""
+        self.check_refusals()
+        try:
+            self._check_open()
+            if isinstance(body, bytes | bytearray | str):
+                body = await self._offload(_parse_json, body)
+            request = await self._offload(read_responses_request, body, self._responses)
+            try:
+                completion = await self._complete(request.chat_body)
+            except RequestRefused as err:
+                raise responses_refusal(err) from None
+            response_id = "resp_" + completion["id"].removeprefix("chatcmpl-")
+            if request.store:  # what a later previous_response_id continues (this episode's calls only)
+                self._responses[response_id] = (*request.history, assistant_message(completion))
+            response = response_object(completion, request, response_id=response_id)
+            return response_events(response) if request.stream else response
         except RequestRefused as err:
             self.errors[err.code] += 1
             raise
@@ -169,10 +202,17 @@ class AgentSession:
         except RecursionError:
             raise RequestRefused(400, "invalid_request", "the request is nested too deeply to be read.") from None
 
-    async def _chat(self, body: Any) -> dict[str, Any]:
+    async def _chat(self, body: Any) -> dict[str, Any] | list[dict[str, Any]]:
         self._check_open()
         if isinstance(body, bytes | bytearray | str):
             body = await self._offload(_parse_json, body)
+        body, stream = split_stream(body)  # a streamed call is sampled and recorded as the plain call
+        completion = await self._complete(body)
+        return completion if stream is None else chunks(completion, stream)
+
+    async def _complete(self, body: Any) -> dict[str, Any]:
+        """Check, render, sample and record one chat request (parsed); its ``ChatCompletion``."""
+        self._check_open()
         request = await self._offload(check_request, body, sampling=self._sampling, model_name=self._model_name)
         self._check_calls_left()
         try:

@@ -23,7 +23,6 @@ REFUSED = [
     ({"max_tokens": 7}, "unsupported_value", "max_tokens"),
     ({"max_completion_tokens": 0}, "unsupported_value", "max_completion_tokens"),
     ({"n": 2}, "unsupported_value", "n"),
-    ({"stream": True}, "unsupported_parameter", "stream"),
     ({"seed": 1}, "unsupported_parameter", "seed"),
     ({"logprobs": True}, "unsupported_parameter", "logprobs"),
     ({"logit_bias": {"42": 5}}, "unsupported_parameter", "logit_bias"),

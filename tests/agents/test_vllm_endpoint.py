@@ -1,4 +1,5 @@
-"""The endpoint in front of the vLLM engine (tiny random Llama): two calls, one segment, vLLM's log-probs."""
+"""The endpoint in front of the vLLM engine (tiny random Llama): two calls, one segment, vLLM's log-probs;
+streamed and Responses calls recorded as the plain ones."""
 
 from __future__ import annotations
 
@@ -62,3 +63,47 @@ def test_the_endpoint_records_the_vllm_engines_samples(engine, loop, agent_clien
     torch.testing.assert_close(torch.tensor(episode.behavior_logprobs[len(p1): len(p1) + n]),
                                torch.tensor(direct.logprobs), atol=1e-4, rtol=0)
     assert episode.info["calls"] == 2 and sum(episode.loss_mask) > n and episode.policy_versions == [0, 0]
+
+
+M1 = [{"role": "user", "content": "What is 2 + 3?"}]
+FOLLOW_UP = {"role": "user", "content": "Why?"}
+
+
+def test_streamed_and_responses_calls_record_the_plain_calls_tokens(engine, loop, agent_client) -> None:
+    """Streaming and the Responses API: a streamed conversation and a Responses one record what the plain chat
+    conversation of the same seed records."""
+
+    async def scenario():
+        server = AgentServer(engine, sampling={"temperature": 1.0, "max_tokens": 8}, max_episode_tokens=512,
+                             model_name="tiny-policy")
+        await server.start()
+        try:
+            plain, streamed, responses = (server.open_session(prompt_id="sum", seed=5, limits=AgentLimits())
+                                          for _ in range(3))
+            chat = agent_client(plain).chat.completions
+            r1 = await chat.create(model="tiny-policy", messages=M1)
+            await chat.create(model="tiny-policy", messages=[*M1, r1.choices[0].message.model_dump(exclude_none=True),
+                                                             FOLLOW_UP])
+            texts = []
+            for _ in range(2):
+                messages = [*M1, {"role": "assistant", "content": texts[0]}, FOLLOW_UP] if texts else M1
+                stream = await agent_client(streamed).chat.completions.create(
+                    model="tiny-policy", messages=messages, stream=True, stream_options={"include_usage": True})
+                texts.append("".join([c.choices[0].delta.content or "" async for c in stream if c.choices]))
+            api = agent_client(responses).responses
+            first = [e async for e in await api.create(model="tiny-policy", input=M1[0]["content"], stream=True)][-1].response
+            await api.create(model="tiny-policy", input="Why?", previous_response_id=first.id)
+        finally:
+            await server.stop()
+        return plain, streamed, responses, r1, texts, first
+
+    plain, streamed, responses, r1, texts, first = loop.run(scenario())
+    assert texts[0] == first.output_text == r1.choices[0].message.content
+    expected = plain.to_episode(reward=1.0)
+    for session in (streamed, responses):
+        episode = session.to_episode(reward=1.0)
+        assert session.num_segments == 1 and session.tito_mismatches == 0 and episode.info["calls"] == 2
+        # the same prompts and seeds: vLLM samples the same tokens with the same log-probs (measured equal to
+        # the last bit, with the later sessions' prompts served from the prefix cache)
+        assert (episode.token_ids, episode.loss_mask, episode.behavior_logprobs) == (
+            expected.token_ids, expected.loss_mask, expected.behavior_logprobs)
