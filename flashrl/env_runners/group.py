@@ -144,10 +144,12 @@ class EnvRunnerGroup:
         try:
             return ray.get(refs, timeout=timeout)
         except GetTimeoutError as err:
+            custom = getattr(self.spec, "custom_resources_per_env_runner", None)
+            pinned = f", custom_resources_per_env_runner={dict(custom)}: a node must offer them" if custom else ""
             raise EnvRunnerGroupError(
                 f"EnvRunners did not {what} within {timeout:g} s. If the cluster is small, check that "
-                f"the actors' CPU requests fit (num_cpus_per_env_runner={self.spec.num_cpus_per_env_runner}); "
-                f"otherwise raise sample_timeout_s."
+                f"the actors' CPU requests fit (num_cpus_per_env_runner={self.spec.num_cpus_per_env_runner}"
+                f"{pinned}); otherwise raise sample_timeout_s."
             ) from err
 
     def setup(self) -> dict[str, Any]:

@@ -241,3 +241,19 @@ def test_custom_resources_reach_the_actors_bundles():
     assert config.resource_bundles() == [{"CPU": 0.5}, {"CPU": 1.0, "train": 0.5},
                                          {"CPU": 0.5, "rollout": 1}, {"CPU": 0.5, "rollout": 1}]  # Tune's bundles
     assert config.env_runner_spec().custom_resources_per_env_runner == {"rollout": 1}
+
+
+def test_runners_that_never_start_are_an_error_naming_their_custom_resources(monkeypatch):
+    from ray.exceptions import GetTimeoutError
+
+    group, fake = _group(monkeypatch)
+
+    def never(ref, timeout=None):
+        raise GetTimeoutError("timed out")
+
+    monkeypatch.setattr(fake, "get", never)
+    with pytest.raises(EnvRunnerGroupError, match=r"did not start their engines within 900 s\. If the cluster is "
+                                                  r"small, check that the actors' CPU requests fit \("
+                                                  r"num_cpus_per_env_runner=0\.5, custom_resources_per_env_runner="
+                                                  r"\{'rollout': 1\}: a node must offer them\)"):
+        group._get(["setup-runner0-1"], "start their engines", timeout_s=900.0)
