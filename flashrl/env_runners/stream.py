@@ -242,6 +242,11 @@ class EpisodeStream:
         spec, b = self.spec, self.batch_size
         collected = len(assembler.batch)
         drops = {k: v for k, v in (dropped or {}).items() if v}
+        healthy, configured = getattr(self.group, "num_healthy", 0), getattr(self.group, "num_runners", 0)
+        short = "" if healthy >= configured else (
+            f" Only {healthy} of {configured} env runners run: the others wait for a node with room "
+            "(env_runners/num_healthy; bring a node back or add one)."
+        )
         if drops and not arrived:
             env_error = getattr(self.group, "last_env_error", None)
             last = "" if env_error is None or "env_error" not in drops else f" The last env error was in {env_error}"
@@ -250,7 +255,7 @@ class EpisodeStream:
                 f"collected, {self.group.in_flight} in flight; meanwhile {sum(drops.values())} episodes ended "
                 f"dropped: {drop_causes(drops, spec)}. Expected episodes that get through: the runners are not "
                 f"slow, their episodes fail. Fix: what the largest count names (the env_runners/num_skipped_<reason>"
-                f"_lifetime metrics count them).{last}"
+                f"_lifetime metrics count them).{last}{short}"
             )
         if not arrived:
             env_error = getattr(self.group, "last_env_error", None)
@@ -261,7 +266,7 @@ class EpisodeStream:
             return EnvRunnerGroupError(
                 f"No finished episode arrived for {spec.sample_timeout_s:g} s (sample_timeout_s); "
                 f"{collected}/{b} collected, {self.group.in_flight} in "
-                f"flight. Raise sample_timeout_s for slow environments, or lower max_new_tokens.{blame}"
+                f"flight. Raise sample_timeout_s for slow environments, or lower max_new_tokens.{blame}{short}"
             )
         what = (
             f"The batch has not grown for {spec.sample_timeout_s:g} s (sample_timeout_s): {arrived} episodes "
@@ -357,6 +362,8 @@ class EpisodeStream:
             started=sum(group.started_counters),
             in_flight=group.in_flight,
             pending=len(self.pending),
+            healthy_runners=group.num_healthy,
+            configured_runners=group.num_runners,
         )
 
     @property

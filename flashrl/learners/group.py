@@ -190,7 +190,10 @@ class LearnerGroup:
             raise LearnerGroupError(
                 "LearnerGroup(local=False) needs a running Ray cluster; call ray.init() first (or use local=True)."
             )
-        actor_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(LearnerActor)
+        actor_cls = ray.remote(
+            num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(self.spec.custom_resources_per_learner),
+            max_restarts=0,
+        )(LearnerActor)
         self._actors = [actor_cls.remote(self.spec, rank, self.num_learners) for rank in range(self.num_learners)]
         try:
             addr, port = self._call("find a rendezvous port", [self._actors[0].rendezvous_address.remote()])[0]

@@ -77,6 +77,9 @@ class LearnerSpec:
     """Logical CPUs each Learner actor reserves (with num_learners = 0: the algorithm's process)."""
     num_gpus_per_learner: float = setting(0.0, section="learners", ge=0)
     """GPUs each Learner actor reserves; > 0 trains on CUDA (NCCL between learners)."""
+    custom_resources_per_learner: dict[str, float] = setting(default_factory=dict, section="learners")
+    """Ray custom resources each Learner actor asks for, e.g. {"learner_node": 1} (RLlib's name; docs/training.md,
+    Running on a cluster); {} = any node; unused with num_learners = 0 (the learner is the algorithm's process)."""
     max_tokens_per_micro_batch: int | None = setting(
         None, section="learners", integer=True, ge=1, optional="one pass per learner",
         fix="use e.g. 8192, at least the longest episode (max_episode_tokens) to keep passes full")
@@ -160,6 +163,7 @@ class LearnerSpec:
         _check_values(self, check)
         check.done()
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        self.custom_resources_per_learner = dict(self.custom_resources_per_learner)  # not the caller's dict
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -190,6 +194,7 @@ class LearnerSpec:
         """Plain values; the loss as ``{"type": "module:Class", **its fields}`` (a dataclass)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "loss"}
         out["betas"] = tuple(self.betas)
+        out["custom_resources_per_learner"] = dict(self.custom_resources_per_learner)
         if self.loss is not None:
             cls = type(self.loss)
             # A loss's own to_dict (when it has one) writes its user code as text (flashrl.user_code).
@@ -228,6 +233,7 @@ def _build_loss(data: Mapping[str, Any]) -> Loss:
 
 def _check_values(spec: LearnerSpec, check: Checks) -> None:
     check.gpus(spec, "num_gpus_per_learner")
+    check.custom_resources(spec, "custom_resources_per_learner")
     check.expect(spec.pack_sequences in (None, True, False), "pack_sequences", "None (auto), True or False",
                  spec.pack_sequences, "use None")
     check.expect(spec.pack_attention is None or spec.pack_attention in PACK_ATTENTION, "pack_attention",

@@ -43,6 +43,10 @@ class StreamCounts:
     """Episodes being played or buffered by the runners now."""
     pending: int
     """Delivered episodes waiting for a later batch."""
+    healthy_runners: int | None = None
+    """Env runners running now (a replacement waiting for a node is not); None = not counted."""
+    configured_runners: int | None = None
+    """Env runners the config asks for (num_env_runners)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,9 @@ class IterationMetrics:
             # this iteration's share: the drops the runners' reports brought since the previous iteration
             out[f"env_runners/dropped/{reason}"] = float(count - self._skipped_before.get(reason, 0))
         self._skipped_before = Counter(counts.skipped)
+        if counts.healthy_runners is not None:  # elastic runners: fewer run while a replacement waits for a node
+            out["env_runners/num_healthy"] = float(counts.healthy_runners)
+            out["env_runners/num_configured"] = float(counts.configured_runners or 0)
         for bucket, fraction in lag_histogram(lags, self.lag_buckets).items():
             out[f"env_runners/policy_lag_hist/{bucket}"] = fraction
         for key, value in learner_metrics.items():

@@ -40,6 +40,7 @@ class ScriptedGroup:
         self.num_restarts = 0
         self.in_flight = 0
         self.started_counters = [0] * num_env_runners
+        self.num_runners = self.num_healthy = num_env_runners
         self.samples: list[tuple] = []
         self.stopped = False
 

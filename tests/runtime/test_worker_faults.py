@@ -120,7 +120,7 @@ def test_every_ray_error_of_a_poll_replaces_the_runner_and_counts_its_episodes_l
     assert group.created == [(0, 7)]  # the replacement goes on from the failed runner's data cursor
     replacement = group._slots[0]
     assert replacement.actor.name == "runner0b" and replacement.started == 7
-    assert replacement.actor.calls == ["start", "poll"]  # it streams at once
+    assert replacement.actor.calls == ["ping", "start", "poll"]  # it streams once placed (here: at once)
     assert group.in_flight == 1  # runner 1's episode; the replacement has none yet
 
 

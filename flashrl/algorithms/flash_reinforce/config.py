@@ -392,11 +392,14 @@ class FlashReinforceConfig(BuilderMethods, _TuneConfig):
             main["CPU"] += float(self.num_cpus_per_learner)
             if self.num_gpus_per_learner:
                 main["GPU"] = float(self.num_gpus_per_learner)
+        # An actor's custom resources go in its bundle: under Tune the actors run inside these bundles.
         learners = [
-            _bundle(self.num_cpus_per_learner, self.num_gpus_per_learner) for _ in range(self.num_learners)
+            {**_bundle(self.num_cpus_per_learner, self.num_gpus_per_learner), **self.custom_resources_per_learner}
+            for _ in range(self.num_learners)
         ]
         runners = [
-            _bundle(self.num_cpus_per_env_runner, self.num_gpus_per_env_runner)
+            {**_bundle(self.num_cpus_per_env_runner, self.num_gpus_per_env_runner),
+             **self.custom_resources_per_env_runner}
             for _ in range(self.num_env_runners)
         ]
         return [main, *learners, *runners]
