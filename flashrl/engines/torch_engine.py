@@ -214,6 +214,7 @@ class TorchEngine(ModelEngine):
         greedy = temperature < 1e-5  # [B]
         generators = [self._request_generator(r.sampling) for r in batch]
         stops = [self._eos_ids | set(r.sampling.stop_token_ids) for r in batch]
+        texts = [0] * n  # characters of each completion's text checked for stop strings so far
 
         from transformers import DynamicCache
 
@@ -241,7 +242,8 @@ class TorchEngine(ModelEngine):
                     continue
                 tokens_out[i].append(tok)
                 logprobs_out[i].append(chosen[i])
-                if tok in stops[i]:
+                stop = batch[i].sampling.stop
+                if tok in stops[i] or (stop and self._stop_string_hit(tokens_out[i], texts, i, stop)):
                     reasons[i] = "stop"
                 elif len(tokens_out[i]) >= budgets[i]:
                     reasons[i] = "length"
@@ -266,6 +268,16 @@ class TorchEngine(ModelEngine):
             )
             for i in range(n)
         ]
+
+    def _stop_string_hit(self, tokens: list[int], checked: list[int], i: int, stop: tuple[str, ...]) -> bool:
+        """Whether the last token's text completes one of ``stop``, as vLLM's detokenizer checks it
+        (``vllm/v1/engine/detokenizer.py`` ``check_stop_strings``: special tokens skipped, only a match
+        that ends in the new characters); ``checked[i]`` is the text length before this token."""
+        text = self._tokenizer.decode(tokens, skip_special_tokens=True)
+        before, checked[i] = checked[i], len(text)
+        if len(text) == before:
+            return False
+        return any(text.find(s, max(0, before + 1 - len(s))) != -1 for s in stop)
 
     def _request_generator(self, sampling: SamplingConfig) -> torch.Generator:
         if sampling.seed is not None:

@@ -62,3 +62,21 @@ def test_the_endpoint_records_the_vllm_engines_samples(engine, loop, agent_clien
     torch.testing.assert_close(torch.tensor(episode.behavior_logprobs[len(p1): len(p1) + n]),
                                torch.tensor(direct.logprobs), atol=1e-4, rtol=0)
     assert episode.info["calls"] == 2 and sum(episode.loss_mask) > n and episode.policy_versions == [0, 0]
+
+
+def test_a_stop_string_ends_the_vllm_engines_reply_as_on_the_torch_engine(engine, loop, agent_client,
+                                                                            stop_string_check) -> None:
+    """vLLM's own stop-string rule (the token completing it kept, the reply's text before it) gives what the
+    torch engine's does (tests/agents/test_sampling_settings.py runs the same check there)."""
+
+    async def scenario():
+        server = AgentServer(engine, sampling={"temperature": 1.0, "max_tokens": 8}, max_episode_tokens=512,
+                             model_name="tiny-policy")
+        await server.start()
+        try:
+            return await stop_string_check(server, agent_client)
+        finally:
+            await server.stop()
+
+    result = loop.run(scenario())
+    assert len(result["stopped_ids"]) < len(result["free_ids"])
