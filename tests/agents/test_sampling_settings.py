@@ -133,3 +133,13 @@ def test_the_policy_is_a_runner_setting_checked_once(torch_engine) -> None:
     with pytest.raises(ValueError, match="sampling_overrides must be one of"):
         AgentServer(torch_engine, sampling={"max_tokens": 4}, max_episode_tokens=64, model_name="m",
                     sampling_overrides="allow")
+
+
+def test_the_torch_engines_stop_check_finds_a_match_ending_in_the_last_tokens_text_only(torch_engine) -> None:
+    """Past a long completion (the check decodes a window of the last tokens) and only when the last token's
+    text completes the stop string: as vLLM's ``check_stop_strings``."""
+    tok = torch_engine.tokenizer
+    ids = tok("word " * 300 + "Observation: done", add_special_tokens=False)["input_ids"]
+    hits = [k for k in range(1, len(ids) + 1) if torch_engine._stop_string_hit(ids[:k], ("Observation:",))]
+    first = next(k for k in range(1, len(ids) + 1) if "Observation:" in tok.decode(ids[:k]))
+    assert hits == [first] and first > 300  # once, where the text first holds it; not again after
