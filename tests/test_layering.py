@@ -38,7 +38,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "flashrl"
 ENTRY_POINTS = {"cli.py", "__main__.py", "recipes", "reproduction"}
-UPPER = {"algorithms": "flashrl.algorithms", "envs": "flashrl.envs"}
+UPPER = {"algorithms": "flashrl.algorithms", "envs": "flashrl.envs", "sandbox.py": "flashrl.sandbox"}
+"""The floors above the core; ``flashrl/sandbox.py`` (the agents' sandbox helper) wraps the envs' sandbox, so it
+sits on their floor."""
 
 
 def _module_name(path: Path) -> str:
@@ -192,8 +194,10 @@ def test_no_import_cycles_among_packages():
 FLOORS = ("core", "envs", "algorithms", "entry points")
 """docs/design.md's floors, lowest first."""
 LAYER = {"flashrl.cli": "entry points", "flashrl.__main__": "entry points", "flashrl.recipes": "entry points",
-         "flashrl.reproduction": "entry points", "flashrl.algorithms": "algorithms", "flashrl.envs": "envs"}
-"""The packages above the core by name; every other package is the core."""
+         "flashrl.reproduction": "entry points", "flashrl.algorithms": "algorithms", "flashrl.envs": "envs",
+         "flashrl.sandbox": "envs"}
+"""The packages above the core by name; every other package is the core (``flashrl.sandbox``, the agents' helper
+around the envs' sandbox, is on the envs' floor)."""
 DESIGN_FLOORS = "entry points (cli, recipes, reproduction) -> algorithms -> envs and core; envs -> core"
 """How docs/design.md states ``FLOORS`` and ``LAYER``."""
 

@@ -5,25 +5,33 @@ the body: message shapes, tool schemas, ``tool_choice``) and checked against the
 the ``openai`` package's ``ChatCompletion``. Refusals are OpenAI-style error bodies
 (``{"error": {"message", "type", "param", "code"}}``), raised as :class:`RequestRefused`.
 
-**What a request may not change.** The episode is trained as sampled by the run's policy: the same
-sampling for every call, log-probs of the distribution actually sampled from, the run's seeds and
-stop tokens, the run's chat template. So a request is refused (HTTP 400) when it asks for:
+**What a request may ask, by what it does to the method.** The episode is trained as sampled by the
+run's policy: the same sampling for every call, log-probs of the distribution actually sampled from, the
+run's chat template. So (docs/agents.md, "Sampling settings"):
 
-* ``temperature``, ``top_p`` or ``top_k`` other than the run's (absent or equal is fine; ``top_k`` 0
-  and -1 both mean "all tokens"): code ``unsupported_value``;
-* ``max_tokens``/``max_completion_tokens`` above the run's ``max_tokens`` or below 1: ``unsupported_value``;
-* ``n`` other than 1 (one rollout per prompt): ``unsupported_value``;
-* ``tool_choice`` other than ``"auto"`` or ``"none"`` (``"required"`` and a named tool would need
-  constrained decoding, which changes the distribution sampled from): ``unsupported_value``;
-  ``parallel_tool_calls=false`` (the same): ``unsupported_value``;
-* any other sampling or rendering parameter at a value other than its neutral one: ``seed``,
-  ``logprobs``/``top_logprobs`` (the log-probs are recorded, not returned), ``logit_bias``, ``stop``,
-  ``stop_token_ids``, penalties (``frequency_penalty``, ``presence_penalty``, ``repetition_penalty``),
-  ``min_p``, ``min_tokens``, ``ignore_eos``, ``bad_words``, ``allowed_token_ids``,
-  ``response_format``/``structured_outputs``, ``use_beam_search``, ``echo``,
-  ``continue_final_message``/``add_generation_prompt``, ``chat_template``/``chat_template_kwargs``,
-  ``documents``, ``skip_special_tokens`` and every other field of vLLM's request class: code
-  ``unsupported_parameter``;
+* honoured, since they leave the distribution sampled from unchanged: ``stop`` (up to ``MAX_STOP``
+  strings; the engine stops at the token whose text completes one, as vLLM does; that token is recorded
+  and trained, and the reply's text ends before the stop string, as OpenAI's does), ``seed`` (accepted;
+  the run's seed governs every call: call ``k`` of an episode samples with ``stream_seed(seed, k)``, so a
+  run is reproducible, and a seed an agent repeats in every call or episode does not make every episode
+  sample with the same random numbers), ``parallel_tool_calls`` (true or false: the reply holds the calls
+  the model wrote; forcing at most one would need constrained decoding), and ``temperature``, ``top_p``,
+  ``top_k`` equal to the run's (``top_k`` 0 and -1 both mean "all tokens");
+* settings that would change the distribution sampled from (`DISTRIBUTION_SETTINGS`: another
+  ``temperature``, ``top_p`` or ``top_k``, constrained decoding by ``response_format`` or
+  ``structured_outputs`` or a ``tool_choice`` of ``"required"`` or a named function, ``logit_bias``,
+  penalties, ``min_p``, ``min_tokens``, ``ignore_eos``, ``bad_words``, ``allowed_token_ids``) follow the
+  run's policy ``overrides`` (the ``agent_sampling_overrides`` setting): ``"refuse"`` (the default: HTTP
+  400, code ``unsupported_value`` for the checked fields and ``tool_choice``, ``unsupported_parameter``
+  for the others) or ``"ignore"`` (served with the run's sampling as if the setting were absent, named in
+  `ChatCall.ignored`; ``tool_choice`` is then ``"auto"``);
+* always refused (HTTP 400): ``max_tokens``/``max_completion_tokens`` above the run's ``max_tokens`` or
+  below 1, ``n`` other than 1 (one rollout per prompt) (``unsupported_value``); and at a value other than its neutral one every other field of
+  vLLM's request class, which would change what is returned or rendered rather than how the policy
+  samples: ``logprobs``/``top_logprobs`` (the log-probs are recorded, not returned), ``stop_token_ids``,
+  ``use_beam_search``, ``echo``, ``continue_final_message``/``add_generation_prompt``,
+  ``chat_template``/``chat_template_kwargs``, ``documents``, ``skip_special_tokens``, ...
+  (``unsupported_parameter``);
 * a field neither OpenAI's nor vLLM's request knows: ``unsupported_parameter``. Accepted whatever
   their value, since they change nothing of the reply: ``user``, ``metadata``, ``store`` and vLLM's
   ``request_id`` and ``session_id``.
@@ -58,7 +66,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +74,8 @@ from flashrl.engines.types import SamplingConfig
 from flashrl.tool_calls import TOOL_CALL_END, TOOL_CALL_START, parse_tool_calls
 
 __all__ = [
+    "DISTRIBUTION_SETTINGS",
+    "SAMPLING_OVERRIDES",
     "ChatCall",
     "Message",
     "RequestRefused",
@@ -80,9 +90,20 @@ __all__ = [
 
 ALLOWED = frozenset({
     "messages", "model", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "n",
-    "stream", "tools", "tool_choice", "parallel_tool_calls",
+    "stream", "tools", "tool_choice", "parallel_tool_calls", "stop", "seed",
 })
 """Request fields checked one by one (the rest must be neutral)."""
+DISTRIBUTION_SETTINGS = frozenset({
+    "temperature", "top_p", "top_k", "tool_choice", "response_format", "structured_outputs", "logit_bias",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_p", "min_tokens", "ignore_eos",
+    "bad_words", "allowed_token_ids",
+})
+"""Request fields that, away from the run's or their neutral value, change the distribution the policy samples
+from: refused or ignored by the run's policy (`SAMPLING_OVERRIDES`)."""
+SAMPLING_OVERRIDES = ("refuse", "ignore")
+"""What the endpoint does with a request's `DISTRIBUTION_SETTINGS` (the ``agent_sampling_overrides`` setting)."""
+MAX_STOP = 4
+"""Most stop strings a request may give (OpenAI's limit, which vLLM's request class checks too)."""
 INFORMATIONAL = frozenset({"user", "metadata", "store"})
 """Fields accepted whatever their value: they change nothing of the reply."""
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -161,11 +182,18 @@ class ChatCall:
     """The most tokens this call may sample (before the context budget)."""
     raw_messages: tuple[dict[str, Any], ...]
     """The request's messages as the client sent them (for the transcript)."""
+    stop: tuple[str, ...] = ()
+    """The request's stop strings (the engine stops at the first; the reply's text ends before it)."""
+    ignored: tuple[str, ...] = ()
+    """The `DISTRIBUTION_SETTINGS` the request set and the run's ``"ignore"`` policy left out."""
 
 
-def check_request(body: Any, *, sampling: SamplingConfig, model_name: str) -> ChatCall:
+def check_request(body: Any, *, sampling: SamplingConfig, model_name: str, overrides: str = "refuse") -> ChatCall:
     """Read a chat-completions request body and check it against the run's ``sampling``; raise
-    :class:`RequestRefused`."""
+    :class:`RequestRefused`. ``overrides`` (one of `SAMPLING_OVERRIDES`) says what a setting that would change
+    the distribution sampled from gets: refused, or ignored and named in `ChatCall.ignored`."""
+    if overrides not in SAMPLING_OVERRIDES:
+        raise ValueError(f"overrides must be one of {SAMPLING_OVERRIDES}; got {overrides!r}.")
     if not isinstance(body, dict):
         raise RequestRefused(400, "invalid_request", f"expected a JSON object as the body; got {type(body).__name__}.")
     _check_plain_json(body)
@@ -181,21 +209,28 @@ def check_request(body: Any, *, sampling: SamplingConfig, model_name: str) -> Ch
             404, "model_not_found", f"the model {request.model!r} is not served here; this endpoint serves "
             f"{model_name!r} (GET .../models lists it).", param="model",
         )
-    _check_sampling(body, request, sampling)
-    _check_neutral(body, request)
+    ignored: list[str] = []
+
+    def changes(refusal: RequestRefused) -> None:
+        """A setting that would change the distribution sampled from: refused, or ignored (the run's policy)."""
+        if overrides == "refuse":
+            refusal.message += _IGNORE_HINT
+            refusal.args = (refusal.message,)
+            raise refusal
+        ignored.append(str(refusal.param))
+
+    _check_sampling(body, request, sampling, changes)
+    _check_neutral(body, request, changes)
     tools = tuple(_tool_schema(t) for t in request.tools or ())
     tool_choice = request.tool_choice if "tool_choice" in body or tools else "none"
     if tool_choice not in ("auto", "none", None):
-        raise RequestRefused(
+        changes(RequestRefused(
             400, "unsupported_value", f"tool_choice {tool_choice!r} is not supported: only \"auto\" and \"none\" "
             "(forcing a call needs constrained decoding, which changes the distribution the policy samples from).",
             param="tool_choice",
-        )
-    if request.parallel_tool_calls is False:
-        raise RequestRefused(
-            400, "unsupported_value", "parallel_tool_calls=false is not supported (it needs constrained decoding); "
-            "leave it out or send true.", param="parallel_tool_calls",
-        )
+        ))
+        tool_choice = "auto" if tools else "none"
+    stop = _stop_strings(request.stop)
     raw = tuple(dict(m) for m in body["messages"])
     messages = tuple(_message(m, i) for i, m in enumerate(request.messages))
     if not messages:
@@ -208,7 +243,7 @@ def check_request(body: Any, *, sampling: SamplingConfig, model_name: str) -> Ch
     limits = [v for v in (request.max_completion_tokens, body.get("max_tokens")) if v is not None]
     return ChatCall(
         messages=messages, tools=tools, parse_tools=bool(tools) and tool_choice == "auto",
-        max_tokens=min([sampling.max_tokens, *limits]), raw_messages=raw,
+        max_tokens=min([sampling.max_tokens, *limits]), raw_messages=raw, stop=stop, ignored=tuple(ignored),
     )
 
 
@@ -219,16 +254,31 @@ def request_class() -> type[Any]:
     return ChatCompletionRequest
 
 
-def _check_sampling(body: Mapping[str, Any], request: Any, run: SamplingConfig) -> None:
+_IGNORE_HINT = (" (To serve such requests with the run's sampling instead, counted in the episode info's "
+                "ignored_settings: .env_runners(agent_sampling_overrides=\"ignore\").)")
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    """The request's ``stop`` as a tuple of non-empty strings; at most `MAX_STOP`."""
+    strings = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(strings) > MAX_STOP or any(not isinstance(s, str) or not s for s in strings):
+        raise RequestRefused(400, "invalid_request", f"stop must be a string or a list of at most {MAX_STOP} "
+                             f"non-empty strings; got {stop!r:.200}.", param="stop")
+    return strings
+
+
+def _check_sampling(
+    body: Mapping[str, Any], request: Any, run: SamplingConfig, changes: Callable[[RequestRefused], None],
+) -> None:
     def refuse(param: str, why: str) -> RequestRefused:
         return RequestRefused(400, "unsupported_value", f"{param}={body.get(param)!r} is refused: {why}", param=param)
 
     if request.temperature is not None and not math.isclose(request.temperature, run.temperature, abs_tol=1e-9):
-        raise refuse("temperature", f"the run samples at temperature {run.temperature}; leave it out or send that.")
+        changes(refuse("temperature", f"the run samples at temperature {run.temperature}; leave it out or send that."))
     if request.top_p is not None and not math.isclose(request.top_p, run.top_p, abs_tol=1e-9):
-        raise refuse("top_p", f"the run samples with top_p {run.top_p}; leave it out or send that.")
+        changes(refuse("top_p", f"the run samples with top_p {run.top_p}; leave it out or send that."))
     if request.top_k is not None and max(request.top_k, 0) != max(run.top_k, 0):
-        raise refuse("top_k", f"the run samples with top_k {run.top_k}; leave it out or send that.")
+        changes(refuse("top_k", f"the run samples with top_k {run.top_k}; leave it out or send that."))
     for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
         if value is not None and not (isinstance(value, int) and 1 <= value <= run.max_tokens):
@@ -237,7 +287,7 @@ def _check_sampling(body: Mapping[str, Any], request: Any, run: SamplingConfig) 
         raise refuse("n", "one completion per call (n=1): FlashREINFORCE samples one rollout per prompt.")
 
 
-def _check_neutral(body: Mapping[str, Any], request: Any) -> None:
+def _check_neutral(body: Mapping[str, Any], request: Any, changes: Callable[[RequestRefused], None]) -> None:
     fields = type(request).model_fields
     for name in sorted(set(body) - ALLOWED - INFORMATIONAL):
         if name not in fields:
@@ -249,14 +299,19 @@ def _check_neutral(body: Mapping[str, Any], request: Any) -> None:
         default = fields[name].get_default(call_default_factory=True)
         if name in ("request_id", "session_id") or value == default or (value in (None, [], {}) and not default):
             continue
+        if name == "response_format" and getattr(value, "type", None) == "text":
+            continue  # plain text: what every reply is
         if name in ("frequency_penalty", "presence_penalty", "min_p") and value == 0:
             continue
         if name == "repetition_penalty" and value == 1:
             continue
-        raise RequestRefused(
+        refusal = RequestRefused(
             400, "unsupported_parameter", f"{name}={body[name]!r} is refused: the run's policy samples every call "
             f"the same way (see the endpoint's list of refused parameters); leave {name} out.", param=name,
         )
+        if name not in DISTRIBUTION_SETTINGS:
+            raise refusal
+        changes(refusal)
 
 
 def _check_plain_json(body: Any) -> None:

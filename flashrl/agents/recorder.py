@@ -78,6 +78,12 @@ class Prompt:
     """The keys of assistant messages that matched no recorded reply."""
 
 
+def before_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` up to the stop string that ends first in it (vLLM's choice when several match), or all of it."""
+    ends = [(i + len(s), i) for s in stop if (i := text.find(s)) != -1]
+    return text[: min(ends)[1]] if ends else text
+
+
 class CallRecorder:
     """The calls of one episode: their prompts (token-in, token-out), replies and segments.
 
@@ -134,13 +140,18 @@ class CallRecorder:
 
     def record(
         self, prompt: Prompt, messages: Sequence[Message], completion: Completion, *, parse_tools: bool,
+        stop: Sequence[str] = (),
     ) -> RecordedCall:
-        """Add the engine's completion of ``prompt`` as the next call; return it (with the reply)."""
+        """Add the engine's completion of ``prompt`` as the next call; return it (with the reply). With ``stop``
+        strings, a reply that ended on one has the text before it, as OpenAI's and vLLM's replies (the recorded
+        ids keep the token that completed it: the agent sends back the text, which matches this reply)."""
         n = len(prompt.ids)
         text = prompt.conversation.add_model_turn(
             completion.token_ids, completion.logprobs, version=completion.version,
             finish_reason=completion.finish_reason,
         )
+        if stop and completion.finish_reason == "stop":
+            text = before_stop(text, stop)
         full = prompt.conversation.to_episode(reward=0.0, prompt_id=self.prompt_id).token_ids
         completion_ids = tuple(int(t) for t in completion.token_ids)
         previous = self.calls[-1].full_ids if self.calls else None

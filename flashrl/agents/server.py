@@ -52,7 +52,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from flashrl.agents.connections import ConnectionLimits, ConnectionStats, guarded_protocol
-from flashrl.agents.protocol import RequestRefused, models_list, request_class
+from flashrl.agents.protocol import SAMPLING_OVERRIDES, RequestRefused, models_list, request_class
 from flashrl.agents.session import AgentLimits, AgentSession, closed_refusal
 from flashrl.agents.streaming import server_sent_events
 from flashrl.conversation import chat_stop_token_ids
@@ -83,13 +83,16 @@ class AgentServer:
             marker (None: no limit).
         connections: The cap on connections and on header size and time (`ConnectionLimits`).
         max_request_bytes: Largest request body; a larger one gets HTTP 413 before it is parsed.
+        sampling_overrides: What a request's setting that would change the distribution sampled from
+            gets: ``"refuse"`` (HTTP 400) or ``"ignore"`` (served with the run's sampling, counted);
+            :mod:`flashrl.agents.protocol` lists them.
     """
 
     def __init__(
         self, engine: Engine, *, sampling: Mapping[str, Any], max_episode_tokens: int, model_name: str,
         host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
         max_observation_tokens: int | None = None, connections: ConnectionLimits | None = None,
-        max_request_bytes: int = MAX_REQUEST_BYTES,
+        max_request_bytes: int = MAX_REQUEST_BYTES, sampling_overrides: str = "refuse",
     ) -> None:
         if max_episode_tokens < 2:
             raise ValueError(f"max_episode_tokens must be >= 2 (a prompt and a reply token); got {max_episode_tokens}.")
@@ -126,6 +129,9 @@ class AgentServer:
         """What the connections did: opened, evicted, refused, header timeouts, bad HTTP."""
         self._render_pool: ThreadPoolExecutor | None = None
         self._internal_errors = 0
+        if sampling_overrides not in SAMPLING_OVERRIDES:
+            raise ValueError(f"sampling_overrides must be one of {SAMPLING_OVERRIDES}; got {sampling_overrides!r}.")
+        self.sampling_overrides = sampling_overrides
 
     @property
     def url(self) -> str:
@@ -189,6 +195,7 @@ class AgentServer:
             seed=seed, limits=limits, engine=self.engine, sampling=self.sampling, model_name=self.model_name,
             max_episode_tokens=self.max_episode_tokens, max_observation_tokens=self.max_observation_tokens,
             stop_token_ids=self._stop_ids, on_close=self._forget, executor=self._render_pool,
+            sampling_overrides=self.sampling_overrides,
         )
         self._sessions[key] = session
         return session

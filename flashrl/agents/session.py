@@ -85,6 +85,7 @@ class AgentSession:
         engine: Engine, sampling: SamplingConfig, model_name: str, max_episode_tokens: int,
         max_observation_tokens: int | None, stop_token_ids: frozenset[int],
         on_close: Callable[[AgentSession], None] | None = None, executor: Executor | None = None,
+        sampling_overrides: str = "refuse",
     ) -> None:
         self.key = key
         self.base_url = base_url
@@ -96,6 +97,9 @@ class AgentSession:
         """Model calls served."""
         self.errors: Counter[str] = Counter()
         """Refused requests of this session, by code."""
+        self.ignored: Counter[str] = Counter()
+        """Settings the run's ``"ignore"`` policy left out of this session's calls, by name (`DISTRIBUTION_SETTINGS`)."""
+        self._overrides = sampling_overrides
         self._engine = engine
         self._sampling = sampling
         self._model_name = model_name
@@ -147,7 +151,8 @@ class AgentSession:
         info: dict[str, Any] | None = None,
     ) -> Episode | None:
         """The recorded episode (None when no call was made)."""
-        details = {**(info or {}), "tito_mismatches": self.tito_mismatches, "errors": dict(self.errors)}
+        details = {**(info or {}), "tito_mismatches": self.tito_mismatches, "errors": dict(self.errors),
+                   "ignored_settings": sum(self.ignored.values())}
         return self._recorder.to_episode(reward=reward, terminated=terminated, truncated=truncated, info=details)
 
     def check_refusals(self) -> None:
@@ -213,7 +218,8 @@ class AgentSession:
     async def _complete(self, body: Any) -> dict[str, Any]:
         """Check, render, sample and record one chat request (parsed); its ``ChatCompletion``."""
         self._check_open()
-        request = await self._offload(check_request, body, sampling=self._sampling, model_name=self._model_name)
+        request = await self._offload(check_request, body, sampling=self._sampling, model_name=self._model_name,
+                                      overrides=self._overrides)
         self._check_calls_left()
         try:
             prompt = await self._offload(self._recorder.prompt, request.messages, request.tools)
@@ -238,7 +244,7 @@ class AgentSession:
         index = self._admitted
         self._admitted += 1
         sampling = replace(self._sampling, max_tokens=budget, seed=stream_seed(self._seed, index),
-                           stop_token_ids=self._stop_ids)
+                           stop_token_ids=self._stop_ids, stop=request.stop)
         try:
             completion = await self._engine.generate(prompt.ids, sampling)
         except RequestError as err:
@@ -251,8 +257,10 @@ class AgentSession:
             self._reserved -= budget  # what it did not sample goes back; what it did is counted below
             self._release()
         self._check_open()  # closed while sampling: the episode is over, the call is not recorded
-        call = self._recorder.record(prompt, request.messages, completion, parse_tools=request.parse_tools)
+        call = self._recorder.record(prompt, request.messages, completion, parse_tools=request.parse_tools,
+                                     stop=request.stop)
         self.calls += 1
+        _count_ignored(self.ignored, request.ignored)
         self._generated += len(call.completion_ids)
         self._transcript = [*request.raw_messages, reply_dict(call.reply)]
         if completion.finish_reason == "abort":  # recorded: the episode is dropped as "aborted"
@@ -295,6 +303,19 @@ class AgentSession:
     def _check_open(self) -> None:
         if self._closed:
             raise closed_refusal()
+
+
+_warned_ignored: set[str] = set()
+
+
+def _count_ignored(counts: Counter[str], names: tuple[str, ...]) -> None:
+    """Count the settings a served call's request set and the run ignored; warn once per setting and process."""
+    counts.update(names)
+    for name in sorted(set(names) - _warned_ignored):
+        _warned_ignored.add(name)
+        logger.warning("An agent's request set %r, which would change the distribution the policy samples from; it is "
+                       "ignored (agent_sampling_overrides=\"ignore\"): the call samples with the run's settings. Each "
+                       "episode counts such settings in its info's ignored_settings (further ones are not logged).", name)
 
 
 def _parse_json(raw: bytes | bytearray | str) -> Any:

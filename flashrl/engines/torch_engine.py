@@ -241,7 +241,8 @@ class TorchEngine(ModelEngine):
                     continue
                 tokens_out[i].append(tok)
                 logprobs_out[i].append(chosen[i])
-                if tok in stops[i]:
+                stop = batch[i].sampling.stop
+                if tok in stops[i] or (stop and self._stop_string_hit(tokens_out[i], stop)):
                     reasons[i] = "stop"
                 elif len(tokens_out[i]) >= budgets[i]:
                     reasons[i] = "length"
@@ -266,6 +267,19 @@ class TorchEngine(ModelEngine):
             )
             for i in range(n)
         ]
+
+    def _stop_string_hit(self, tokens: list[int], stop: tuple[str, ...]) -> bool:
+        """Whether the last token's text completes one of ``stop``, as vLLM's detokenizer checks it
+        (``vllm/v1/engine/detokenizer.py`` ``check_stop_strings``: special tokens skipped, a character
+        still incomplete held back, only a match that ends in the new characters). Only the last tokens
+        are decoded: enough for the longest stop string (a byte-level token holds a quarter of a
+        character at least), so a step costs the same however long the completion is."""
+        window = tokens[-(4 * max(len(s) for s in stop) + 4):]
+        text = self._tokenizer.decode(window, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # the token ends inside a character: no new text yet
+            return False
+        before = len(self._tokenizer.decode(window[:-1], skip_special_tokens=True).rstrip("\ufffd"))
+        return any(text.find(s, max(0, before + 1 - len(s))) != -1 for s in stop)
 
     def _request_generator(self, sampling: SamplingConfig) -> torch.Generator:
         if sampling.seed is not None:

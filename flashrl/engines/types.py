@@ -39,6 +39,9 @@ class SamplingConfig:
     """Most tokens to generate (fewer if the context ends first)."""
     stop_token_ids: tuple[int, ...] = ()
     """Extra token ids that end the completion (kept in it); the model's EOS always ends it."""
+    stop: tuple[str, ...] = ()
+    """Stop strings, as vLLM's ``SamplingParams.stop``: the completion ends with the token whose text
+    completes the first one (that token kept, nothing after it sampled); finish reason ``stop``."""
     seed: int | None = None
     """Per-request seed for reproducible sampling; None draws from the engine's generator."""
     routed_experts_start: int = 0
@@ -61,6 +64,8 @@ class SamplingConfig:
             raise RequestError(f"routed_experts_start must be an int >= 0; got {self.routed_experts_start!r}.")
         if any((not isinstance(t, int)) or t < 0 for t in self.stop_token_ids):
             raise RequestError(f"stop_token_ids must be non-negative ints; got {self.stop_token_ids!r}.")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise RequestError(f"stop must hold non-empty strings; got {self.stop!r}.")
         if self.truncates_support:
             _warn_truncation(self.top_p, self.top_k)
 

@@ -387,9 +387,10 @@ class VLLMEngine(ModelEngine):
             top_k=max(int(sampling.top_k), 0),
             max_tokens=min(sampling.max_tokens, self._max_model_len - len(prompt_token_ids)),
             stop_token_ids=list(sampling.stop_token_ids),
+            stop=list(sampling.stop),
             seed=sampling.seed,
             logprobs=0,
-            detokenize=False,
+            detokenize=bool(sampling.stop),  # vLLM matches stop strings on the detokenised text
             output_kind=RequestOutputKind.FINAL_ONLY,
             routed_experts_prompt_start=int(sampling.routed_experts_start),
         )

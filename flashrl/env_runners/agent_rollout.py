@@ -143,6 +143,7 @@ class AgentRollout(Rollout):
                     ctx.engine, sampling=dict(ctx.sampling), max_episode_tokens=ctx.limits.max_episode_tokens,
                     model_name=spec.agent_model_name, host=spec.agent_host, port=spec.agent_port,
                     max_observation_tokens=ctx.limits.max_observation_tokens,
+                    sampling_overrides=spec.agent_sampling_overrides,
                     # room for every episode in flight to hold a few connections; a flood evicts idle ones
                     connections=ConnectionLimits(
                         max_connections=max(128, 4 * spec.episodes_in_flight_per_env_runner)

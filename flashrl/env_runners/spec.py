@@ -122,6 +122,9 @@ class EnvRunnerSpec:
     """Completion tokens an agent may use per episode; the endpoint refuses more; None = each call's max_tokens only."""
     agent_wall_time_s: float = setting(600.0, gt=0)
     """Seconds an agent episode may take; past it the agent is cancelled and the episode dropped (env_timeout)."""
+    agent_sampling_overrides: str = setting("refuse", choices=("refuse", "ignore"),
+                                            fix="use 'refuse' (HTTP 400) or 'ignore' (served with the run's sampling)")
+    """An agent's request setting that would change the sampled distribution (another temperature, response_format, ...): 'refuse' (HTTP 400) or 'ignore' (counted)."""
     train_batch_size: int = setting(32, section="training", integer=True, ge=1, fix="e.g. 32")
     """B: finished trajectories per update, each from a different prompt (also the most one poll returns)."""
 

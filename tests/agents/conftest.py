@@ -104,3 +104,57 @@ def serve() -> Callable[..., Any]:
 def agent_client() -> Callable[..., Any]:
     """``agent_client(session)``: the real ``openai.AsyncOpenAI`` on the session, without retries."""
     return _client
+
+
+async def _stop_string_scenario(server: Any, client: Callable[..., Any]) -> dict[str, Any]:
+    """Two sessions of the same seed: the first samples freely, the second with a stop string taken from the
+    first's reply (the text of its third sampled token). Returns both replies, the stop string, the free
+    call's sampled ids and the stopped session's recorded ids, and the stopped session's tito mismatches
+    after it sends its reply back."""
+    from flashrl.agents import AgentLimits
+
+    user = [{"role": "user", "content": "What is 2 + 3?"}]
+    free = server.open_session(prompt_id="p", seed=11, limits=AgentLimits())
+    r1 = await client(free).chat.completions.create(model=server.model_name, messages=user, max_tokens=6)
+    free_ids = [t for t, sampled in zip(*_ids_and_mask(free)) if sampled]
+    tok = server.engine.tokenizer
+    texts = [tok.decode(free_ids[:k], skip_special_tokens=True) for k in range(len(free_ids) + 1)]
+    k = next(k for k in range(3, len(free_ids) + 1) if texts[k] != texts[k - 1] and texts[k][len(texts[k - 1]):].strip())
+    stop = texts[k][len(texts[k - 1]):].strip()
+    stopped = server.open_session(prompt_id="p", seed=11, limits=AgentLimits())
+    agent = client(stopped)
+    r2 = await agent.chat.completions.create(model=server.model_name, messages=user, max_tokens=6, stop=[stop])
+    stopped_ids = [t for t, sampled in zip(*_ids_and_mask(stopped)) if sampled]
+    back = [*user, r2.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "And?"}]
+    await agent.chat.completions.create(model=server.model_name, messages=back, max_tokens=2)
+    return {"free": r1, "stopped": r2, "stop": stop, "free_ids": free_ids, "stopped_ids": stopped_ids,
+            "texts": texts, "mismatches": stopped.tito_mismatches, "segments": stopped.num_segments}
+
+
+def _ids_and_mask(session: Any) -> tuple[list[int], list[bool]]:
+    episode = session.to_episode(reward=0.0)
+    return episode.token_ids, episode.loss_mask
+
+
+def check_stop_string(result: dict[str, Any]) -> None:
+    """What `_stop_string_scenario` must give: the stopped call's ids are the free call's up to the first token
+    whose text completes the stop string (vLLM's rule), its reply the text before the stop, finish "stop", and
+    the reply sent back continues the segment token-exactly."""
+    stop, texts, free_ids = result["stop"], result["texts"], result["free_ids"]
+    first = next(k for k in range(1, len(texts)) if stop in texts[k])
+    assert result["stopped_ids"] == free_ids[:first]
+    assert result["stopped"].choices[0].finish_reason == "stop"
+    assert result["stopped"].choices[0].message.content == (texts[first][: texts[first].find(stop)] or None)
+    assert result["mismatches"] == 0 and result["segments"] == 1
+
+
+@pytest.fixture
+def stop_string_check() -> Callable[..., Any]:
+    """``await stop_string_check(server, agent_client)``: `_stop_string_scenario` checked by `check_stop_string`."""
+
+    async def run(server: Any, client: Callable[..., Any]) -> dict[str, Any]:
+        result = await _stop_string_scenario(server, client)
+        check_stop_string(result)
+        return result
+
+    return run

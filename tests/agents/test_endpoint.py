@@ -23,16 +23,13 @@ REFUSED = [
     ({"max_tokens": 7}, "unsupported_value", "max_tokens"),
     ({"max_completion_tokens": 0}, "unsupported_value", "max_completion_tokens"),
     ({"n": 2}, "unsupported_value", "n"),
-    ({"seed": 1}, "unsupported_parameter", "seed"),
     ({"logprobs": True}, "unsupported_parameter", "logprobs"),
     ({"logit_bias": {"42": 5}}, "unsupported_parameter", "logit_bias"),
-    ({"stop": ["."]}, "unsupported_parameter", "stop"),
     ({"presence_penalty": 0.5}, "unsupported_parameter", "presence_penalty"),
     ({"extra_body": {"chat_template": "{{ messages }}"}}, "unsupported_parameter", "chat_template"),
     ({"extra_body": {"min_tokens": 3}}, "unsupported_parameter", "min_tokens"),
     ({"extra_body": {"top_a": 0.1}}, "unsupported_parameter", "top_a"),
     ({"tools": TOOLS, "tool_choice": "required"}, "unsupported_value", "tool_choice"),
-    ({"tools": TOOLS, "parallel_tool_calls": False}, "unsupported_value", "parallel_tool_calls"),
     ({"tools": [{"type": "function", "function": {"name": "add two"}}]}, "invalid_tools", "tools[0].function.name"),
     ({"tools": [{"type": "function"}]}, "invalid_tools", "tools[0]"),
     ({"tools": [TOOLS[0], TOOLS[0]]}, "invalid_tools", "tools[1].function.name"),
@@ -79,7 +76,9 @@ def test_the_error_body_says_what_was_refused_and_why(torch_engine, serve) -> No
     response = serve(torch_engine, scenario)
     assert response.status_code == 400 and response.headers["x-should-retry"] == "false"
     assert response.json() == {"error": {
-        "message": "temperature=0.5 is refused: the run samples at temperature 1.0; leave it out or send that.",
+        "message": "temperature=0.5 is refused: the run samples at temperature 1.0; leave it out or send that. (To "
+        "serve such requests with the run's sampling instead, counted in the episode info's ignored_settings: "
+        ".env_runners(agent_sampling_overrides=\"ignore\").)",
         "type": "invalid_request_error", "param": "temperature", "code": "unsupported_value"}}
 
 

@@ -107,3 +107,21 @@ def test_streamed_and_responses_calls_record_the_plain_calls_tokens(engine, loop
         # the last bit, with the later sessions' prompts served from the prefix cache)
         assert (episode.token_ids, episode.loss_mask, episode.behavior_logprobs) == (
             expected.token_ids, expected.loss_mask, expected.behavior_logprobs)
+
+
+def test_a_stop_string_ends_the_vllm_engines_reply_as_on_the_torch_engine(engine, loop, agent_client,
+                                                                            stop_string_check) -> None:
+    """vLLM's own stop-string rule (the token completing it kept, the reply's text before it) gives what the
+    torch engine's does (tests/agents/test_sampling_settings.py runs the same check there)."""
+
+    async def scenario():
+        server = AgentServer(engine, sampling={"temperature": 1.0, "max_tokens": 8}, max_episode_tokens=512,
+                             model_name="tiny-policy")
+        await server.start()
+        try:
+            return await stop_string_check(server, agent_client)
+        finally:
+            await server.stop()
+
+    result = loop.run(scenario())
+    assert len(result["stopped_ids"]) < len(result["free_ids"])

@@ -410,3 +410,21 @@ def test_agents_blocking_work_in_the_default_pool_does_not_starve_their_model_ca
     report = _sample(runner, list(range(in_flight)))
     assert report.skipped == Counter()  # not env_timeout
     assert [ep.reward for ep in report.episodes] == [1.0] * in_flight
+
+
+async def asks_for_json_at_another_temperature(client: Any, task: dict[str, Any]) -> float:
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["question"]}],
+                                         max_tokens=4, temperature=0.2, response_format={"type": "json_object"})
+    return 1.0
+
+
+def test_the_runners_sampling_overrides_policy_reaches_its_endpoint(tiny_config: Any) -> None:
+    """``agent_sampling_overrides``: "refuse" (the default) drops the episode as the agent's error; "ignore" serves
+    the call with the run's sampling and counts both settings in the episode's info."""
+    refused = _sample(_runner(tiny_config, agent=asks_for_json_at_another_temperature), [0])
+    assert refused.skipped == Counter({"env_error": 1}) and "agent_sampling_overrides" in refused.last_env_error
+    config = tiny_config(env="flashrl/Agent-v0", env_config={"tasks": TASKS, "agent": asks_for_json_at_another_temperature},
+                         agent_sampling_overrides="ignore")
+    runner = EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1, model_path=config.model)
+    ignored = _sample(runner, [0, 1])
+    assert ignored.skipped == Counter() and [ep.info["ignored_settings"] for ep in ignored.episodes] == [2, 2]

@@ -91,6 +91,7 @@ class BuilderMethods:
         agent_max_calls: int = NotProvided,
         agent_max_completion_tokens: int | None = NotProvided,
         agent_wall_time_s: float = NotProvided,
+        agent_sampling_overrides: str = NotProvided,
         **misplaced: Any,
     ) -> Self:
         """EnvRunner actors: how many, their resources, their engine and how they sample.
@@ -146,6 +147,8 @@ class BuilderMethods:
                 more; None = each call's max_tokens only.
             agent_wall_time_s: Seconds an agent episode may take; past it the agent is cancelled and the
                 episode dropped (env_timeout).
+            agent_sampling_overrides: An agent's request setting that would change the sampled distribution
+                (another temperature, response_format, ...): 'refuse' (HTTP 400) or 'ignore' (counted).
             misplaced: not settings: a setting of another section raises a TypeError naming its method.
 
         Returns:
