@@ -5,14 +5,13 @@ says what the sharded policy lacks). What this pins is the part that already wor
 ``shard_model`` (``fully_shard`` per decoder layer and on the root, frozen base and trainable adapter in
 the same units) over the tiny model with peft's adapter, two gloo ranks with half the batch each, takes
 the same SGD step on the adapter as one unsharded process on the whole batch (float64), and gives the
-frozen base no gradient. Run as a script, this file is one rank (``python test_lora_fsdp.py OUT MODEL``,
+frozen base no gradient. Run as a script, this file is one rank (``python test_lora_fsdp.py train OUT MODEL``,
 with RANK, WORLD_SIZE, MASTER_PORT set).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +19,6 @@ import pytest
 import torch
 
 BATCH, SEQ, LR, DTYPE = 4, 10, 0.1, torch.float64
-WORKER_TIMEOUT_S = 240
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,26 +86,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_fsdp2_over_a_peft_model_takes_the_unsharded_adapter_step(model_dir: str, tmp_path: Path) -> None:
-    from flashrl.learners.distributed import find_free_port
+    from .test_fsdp import _launch
 
-    port = find_free_port()
-    root = Path(__file__).resolve().parents[2]
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-        log = open(tmp_path / f"rank{rank}.log", "w")  # noqa: SIM115  closed once the rank exits
-        procs.append((subprocess.Popen([sys.executable, __file__, str(tmp_path), model_dir], env=env, stdout=log,
-                                       stderr=subprocess.STDOUT), log))
-    for rank, (proc, log) in enumerate(procs):
-        try:
-            code = proc.wait(timeout=WORKER_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for other, _ in procs:
-                other.kill()
-            code = "timeout"
-        log.close()
-        assert code == 0, f"rank {rank} exited with {code}:\n{(tmp_path / f'rank{rank}.log').read_text()[-4000:]}"
+    _launch("train", 2, tmp_path, Path(model_dir), script=__file__)
     sharded = torch.load(tmp_path / "sharded.pt", weights_only=True)
 
     reference = _adapted(model_dir)
@@ -122,4 +103,4 @@ def test_fsdp2_over_a_peft_model_takes_the_unsharded_adapter_step(model_dir: str
 
 
 if __name__ == "__main__":
-    _worker(Path(sys.argv[1]), sys.argv[2])
+    _worker(Path(sys.argv[2]), sys.argv[3])
