@@ -106,11 +106,7 @@ def measure(name: str, path: str, bucket_sizes: list[int], repeats: int) -> list
         bound = min(copies)
         rows.insert(0, {"model": name, "path": "memcpy (bound)", "bucket_bytes": None, "seconds": bound})
     finally:
-        engine.close()
-        pending = asyncio.all_tasks(loop)  # vLLM's output handler, cancelled by close()
-        for task in pending:
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        close_engine(engine, loop)
         loop.close()
     for row in rows:
         row["bytes"] = nbytes
@@ -167,6 +163,7 @@ def push_samples(
 
 
 def close_engine(engine: Any, loop) -> None:
+    """Stop ``engine`` and finish the tasks it leaves on ``loop``."""
     engine.close()
     pending = asyncio.all_tasks(loop)  # vLLM's output handler, cancelled by close()
     for task in pending:
