@@ -23,6 +23,7 @@ import json
 import os
 import runpy
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -201,7 +202,7 @@ def _eval(args: argparse.Namespace) -> int:
         except CheckpointError as err:
             raise SystemExit(f"flashrl eval: {err}") from err
         model = str(Path(args.checkpoint).expanduser() / "policy")
-        if not Path(model, "config.json").is_file():
+        if not Path(model, "config.json").is_file() and not _is_adapter(model):
             raise SystemExit(
                 f"flashrl eval: {args.checkpoint} has no policy/ folder (saved with export_policy=False, or "
                 "checkpoint_export_policy=False); evaluate a checkpoint saved with the policy, e.g. checkpoint_final."
@@ -217,6 +218,8 @@ def _eval(args: argparse.Namespace) -> int:
             raise SystemExit(f"flashrl eval: {flag} must be a JSON object, got {value!r}.")
     if base is not None and not args.trust_checkpoint_code:
         _refuse_checkpoint_code(args, base)
+    if base is not None and _is_adapter(model):  # the adapter is merged into its base: a plain model to serve
+        base = {k: v for k, v in base.items() if not k.startswith("lora_")}
     evaluation_env_config = None
     if args.env_config is not None:  # on top of the checkpoint's evaluation overrides
         evaluation_env_config = {**(base or {}).get("evaluation_env_config", {}), **args.env_config}
@@ -237,8 +240,10 @@ def _eval(args: argparse.Namespace) -> int:
             episodes_in_flight_per_env_runner=args.concurrency,
             seed=args.seed,
         )
-        model_path = resolve_model(model)
-        metrics, results = evaluate_with_runner(config, model_path)
+        with tempfile.TemporaryDirectory(prefix="flashrl-eval-") as tmp:
+            model_path = _merged_adapter(model, args.base_model or (base or {}).get("model"), Path(tmp)) if (
+                _is_adapter(model)) else resolve_model(model)
+            metrics, results = evaluate_with_runner(config, model_path)
     except (ConfigError, FileNotFoundError) as err:
         raise SystemExit(f"flashrl eval: {err}") from err
     if args.details:
@@ -253,6 +258,32 @@ def _eval(args: argparse.Namespace) -> int:
     }
     print(json.dumps(summary, indent=2, default=str))
     return 0
+
+
+def _is_adapter(model: str) -> bool:
+    """Whether ``model`` is an adapter-only policy: a LoRA run's exported adapter (its checkpoint's policy/)."""
+    return Path(model, "adapter_config.json").is_file() and not Path(model, "config.json").is_file()
+
+
+def _merged_adapter(folder: str, base_model: str | None, tmp: Path) -> str:
+    """The adapter in ``folder`` merged into its base model (``--base-model``, else the checkpoint config's
+    model, else the one the adapter names), written under ``tmp``: the plain model the engine then serves."""
+    from flashrl.checkpoints.export import merge_adapter_folder
+    from flashrl.models import resolve_model
+
+    named = json.loads(Path(folder, "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+    wanted = base_model or named
+    fix = "Fix: pass the model the adapter was trained on with --base-model (a local folder, hub id or built-in name)."
+    if not wanted:
+        raise SystemExit(f"flashrl eval: {folder} is a LoRA adapter naming no base model. {fix}")
+    try:
+        base_path = resolve_model(wanted)
+    except (FileNotFoundError, RuntimeError) as err:
+        raise SystemExit(
+            f"flashrl eval: {folder} is a LoRA adapter; expected its base model {wanted!r} to be a local folder, "
+            f"hub id or built-in name, got: {err} {fix}"
+        ) from err
+    return merge_adapter_folder(folder, base_path, tmp / "merged")
 
 
 def _refuse_checkpoint_code(args: argparse.Namespace, base: dict[str, Any]) -> None:
@@ -388,6 +419,11 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint", help="a flashrl checkpoint folder, a Hugging Face folder, a hub id or built-in name"
     )
     ev.add_argument("--env", default=None, help="Gymnasium id (default: the checkpoint's env)")
+    ev.add_argument(
+        "--base-model", default=None,
+        help="for a LoRA adapter (a LoRA run's checkpoint or exported adapter): the model it was trained on "
+        "(default: the checkpoint's model, else the one the adapter names); the adapter is merged into it",
+    )
     ev.add_argument(
         "--env-config", type=json.loads, default=None,
         help="JSON object of env keyword arguments (on top of the checkpoint's evaluation_env_config)",

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["EXPORT_BUCKET_BYTES", "export_hf", "replace_folder", "save_adapter", "save_pretrained"]
+__all__ = ["EXPORT_BUCKET_BYTES", "export_hf", "merge_adapter_folder", "replace_folder", "save_adapter",
+           "save_pretrained"]
 
 EXPORT_BUCKET_BYTES = 1 << 30
 """``export_hf``: the bytes rank 0 gathers before writing them (one safetensors file per bucket)."""
@@ -227,6 +228,23 @@ def save_adapter(peft_model: nn.Module, path: str | os.PathLike[str], *,
         else:
             peft_model.save_pretrained(tmp, safe_serialization=True)
         AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(tmp)
+
+    return replace_folder(path, write)
+
+
+def merge_adapter_folder(adapter: str | os.PathLike[str], base_model: str, path: str | os.PathLike[str]) -> str:
+    """An exported adapter (``save_adapter``'s folder) merged into ``base_model`` (a local folder): a plain
+    Hugging Face folder at ``path``, as ``save_adapter(merged=True)`` writes it from a live learner (the
+    merge in float32; the tokenizer the adapter's folder holds, else the base's). ``flashrl eval`` serves it."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def write(tmp: Path) -> None:
+        base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+        PeftModel.from_pretrained(base, os.fspath(adapter)).merge_and_unload().save_pretrained(
+            tmp, safe_serialization=True)
+        has_tokenizer = Path(adapter, "tokenizer_config.json").is_file()
+        AutoTokenizer.from_pretrained(os.fspath(adapter) if has_tokenizer else base_model).save_pretrained(tmp)
 
     return replace_folder(path, write)
 

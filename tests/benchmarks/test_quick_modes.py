@@ -234,3 +234,22 @@ def test_agent_prompt_probe_quick(bench, tmp_path):
         for key in ("tool_calls", "right_code", "direct_correct", "boxed_question"):
             assert 0 <= row[key] <= row["samples"], key
         assert row["tool_call_fraction"] == row["tool_calls"] / 2
+
+
+@pytest.mark.slow  # 2 runs, each its own process and local Ray: about 90 s on 2 cores
+def test_lora_learning_quick(bench, tmp_path):
+    out = tmp_path / "lora.json"
+    bench("lora_learning").main(["--quick", "--output", str(out)])
+    report = _load(out)
+    assert report["settings"]["seeds"] == [0] and report["arms"]["lora"]["overrides"]["lora_rank"] == 16
+    assert report["arms"]["lora"]["config"]["lora_rank"] == 16 and report["arms"]["full"]["config"]["lora_rank"] is None
+    runs = {r["arm"]: r for r in report["runs"]}
+    for run in runs.values():
+        assert run["missing_metrics"] == [] and [(p["update"], p["rollouts"]) for p in run["curve"]] == [(0, 0), (1, 4)]
+        assert run["process_peak_rss_mib"] > 100 and _is_number(run["weight_sync_s_mean"])
+    # the tiny model's float32 weights (a tied head once), and its rank-16 adapter in float32: 2 layers x
+    # r x (in + out) of q, k, v, o, gate, up, down
+    assert runs["full"]["push_bytes"] == 26_348_032 and runs["lora"]["push_bytes"] == 2 * 16 * 4 * sum(
+        i + o for i, o in [(128, 128), (128, 64), (128, 64), (128, 128), (128, 256), (128, 256), (256, 128)])
+    assert set(report["ratios"]) == {f"{k}_lora_over_full" for k in (
+        "final_accuracy", "iteration_s", "weight_sync_s", "push_bytes", "process_peak_rss_mib")}

@@ -222,8 +222,8 @@ def reference(references: dict[bool, dict]) -> dict:
     return references[False]
 
 
-def _launch(mode: str, world_size: int, out: Path, model_dir: Path, tokenizer: str = "") -> None:
-    """Run ``world_size`` rank processes of this file in ``mode``; fail with their logs if one fails."""
+def _launch(mode: str, world_size: int, out: Path, model_dir: Path, tokenizer: str = "", script: str = __file__) -> None:
+    """Run ``world_size`` rank processes of ``script`` (this file) in ``mode``; fail with their logs if one fails."""
     from flashrl.learners.distributed import find_free_port
 
     port = find_free_port()
@@ -234,7 +234,7 @@ def _launch(mode: str, world_size: int, out: Path, model_dir: Path, tokenizer: s
                "OMP_NUM_THREADS": "1", "TOKENIZER_SOURCE": tokenizer,
                "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
         log = open(out / f"{mode}-rank{rank}.log", "w")  # noqa: SIM115  closed once the rank exits
-        procs.append((subprocess.Popen([sys.executable, __file__, mode, str(out), str(model_dir)],
+        procs.append((subprocess.Popen([sys.executable, script, mode, str(out), str(model_dir)],
                                        env=env, stdout=log, stderr=subprocess.STDOUT), log))
     failed = []
     for rank, (proc, log) in enumerate(procs):

@@ -149,6 +149,53 @@ def test_eval_plays_real_episodes_on_a_tiny_model(
     assert 10 < result["evaluation/episode_len_mean"] < 256
 
 
+TINY_EVAL = ["--env", "flashrl/Math-v0", "--env-config", '{"preset": "easy_sums"}', "--num-episodes", "3",
+             "--max-new-tokens", "4", "--max-episode-tokens", "256", "--concurrency", "2", "--temperature", "0"]
+
+
+def test_eval_of_an_exported_lora_adapter_scores_it_merged_into_its_base(
+    tiny_llama_path: str, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from flashrl.checkpoints.export import merge_adapter_folder, save_adapter
+    from flashrl.models.lora import LoRASettings, apply_lora
+
+    peft_model = apply_lora(AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32),
+                            LoRASettings(rank=8, alpha=16.0))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a trained adapter (peft starts lora_B at zero)
+        for name, p in peft_model.named_parameters():
+            if ".lora_B." in name:
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+    # what a LoRA learner exports (Learner.save_policy; a LoRA checkpoint's policy/), and its merged model
+    adapter = save_adapter(peft_model, tmp_path / "adapter", tokenizer_source=tiny_llama_path)
+    merged = save_adapter(peft_model, tmp_path / "merged", tokenizer_source=tiny_llama_path, merged=True)
+    ours = load_file(f"{merge_adapter_folder(adapter, tiny_llama_path, tmp_path / 'ours')}/model.safetensors")
+    theirs = load_file(f"{merged}/model.safetensors")
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32).state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert not torch.equal(ours["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+
+    def evaluate(*argv: str) -> list[dict]:
+        details = tmp_path / "details.jsonl"
+        assert main(["eval", *argv, *TINY_EVAL, "--details", str(details)]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["evaluation/num_episodes"] == 3.0
+        return [json.loads(line) for line in details.read_text().splitlines()]
+
+    expected = evaluate(merged)
+    assert evaluate(adapter) == expected  # the base the adapter names (its adapter_config.json)
+    config = tmp_path / "adapter" / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": str(tmp_path / "no")}))
+    with pytest.raises(SystemExit, match="is a LoRA adapter; expected its base model .* Fix: pass the model the "
+                                         "adapter was trained on with --base-model"):
+        main(["eval", adapter, *TINY_EVAL])
+    assert evaluate(adapter, "--base-model", tiny_llama_path) == expected
+
+
 def test_abbreviated_flags_are_errors_not_other_flags() -> None:
     parser = build_parser()
     for argv in (["eval", "x", "--num", "3"], ["eval", "x", "--temp", "1.0"], ["eval", "x", "--max-new", "4"]):

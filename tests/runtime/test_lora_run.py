@@ -1,8 +1,10 @@
 """A LoRA run end to end on the torch engine: the plan's lora route carries the adapter to the runners, the
-checkpoint holds the adapter (its policy folder loads in peft) and a resume gives the same next update."""
+checkpoint holds the adapter (its policy folder loads in peft), a resume gives the same next update and
+`flashrl eval` scores the checkpoint (its adapter merged into the config's model)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -11,7 +13,7 @@ from flashrl.algorithms import FlashReinforce
 
 
 def test_a_lora_run_pushes_its_adapter_checkpoints_it_and_resumes_exactly(ray_session, tiny_config,
-                                                                        exact_sync_group, tmp_path):
+                                                                        exact_sync_group, tmp_path, capsys):
     config = tiny_config(**exact_sync_group, lora_rank=8, lora_alpha=16.0)
     algo = config.build_algo()
     try:
@@ -39,3 +41,9 @@ def test_a_lora_run_pushes_its_adapter_checkpoints_it_and_resumes_exactly(ray_se
     assert got["learners/loss"] == expected["learners/loss"]
     for name in adapter:
         assert torch.equal(got_weights[name], expected_weights[name]), name
+
+    from flashrl.cli import main
+
+    capsys.readouterr()
+    assert main(["eval", path, "--num-episodes", "2", "--max-new-tokens", "4", "--temperature", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["evaluation/num_episodes"] == 2.0
