@@ -61,7 +61,8 @@ def inside_placement_group() -> bool:
 
 
 def check_resources(config: Any) -> None:
-    """Raise `ConfigError` if `config` asks for more CPUs/GPUs than the cluster has.
+    """Raise `ConfigError` if `config` asks for more CPUs/GPUs than the cluster has, or for custom resources
+    no alive node could grant (`custom_resource_problems`).
 
     Inside a Tune trial the placement group already holds the resources (Tune checked them with
     `FlashReinforce.default_resource_request`), so nothing is checked there. A plain driver process
