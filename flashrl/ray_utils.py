@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 logger = logging.getLogger("flashrl")
@@ -59,7 +61,8 @@ def inside_placement_group() -> bool:
 
 
 def check_resources(config: Any) -> None:
-    """Raise `ConfigError` if `config` asks for more CPUs/GPUs than the cluster has.
+    """Raise `ConfigError` if `config` asks for more CPUs/GPUs than the cluster has, or for custom resources
+    no alive node could grant (`custom_resource_problems`).
 
     Inside a Tune trial the placement group already holds the resources (Tune checked them with
     `FlashReinforce.default_resource_request`), so nothing is checked there. A plain driver process
@@ -69,3 +72,72 @@ def check_resources(config: Any) -> None:
         return
     total, nodes = cluster_resources()
     config.validate_resources(total, nodes, include_main_process=False)
+    config.validate_custom_resources(nodes)
+
+
+def custom_resource_problems(
+    requests: Mapping[str, tuple[int, Mapping[str, float]]], nodes: list[Mapping[str, float]]
+) -> list[str]:
+    """What Ray could never grant of the actors' custom resources (``custom_resources_per_*``).
+
+    ``requests``: setting name -> (how many actors, the custom resources each asks for); ``nodes``: the
+    resources of each alive node (their totals, not what is free now). A name no alive node offers, one
+    actor's amount more than any one node offers, or more in all than the alive nodes offer together
+    would leave actors pending until the start timeout (``ENGINE_START_TIMEOUT_S``, 15 minutes); a
+    resource that is only in use now, or on a node that comes back later, is no problem here (elastic
+    runners wait for it). A dead node's resources count as absent: a run does not start on them.
+    """
+    from flashrl.validation import RAY_BUILTIN_RESOURCES
+
+    offered = _custom_offer(nodes, RAY_BUILTIN_RESOURCES)
+    asked_in_all: dict[str, float] = {}
+    problems = []
+    said: set[str] = set()  # names already wrong for one actor: their total says nothing more
+    for setting_name, (count, resources) in requests.items():
+        for name, amount in resources.items():
+            if count < 1 or amount <= 0:
+                continue  # no actor, or nothing asked: nothing to place
+            asked_in_all[name] = asked_in_all.get(name, 0.0) + count * float(amount)
+            largest = max((float(n.get(name, 0.0)) for n in nodes), default=0.0)
+            if amount > largest + 1e-9:
+                said.add(name)
+            if largest <= 0:
+                close = difflib.get_close_matches(name, list(offered), n=1)
+                hint = f"rename it to {close[0]!r}" if close else "correct the name"
+                problems.append(
+                    f"{setting_name}: expected resource names an alive node offers, got {name!r}, which no alive "
+                    f"node offers (the nodes offer: {_describe_offer(offered)}). Fix: {hint}, or start a node "
+                    f"with it (ray start ... --resources='{{\"{name}\": {amount:g}}}'); otherwise Ray keeps "
+                    "the actor pending until the start timeout."
+                )
+            elif amount > largest + 1e-9:
+                problems.append(
+                    f"{setting_name}: one actor asks for {name}={amount:g} but the largest node offers "
+                    f"{largest:g}. Fix: ask for at most {largest:g} per actor, or start a node that offers more."
+                )
+    for name, asked in asked_in_all.items():
+        have = sum(float(n.get(name, 0.0)) for n in nodes)
+        if name not in said and asked > have + 1e-9:
+            problems.append(
+                f"{name}: the learners and env runners ask for {asked:g} in all but the alive nodes offer {have:g} "
+                f"together. Fix: lower the per-actor amount or the number of actors, or add a node with {name}."
+            )
+    return problems
+
+
+def _custom_offer(nodes: list[Mapping[str, float]], builtin: tuple[str, ...]) -> dict[str, tuple[float, float]]:
+    """Custom resource name -> (total over the nodes, largest on one node); Ray's own ``node:<ip>`` left out."""
+    offer: dict[str, tuple[float, float]] = {}
+    for node in nodes:
+        for name, amount in node.items():
+            if name in builtin or name.startswith("node:"):
+                continue
+            total, largest = offer.get(name, (0.0, 0.0))
+            offer[name] = (total + float(amount), max(largest, float(amount)))
+    return offer
+
+
+def _describe_offer(offer: Mapping[str, tuple[float, float]]) -> str:
+    if not offer:
+        return "no custom resources"
+    return ", ".join(f"{name}={total:g} (largest node {largest:g})" for name, (total, largest) in sorted(offer.items()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -18,6 +19,29 @@ from typing import Any
 from flashrl.recipes.preset import NodePlan, Preset
 
 __all__ = ["OVERRIDES", "apply_overrides", "node_plan_from_args", "recipe_parser"]
+
+
+def custom_resources(text: str) -> dict[str, float]:
+    """``NAME=AMOUNT[,NAME=AMOUNT]`` (``rollout_node=1,ssd=0.5``) as the dict of Ray custom resources a
+    ``custom_resources_per_*`` setting takes; malformed text is argparse's usage error (exit status 2).
+    The names themselves are checked by the config (not CPU, GPU, memory) and against the cluster at setup."""
+    out: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, amount = (part.strip() for part in item.partition("="))
+        try:
+            value = float(amount)
+        except ValueError:
+            value = math.nan
+        problem = ("is not NAME=AMOUNT" if not sep or not name else f"names {name} a second time" if name in out
+                   else "has an amount that is not a number >= 0" if not (math.isfinite(value) and value >= 0) else "")
+        if problem:
+            raise argparse.ArgumentTypeError(
+                f"expected NAME=AMOUNT[,NAME=AMOUNT] (each name once, amounts >= 0), got {text!r}: {item.strip()!r} "
+                f"{problem}. Fix: e.g. rollout_node=1 or rollout_node=1,ssd=0.5"
+            )
+        out[name] = value
+    return out
+
 
 # flag dest -> (config field, type, help). Builder-method routing is not needed: the config's
 # `update_from_dict` sets any field by name and rejects unknown ones.
@@ -28,6 +52,16 @@ OVERRIDES: dict[str, tuple[str, Any, str]] = {
     "num_gpus_per_env_runner": ("num_gpus_per_env_runner", float, "GPUs per env runner (its engine)"),
     "num_cpus_per_env_runner": ("num_cpus_per_env_runner", float, "CPUs per env runner"),
     "num_cpus_per_learner": ("num_cpus_per_learner", float, "CPUs per learner"),
+    "custom_resources_per_env_runner": (
+        "custom_resources_per_env_runner",
+        custom_resources,
+        "Ray custom resources per env runner, NAME=AMOUNT[,NAME=AMOUNT]: pins the runners to nodes that offer them",
+    ),
+    "custom_resources_per_learner": (
+        "custom_resources_per_learner",
+        custom_resources,
+        "Ray custom resources per learner actor, NAME=AMOUNT[,NAME=AMOUNT]: pins the learners to nodes that offer them",
+    ),
     "model": ("model", str, "policy: flashrl model name, local HF folder or hub id"),
     "engine": ("engine", str, "inference engine: vllm or torch"),
     "dtype": ("dtype", str, "learner dtype: float32 or bfloat16"),

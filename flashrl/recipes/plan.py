@@ -214,6 +214,7 @@ def _placement(report: DryRunReport) -> list[str]:
         f"{config.num_gpus_per_learner:g} GPU]"
         + (" (in the driver process)" if config.num_learners == 0 else " (data parallel, full replica each)")
     )
+    lines += _custom_resource_lines(config)
     lines.append(
         f"  batch: B = {config.train_batch_size} trajectories per update "
         f"({config.prompts_per_batch} distinct prompts), one optimizer step per batch"
@@ -254,6 +255,16 @@ def _placement(report: DryRunReport) -> list[str]:
             f"{int(runner_gpus)}}}}} or num_gpus_per_env_runner={tp}."
         )
     return lines
+
+
+def _custom_resource_lines(config: Any) -> list[str]:
+    """The Ray custom resources each actor asks for (they pin it to the nodes that offer them). The node plan
+    knows no custom resources: the run's setup checks them against the cluster's alive nodes."""
+    asks = [("env runner", config.num_env_runners, config.custom_resources_per_env_runner),
+            ("learner", config.num_learners, config.custom_resources_per_learner)]
+    return [f"  custom resources: each {who} asks for {', '.join(f'{k}={v:g}' for k, v in resources.items())} "
+            "(only nodes started with them, ray start --resources, can host it; checked at setup)"
+            for who, count, resources in asks if count and resources]
 
 
 def _engine_parallel_size(config: Any) -> int:

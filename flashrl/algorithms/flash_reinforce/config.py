@@ -541,6 +541,23 @@ class FlashReinforceConfig(BuilderMethods, _TuneConfig):
         if problems:
             raise ConfigError("Resource requests exceed the Ray cluster:\n  - " + "\n  - ".join(problems))
 
+    def validate_custom_resources(self, nodes: list[Mapping[str, float]]) -> None:
+        """Raise `ConfigError` if no alive node could ever grant an actor's custom resources.
+
+        Args:
+            nodes: the resources of each alive node (``ray.nodes()``'s totals), as
+                `flashrl.ray_utils.custom_resource_problems` reads them.
+        """
+        from flashrl.ray_utils import custom_resource_problems
+
+        problems = custom_resource_problems(
+            {"custom_resources_per_learner": (self.num_learners, self.custom_resources_per_learner),
+             "custom_resources_per_env_runner": (self.num_env_runners, self.custom_resources_per_env_runner)},
+            nodes,
+        )
+        if problems:
+            raise ConfigError("Custom resource requests the Ray cluster cannot grant:\n  - " + "\n  - ".join(problems))
+
     def _resource_breakdown(self, kind: str, main_process: bool) -> str:
         k = kind.lower()
         learners = (f"{self.num_learners} learners x {getattr(self, f'num_{k}s_per_learner'):g}"
