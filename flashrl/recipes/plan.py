@@ -391,7 +391,7 @@ def _runner_process(engine: str) -> str:
     """What a CPU runner's ``process`` bytes are (``flashrl.plan.memory.runner_process_bytes``)."""
     if engine == "torch":
         return "its process, an update's buckets mapped from Ray's object store, the model's file"
-    return "its process; vLLM's engine-core process not counted"
+    return "its process and vLLM's engine-core process, an update's copies of the weights in both"
 
 
 def start_memory_warning(config: Any) -> str | None:
