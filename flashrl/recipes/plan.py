@@ -231,6 +231,10 @@ def _placement(report: DryRunReport) -> list[str]:
         "GPU": float(nodes.num_nodes * nodes.gpus_per_node),
     }
     per_node = [{"CPU": float(nodes.cpus_per_node), "GPU": float(nodes.gpus_per_node)}] * nodes.num_nodes
+    wider = _wider_than_a_node(bundles, nodes)
+    if wider is not None:  # the actor and the node plan's flag, not only the numbers
+        report.errors.append(f"{wider}.")
+        return lines
     try:
         config.validate_resources(cluster, per_node, include_main_process=report.under_tune)
     except ValueError as err:  # ConfigError: the config's own message
@@ -301,10 +305,8 @@ def _first_fit(bundles: list[tuple[str, dict[str, float]]], nodes: NodePlan) -> 
     return placed
 
 
-def placement_error(config: Any, nodes: NodePlan) -> str | None:
-    """Why the config's actors cannot be placed on ``nodes`` (None: they can): one actor needing more GPUs or
-    CPUs than a node has, or actors that do not pack (first fit, as `--dry-run` places them)."""
-    bundles = _bundles(config)
+def _wider_than_a_node(bundles: list[tuple[str, dict[str, float]]], nodes: NodePlan) -> str | None:
+    """The first actor that needs more GPUs (or CPUs) than one node of the plan has, with the fix."""
     for resource, per_node, flag in (("GPU", nodes.gpus_per_node, "--gpus-per-node"),
                                      ("CPU", nodes.cpus_per_node, "--cpus-per-node")):
         name, widest = max(bundles, key=lambda item: item[1].get(resource, 0.0))
@@ -314,6 +316,16 @@ def placement_error(config: Any, nodes: NodePlan) -> str | None:
                 f"node ({nodes.describe()}). Fix: {flag} {math.ceil(widest[resource])} or more, or give that "
                 "actor fewer"
             )
+    return None
+
+
+def placement_error(config: Any, nodes: NodePlan) -> str | None:
+    """Why the config's actors cannot be placed on ``nodes`` (None: they can): one actor needing more GPUs or
+    CPUs than a node has, or actors that do not pack (first fit, as `--dry-run` places them)."""
+    bundles = _bundles(config)
+    wider = _wider_than_a_node(bundles, nodes)
+    if wider is not None:
+        return wider
     if _first_fit(bundles, nodes) is None:
         gpus, cpus = (sum(b.get(k, 0.0) for _, b in bundles) for k in ("GPU", "CPU"))
         return (
