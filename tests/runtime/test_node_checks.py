@@ -108,3 +108,29 @@ def test_a_node_s_report_comes_from_a_task_pinned_to_that_node(tmp_path, ray_clu
     report = ray.get(task.remote("this node", {str(tmp_path): ("probe", "abc"), "/proc/x": ("probe", "abc")}))
     assert report.versions == local_versions() and set(report.versions) == {"python", "ray", "flashrl"}
     assert list(report.folder_errors) == ["/proc/x"] and "not storage this node shares" in report.folder_errors["/proc/x"]
+
+
+def test_every_other_node_is_checked_by_its_own_task_end_to_end(tmp_path, ray_cluster, monkeypatch):
+    """This machine's node, taken for another node than the driver's: its task reads the driver's probe in
+    the folder and reports its versions, which differ from the driver's (flashrl's, patched in the driver
+    only), so the check names that node and the version."""
+    import ray
+
+    from flashrl import node_checks
+
+    real = local_versions()
+
+    class Elsewhere:
+        def get_node_id(self) -> str:
+            return "f" * 56  # the driver is on no node of the cluster, so the real node is checked by a task
+
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: Elsewhere())
+    monkeypatch.setattr(node_checks, "local_versions", lambda: {**real, "flashrl": "9.9.9"})
+    with pytest.raises(NodeCheckError) as info:
+        check_cluster_nodes([str(tmp_path)])
+    (node,) = [n for n in ray.nodes() if n["Alive"]]
+    text = str(info.value)
+    assert f"node {node['NodeManagerAddress']} (node {node['NodeID'][:12]}) runs flashrl {real['flashrl']} (the " \
+           "driver has 9.9.9)" in text
+    assert text.count("\n  - ") == 1  # nothing about the folder: it read the driver's probe and wrote its own
+    assert os.listdir(tmp_path) == []
