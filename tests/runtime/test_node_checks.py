@@ -1,4 +1,4 @@
-"""The setup check of a cluster's nodes (flashrl.node_checks): another Ray, flashrl or Python version than
+"""The setup check of a cluster's nodes (flashrl.ray_utils.check_cluster_nodes): another Ray, flashrl or Python version than
 the driver's, or a checkpoint folder a node cannot share or write, is refused at start naming the node."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flashrl.node_checks import (
+from flashrl.ray_utils import (
     PROBE_PREFIX,
     NodeCheckError,
     NodeReport,
@@ -116,7 +116,7 @@ def test_every_other_node_is_checked_by_its_own_task_end_to_end(tmp_path, ray_cl
     only), so the check names that node and the version."""
     import ray
 
-    from flashrl import node_checks
+    from flashrl import ray_utils
 
     real = local_versions()
 
@@ -125,7 +125,7 @@ def test_every_other_node_is_checked_by_its_own_task_end_to_end(tmp_path, ray_cl
             return "f" * 56  # the driver is on no node of the cluster, so the real node is checked by a task
 
     monkeypatch.setattr(ray, "get_runtime_context", lambda: Elsewhere())
-    monkeypatch.setattr(node_checks, "local_versions", lambda: {**real, "flashrl": "9.9.9"})
+    monkeypatch.setattr(ray_utils, "local_versions", lambda: {**real, "flashrl": "9.9.9"})
     with pytest.raises(NodeCheckError) as info:
         check_cluster_nodes([str(tmp_path)])
     (node,) = [n for n in ray.nodes() if n["Alive"]]

@@ -95,8 +95,7 @@ class FlashReinforce(Trainable):
 
     def setup(self, config: dict[str, Any]) -> None:
         from flashrl.models import resolve_model
-        from flashrl.node_checks import check_cluster_nodes
-        from flashrl.ray_utils import check_resources, init_or_join
+        from flashrl.ray_utils import check_cluster_nodes, check_resources, init_or_join
 
         given = self._given_config
         plain = {k: v for k, v in config.items() if not k.startswith("__")}
@@ -117,7 +116,7 @@ class FlashReinforce(Trainable):
         train_size = _check_envs(cfg)
         init_or_join(framework_log_level=cfg.framework_log_level)
         check_resources(self.algo_config)
-        # Every node runs the driver's versions and shares the checkpoint folder (flashrl.node_checks).
+        # Every node runs the driver's versions and shares the checkpoint folder (flashrl.ray_utils).
         check_cluster_nodes([self._checkpoint_folder()] if cfg.checkpoint_dir or cfg.checkpoint_frequency
                             or cfg.checkpoint_interval_minutes else [])
         # With num_epochs, the horizon follows the training set's real size (kept for learner restarts).
