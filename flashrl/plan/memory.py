@@ -487,13 +487,15 @@ def env_runner_memory(
     cpu_vllm: bool = False,
     kv_cache_memory_bytes: int | None = None,
     cpu_engine: str | None = None,
+    kv_cache_source: str = "kv_cache_memory_bytes",
 ) -> EnvRunnerMemory:
     """The env-runner formula of the module docstring.
 
     ``cpu_vllm``: the engine is vLLM's CPU build, which reserves ``kv_cache_budget`` bytes (or
     ``kv_cache_memory_bytes`` when given, on either platform); raises its ``ValueError`` when one
     full-context sequence cannot fit. ``cpu_engine``: the engine (``torch`` or ``vllm``) of a runner
-    on the CPU, whose processes count (``runner_process_bytes``); None on a GPU.
+    on the CPU, whose processes count (``runner_process_bytes``); None on a GPU. ``kv_cache_source``: what
+    set ``kv_cache_memory_bytes``, as an error names it.
     """
     e = DTYPE_BYTES[engine_dtype]
     per_token = kv_bytes_per_token(
@@ -509,7 +511,7 @@ def env_runner_memory(
             context_tokens=max_episode_tokens,
             bytes_per_token=per_token,
             block_size=CPU_BLOCK_SIZE if cpu_vllm else GPU_BLOCK_SIZE,
-            source="kv_cache_memory_bytes",
+            source=kv_cache_source,
         )
     elif cpu_vllm:
         reserved = kv_cache_budget(
