@@ -104,7 +104,8 @@ Env runner (one vLLM engine, split over its GPUs by tensor / expert parallelism)
                (K episodes in flight, each at its full context budget: an upper bound)
     reserved = on vLLM's CPU build, the bytes the engine asks for: ``kv_cache_budget`` of
                ``flashrl/engines/memory.py`` (the same call the engine makes: whole blocks, a floor
-               and a cap), or the engine options' ``kv_cache_memory_bytes``; on GPU the engine takes
+               and a cap), or the engine options' ``kv_cache_memory_bytes``, or vLLM's own
+               ``VLLM_CPU_KVCACHE_SPACE`` (GiB; it wins over both); on GPU the engine takes
                its ``gpu_memory_utilization`` share and the plan compares the need with it
     process  = on the CPU, the runner's processes besides the engine's tensors:
                torch engine  PROCESS_BYTES + 2 x P x e  the process, and the weights twice more: a
