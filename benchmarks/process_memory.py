@@ -19,11 +19,17 @@ model's tokenizer) is measured first: the baseline every process starts from. Ab
 quiet cores (the torch engine only).
 
     python benchmarks/process_memory.py       # writes benchmarks/results/process_memory.json, prints a table
+    python benchmarks/process_memory.py --engines vllm --add   # adds vLLM's run, keeps the torch run
+
+A bare worker with vLLM imported (``bare_vllm_worker``) is measured whenever vLLM runs (``--engines``
+alone, with ``--add``: only the bare workers). The committed vLLM run was added this way, after the
+torch run: its ``machine`` and ``bare_worker`` are its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -35,7 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _reports import write_json
 
 OUT = Path(__file__).resolve().parent / "results" / "process_memory.json"
-ROLES = {"EnvRunner": "env_runner", "LearnerActor": "learner", "_BareWorker": "bare_worker"}
+ROLES = {"EnvRunner": "env_runner", "LearnerActor": "learner", "_BareWorker": "bare_worker",
+         "_BareVLLMWorker": "bare_vllm_worker"}
 """Ray's process title (``ray::<class>...``) of each actor measured, and its name here."""
 
 
@@ -118,12 +125,26 @@ class _BareWorker:
         return True
 
 
-def measure_bare(model: str) -> dict[str, int]:
+class _BareVLLMWorker(_BareWorker):
+    """A bare worker that also imports vLLM's CPU build as its engine does (each of a vLLM runner's two
+    processes, the runner and the engine core, holds these imports)."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(model)
+        from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: F401
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: F401
+
+        assert current_platform.is_cpu()
+
+
+def measure_bare(model: str, worker_class: type = _BareWorker) -> dict[str, int]:
     import ray
 
-    worker = ray.remote(num_cpus=1)(_BareWorker).remote(model)
+    role = ROLES[worker_class.__name__]
+    worker = ray.remote(num_cpus=1)(worker_class).remote(model)
     ray.get(worker.ready.remote())
-    out = actor_processes()["bare_worker"]
+    out = actor_processes()[role]
     ray.kill(worker)
     return out
 
@@ -169,27 +190,40 @@ def measure_run(engine: str, iterations: int) -> dict:
     }  # fmt: skip
 
 
-def measure(iterations: int, engines: list[str], output: Path) -> dict:
+def _machine() -> dict:
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "torch": __import__("torch").__version__, "cpus": os.cpu_count(),
+            "load_average_at_start": os.getloadavg()}  # fmt: skip
+
+
+def measure(iterations: int, engines: list[str], output: Path, *, add: bool = False) -> dict:
     """The bare worker, then one run per engine; the JSON is rewritten after each, so a run cut short
-    keeps what was measured before it."""
+    keeps what was measured before it.
+
+    ``add``: keep the output's recorded runs of the other engines and its bare worker; each new run
+    then carries its own ``machine`` and ``bare_worker`` (measured under the same load as the run).
+    """
     import ray
 
-    result: dict = {
-        "benchmark": "process_memory",
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "torch": __import__("torch").__version__, "cpus": os.cpu_count(),
-                    "load_average_at_start": os.getloadavg()},
-        "runs": {},
-    }  # fmt: skip
+    result: dict = {"benchmark": "process_memory", "machine": _machine(), "runs": {}}
+    if add and output.exists():
+        result = json.loads(output.read_text())
     ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False)
     try:
-        result["bare_worker"] = measure_bare("smollm2-135m-instruct")
-        write_json(output, result)
+        bare = measure_bare("smollm2-135m-instruct")
+        if not add:
+            result["bare_worker"] = bare
+            write_json(output, result)
+        if "vllm" in engines or not engines:
+            result["bare_vllm_worker"] = measure_bare("smollm2-135m-instruct", _BareVLLMWorker)
+            write_json(output, result)
         for engine in engines:
+            machine = _machine()
             try:
-                result["runs"][engine] = measure_run(engine, iterations)
+                run = measure_run(engine, iterations)
             except Exception as err:  # noqa: BLE001 - recorded: the other engine's figures still count
-                result["runs"][engine] = {"error": repr(err)}
+                run = {"error": repr(err)}
+            result["runs"][engine] = {**run, "machine": machine, "bare_worker": bare} if add else run
             write_json(output, result)
     finally:
         ray.shutdown()
@@ -199,6 +233,8 @@ def measure(iterations: int, engines: list[str], output: Path) -> dict:
 def table(result: dict) -> str:
     mib = 2**20
     rows = [f"bare worker (imports + tokenizer): peak {result['bare_worker']['peak_rss_bytes'] / mib:.0f} MiB",
+            *([f"bare worker with vLLM imported: peak {result['bare_vllm_worker']['peak_rss_bytes'] / mib:.0f} MiB"]
+              if "bare_vllm_worker" in result else []),
             "engine  process      peak RSS    RSS at end   estimate   estimate / peak"]
     for engine, run in result["runs"].items():
         if "error" in run:
@@ -214,11 +250,14 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=2)
-    p.add_argument("--engines", nargs="+", choices=["torch", "vllm"], default=["torch"],
-                   help="engines to run (vllm: its CPU build, about three minutes more)")
+    p.add_argument("--engines", nargs="*", choices=["torch", "vllm"], default=["torch"],
+                   help="engines to run (vllm: its CPU build, about a minute more); none: only the bare "
+                        "workers (with --add: kept beside the recorded runs)")
     p.add_argument("--output", type=Path, default=OUT)
+    p.add_argument("--add", action="store_true",
+                   help="keep the output's runs of the engines not given (re-measure only these engines)")
     a = p.parse_args(argv)
-    result = measure(a.iterations, a.engines, a.output)
+    result = measure(a.iterations, a.engines, a.output, add=a.add)
     print(table(result))
     return 0
 

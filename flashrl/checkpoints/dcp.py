@@ -61,8 +61,23 @@ def save_sharded(
     torch.save(extra_state or {}, blob)
     blob.seek(0)
     state[_EXTRA_KEY] = blob
-    dcp.save(state, checkpoint_id=path)
+    try:
+        dcp.save(state, checkpoint_id=path)
+    except CheckpointException as error:  # every rank raises it (DCP gathers the ranks' failures)
+        raise _rank_failure(error) from error
     return path
+
+
+def _rank_failure(error: CheckpointException) -> Exception:
+    """DCP's gathered failure as the first failing rank's own error, an ``Exception`` (DCP's derives from
+    ``BaseException``, which Ray's actors and the checkpoint writer do not treat as an error): a disk's
+    ``OSError`` keeps its errno, so the save is reported, and retried, as the disk's failure."""
+    for rank, (failure, _) in sorted(error.failures.items()):
+        if isinstance(failure, OSError):
+            return OSError(failure.errno, f"{failure.strerror or failure} (learner rank {rank})", failure.filename)
+        if isinstance(failure, Exception):
+            return RuntimeError(f"learner rank {rank}: {type(failure).__name__}: {failure}")
+    return RuntimeError(str(error))
 
 
 def load_sharded(

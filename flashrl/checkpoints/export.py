@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from flashrl.checkpoints.save_failure import is_disk_error
+
 __all__ = ["EXPORT_BUCKET_BYTES", "export_hf", "merge_adapter_folder", "replace_folder", "save_adapter",
            "save_pretrained"]
 
@@ -62,13 +64,21 @@ def export_hf(
     entries = dict(tensors)
     plan = _export_plan(model, entries, dtype=dtype, bucket_bytes=bucket_bytes)
     buckets = _GatheredBuckets(entries, gather, plan, dtype=dtype)
+    refused = None
     if _rank() == 0:
-        replace_folder(target, lambda tmp: _write_hf_folder(model, buckets, len(plan), tmp,
-                                                            tokenizer_source=tokenizer_source, dtype=dtype))
+        try:
+            replace_folder(target, lambda tmp: _write_hf_folder(model, buckets, len(plan), tmp,
+                                                                tokenizer_source=tokenizer_source, dtype=dtype))
+        except Exception as error:
+            if not is_disk_error(error):
+                raise
+            refused = error  # raised below, once rank 0 has joined the gathers the other ranks still make
     for _ in buckets:  # the other ranks join the same gathers (rank 0 consumed them while writing)
         pass
     if dist.is_initialized():
         dist.barrier()
+    if refused is not None:  # every rank is past the export: the learners stay in step, a later save retries
+        raise refused
     return str(target)
 
 

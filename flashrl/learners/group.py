@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 __all__ = ["LearnerActor", "LearnerGroup", "LearnerGroupError"]
 
+FINISH_GRACE_S = 60.0
+"""After one rank's save raised: how long the other ranks may take to end the same call before the group
+counts as out of step (stopped)."""
+
 
 class LearnerGroupError(RuntimeError):
     """A learner actor died, timed out or the group was used after it broke or shut down."""
@@ -325,7 +329,8 @@ class LearnerGroup:
         if self._local is not None:
             return self._local.save_state(path)
         path = os.fspath(path)
-        return self._call("save_state", [actor.save_state.remote(path) for actor in self._actors])[0]
+        return self._call("save_state", [actor.save_state.remote(path) for actor in self._actors],
+                          keeps_state=True)[0]
 
     def load_state(self, path: str | os.PathLike[str], *, layout: str | None = None) -> None:
         """``Learner.load_state`` on every rank (DCP reshards a folder saved by another number of learners).
@@ -348,7 +353,8 @@ class LearnerGroup:
         if self._local is not None:
             return self._local.save_policy(path)
         path = os.fspath(path)
-        return self._call("save_policy", [actor.save_policy.remote(path) for actor in self._actors])[0]
+        return self._call("save_policy", [actor.save_policy.remote(path) for actor in self._actors],
+                          keeps_state=True)[0]
 
     def shutdown(self) -> None:
         """Stop the actors (idempotent). The group cannot be used afterwards."""
@@ -392,10 +398,15 @@ class LearnerGroup:
             raise LearnerGroupError(f"This LearnerGroup cannot be used: {self._broken}. Build a new one.")
 
     def _call(
-        self, what: str, refs: Sequence[Any], *, timeout_s: float | None = None, first_rank: int = 0
+        self, what: str, refs: Sequence[Any], *, timeout_s: float | None = None, first_rank: int = 0,
+        keeps_state: bool = False,
     ) -> list[Any]:
         """Results of ``refs`` (ranks ``first_rank``, ``first_rank + 1``, ... in order), failing fast on the
-        first actor death, error or timeout."""
+        first actor death, error or timeout.
+
+        ``keeps_state``: the call changes no replica's training state (a save). An error it raises leaves
+        the group usable when every rank finishes the call (none is left inside a collective), so a
+        failed save can be retried; otherwise an error on one of several ranks stops the group."""
         import ray
 
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
@@ -415,6 +426,8 @@ class LearnerGroup:
             try:
                 ray.get(ready[0], timeout=0 if deadline is None else max(deadline - time.monotonic(), 0.0))
             except ray.exceptions.RayTaskError:
+                if keeps_state and self._all_finish(pending, deadline):
+                    raise  # every rank is out of the call: the replicas are still in step
                 if len(self._actors) > 1:
                     # Its partners may now wait forever inside a collective: the group is unusable.
                     self._broken = f"learner rank {rank_of[ready[0]]} raised during '{what}'"
@@ -428,6 +441,27 @@ class LearnerGroup:
                     error,
                 )
         return ray.get(list(refs))
+
+    def _all_finish(self, refs: Sequence[Any], deadline: float | None) -> bool:
+        """Whether every call of ``refs`` ends before ``deadline``, returning or raising in its actor (not
+        with the actor's death)."""
+        import ray
+
+        if refs:
+            # A save's ranks end together (DCP gathers their failures, the export ends in a barrier): one
+            # still running a while later waits inside a collective for a partner that left it.
+            remaining = FINISH_GRACE_S if deadline is None else min(FINISH_GRACE_S, deadline - time.monotonic())
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=max(remaining, 0.0))
+            if len(ready) < len(refs):
+                return False
+        for ref in refs:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayTaskError:
+                continue
+            except ray.exceptions.RayError:
+                return False
+        return True
 
     def _fail(self, message: str, cause: BaseException | None = None) -> None:
         self._broken = message

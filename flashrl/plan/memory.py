@@ -104,7 +104,8 @@ Env runner (one vLLM engine, split over its GPUs by tensor / expert parallelism)
                (K episodes in flight, each at its full context budget: an upper bound)
     reserved = on vLLM's CPU build, the bytes the engine asks for: ``kv_cache_budget`` of
                ``flashrl/engines/memory.py`` (the same call the engine makes: whole blocks, a floor
-               and a cap), or the engine options' ``kv_cache_memory_bytes``; on GPU the engine takes
+               and a cap), or the engine options' ``kv_cache_memory_bytes``, or vLLM's own
+               ``VLLM_CPU_KVCACHE_SPACE`` (GiB; it wins over both); on GPU the engine takes
                its ``gpu_memory_utilization`` share and the plan compares the need with it
     process  = on the CPU, the runner's processes besides the engine's tensors:
                torch engine  PROCESS_BYTES + 2 x P x e  the process, and the weights twice more: a
@@ -112,9 +113,13 @@ Env runner (one vLLM engine, split over its GPUs by tensor / expert parallelism)
                              the runner's resident set (shared memory), and while the first update
                              is copied in, the model's safetensors file (mapped when the engine
                              built it) is still resident next to the weights being written
-               vLLM          PROCESS_BYTES                the runner's process (vLLM's engine-core
-                             process, which holds the weights and the KV cache, adds its own
-                             Python, torch and vLLM: not measured yet, not counted)
+               vLLM          2 x VLLM_PROCESS_BYTES + 5 x P x e   two processes, the runner and
+                             vLLM's engine core (which holds the weights and the KV cache), each
+                             with vLLM imported, each peaking like a torch-engine runner: the
+                             weights and an update's two more copies (the runner holds no weights
+                             of its own but passes every update on: three copies; the engine core
+                             two besides its weights, counted above). A fit to the measured peaks
+                             (below), not a sampled breakdown of where those bytes sit
                (0 on a GPU: that estimate is of device memory)
 
 Measured (``benchmarks/process_memory.py``, ``benchmarks/results/process_memory.json``, SmolLM2-135M
@@ -122,7 +127,11 @@ in float32 on the CPU, a learner and a torch-engine env runner as Ray actors, tw
 worker (Python, torch, transformers, Ray's worker and flashrl imported, the tokenizer loaded) peaked
 at 570 MiB; the runner at 2653 MiB (its process and a 57 MiB child), estimated 2184 MiB (0.82);
 the learner at 3993 MiB, estimated 4605 MiB (1.15; its activations counted at the full 256-token
-context, its episodes were about 57 tokens). Without the process terms the runner's estimate was
+context, its episodes were about 57 tokens). With vLLM's CPU build (``runs.vllm``: its own bare
+worker and load) the runner's process peaked at 2660 MiB and its engine-core child at 2937 MiB,
+5597 MiB together, estimated 4542 MiB (0.81; the JSON's ``estimate_when_measured``, 1177 MiB, counted
+the runner's process only); a bare worker with vLLM imported peaked at 663 MiB
+(``bare_vllm_worker``). Without the process terms the runner's estimate was
 558 MiB (weights and KV cache only). Where the runner's bytes sit was sampled from ``/proc``
 during that run (``benchmarks/results/process_memory_rss_samples.log``: the update's bucket as
 shared memory, the model's file pages, the anonymous weights). ``tests/plan/test_memory.py`` holds
@@ -169,6 +178,9 @@ PROCESS_BYTES = 600 * MIB
 """A flashrl worker process on the CPU before its model: Python, torch, transformers, Ray's worker and
 flashrl imported, the tokenizer loaded (``benchmarks/results/process_memory.json``, ``bare_worker``:
 570 MiB, rounded up)."""
+VLLM_PROCESS_BYTES = 700 * MIB
+"""``PROCESS_BYTES`` with vLLM's CPU build imported, each of a vLLM runner's two processes
+(``benchmarks/results/process_memory.json``, ``bare_vllm_worker``: 663 MiB, rounded up)."""
 EXPORT_BUCKET_BYTES = GIB
 """X of the module docstring: ``flashrl.checkpoints.export.EXPORT_BUCKET_BYTES`` (not imported: no torch here)."""
 
@@ -476,13 +488,15 @@ def env_runner_memory(
     cpu_vllm: bool = False,
     kv_cache_memory_bytes: int | None = None,
     cpu_engine: str | None = None,
+    kv_cache_source: str = "kv_cache_memory_bytes",
 ) -> EnvRunnerMemory:
     """The env-runner formula of the module docstring.
 
     ``cpu_vllm``: the engine is vLLM's CPU build, which reserves ``kv_cache_budget`` bytes (or
     ``kv_cache_memory_bytes`` when given, on either platform); raises its ``ValueError`` when one
     full-context sequence cannot fit. ``cpu_engine``: the engine (``torch`` or ``vllm``) of a runner
-    on the CPU, whose processes count (``runner_process_bytes``); None on a GPU.
+    on the CPU, whose processes count (``runner_process_bytes``); None on a GPU. ``kv_cache_source``: what
+    set ``kv_cache_memory_bytes``, as an error names it.
     """
     e = DTYPE_BYTES[engine_dtype]
     per_token = kv_bytes_per_token(
@@ -498,7 +512,7 @@ def env_runner_memory(
             context_tokens=max_episode_tokens,
             bytes_per_token=per_token,
             block_size=CPU_BLOCK_SIZE if cpu_vllm else GPU_BLOCK_SIZE,
-            source="kv_cache_memory_bytes",
+            source=kv_cache_source,
         )
     elif cpu_vllm:
         reserved = kv_cache_budget(
@@ -521,7 +535,10 @@ def runner_process_bytes(engine: str, *, weights: int) -> int:
     """``process`` of the env-runner formula: a CPU runner's processes besides its engine's tensors."""
     if engine == "torch":  # one process; the update's buckets mapped from the object store, the model's file
         return PROCESS_BYTES + 2 * weights
-    return PROCESS_BYTES  # the runner's process; vLLM's engine-core process is not measured yet
+    # vLLM: the runner's process and its engine core, each with vLLM imported; the runner passes every
+    # update on (3 copies), the engine core holds two besides the weights counted by the caller
+    # (benchmarks/results/process_memory.json, runs.vllm: 2660 + 2937 MiB measured, 4542 estimated)
+    return 2 * VLLM_PROCESS_BYTES + 5 * weights
 
 
 def format_bytes(n: float) -> str:

@@ -20,12 +20,13 @@ attribute: the core imports no algorithm.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from flashrl.engines import engine_options_for_run
 from flashrl.engines.colocation import colocated_engine_options, is_colocated, resolve_sleep_mode
-from flashrl.engines.memory import DEFAULT_MAX_NUM_SEQS
+from flashrl.engines.memory import DEFAULT_MAX_NUM_SEQS, GIB
 from flashrl.models.lora import LoRASettings
 from flashrl.plan.architectures import Architecture, architecture_for
 from flashrl.plan.memory import EnvRunnerMemory, LearnerMemory, env_runner_memory, learner_memory_for
@@ -193,12 +194,16 @@ def plan_run(config: Any, *, model_path: str | None = None, raise_problems: bool
                                                 num_seqs=config.episodes_in_flight_per_env_runner)  # fmt: skip
     engine = _runner_engine(config, runner_options)
     runner = None
+    cpu_vllm = config.engine == "vllm" and runner_gpus == 0
+    kv_bytes, kv_source = runner_options.get("kv_cache_memory_bytes"), "kv_cache_memory_bytes"
+    legacy = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip() if cpu_vllm else ""
+    if legacy.isdigit():  # vLLM's CPU build lets it win over the engine's setting (flashrl.engines.vllm_engine)
+        kv_bytes, kv_source = int(legacy) * GIB, f"VLLM_CPU_KVCACHE_SPACE={legacy} (GiB)"
     if arch is not None:
         try:
             runner = env_runner_memory(
                 arch, engine_dtype=engine.dtype, episodes_in_flight=engine.num_seqs, max_episode_tokens=engine.context,
-                cpu_vllm=config.engine == "vllm" and runner_gpus == 0,
-                kv_cache_memory_bytes=runner_options.get("kv_cache_memory_bytes"),
+                cpu_vllm=cpu_vllm, kv_cache_memory_bytes=kv_bytes, kv_cache_source=kv_source,
                 cpu_engine=config.engine if runner_gpus == 0 else None,
             )  # fmt: skip
         except ValueError as err:  # the engine refuses this budget at start, with the same message

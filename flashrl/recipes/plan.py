@@ -232,6 +232,10 @@ def _placement(report: DryRunReport) -> list[str]:
         "GPU": float(nodes.num_nodes * nodes.gpus_per_node),
     }
     per_node = [{"CPU": float(nodes.cpus_per_node), "GPU": float(nodes.gpus_per_node)}] * nodes.num_nodes
+    wider = _wider_than_a_node(bundles, nodes)
+    if wider is not None:  # the actor and the node plan's flag, not only the numbers
+        report.errors.append(f"{wider}.")
+        return lines
     try:
         config.validate_resources(cluster, per_node, include_main_process=report.under_tune)
     except ValueError as err:  # ConfigError: the config's own message
@@ -312,10 +316,8 @@ def _first_fit(bundles: list[tuple[str, dict[str, float]]], nodes: NodePlan) -> 
     return placed
 
 
-def placement_error(config: Any, nodes: NodePlan) -> str | None:
-    """Why the config's actors cannot be placed on ``nodes`` (None: they can): one actor needing more GPUs or
-    CPUs than a node has, or actors that do not pack (first fit, as `--dry-run` places them)."""
-    bundles = _bundles(config)
+def _wider_than_a_node(bundles: list[tuple[str, dict[str, float]]], nodes: NodePlan) -> str | None:
+    """The first actor that needs more GPUs (or CPUs) than one node of the plan has, with the fix."""
     for resource, per_node, flag in (("GPU", nodes.gpus_per_node, "--gpus-per-node"),
                                      ("CPU", nodes.cpus_per_node, "--cpus-per-node")):
         name, widest = max(bundles, key=lambda item: item[1].get(resource, 0.0))
@@ -325,6 +327,16 @@ def placement_error(config: Any, nodes: NodePlan) -> str | None:
                 f"node ({nodes.describe()}). Fix: {flag} {math.ceil(widest[resource])} or more, or give that "
                 "actor fewer"
             )
+    return None
+
+
+def placement_error(config: Any, nodes: NodePlan) -> str | None:
+    """Why the config's actors cannot be placed on ``nodes`` (None: they can): one actor needing more GPUs or
+    CPUs than a node has, or actors that do not pack (first fit, as `--dry-run` places them)."""
+    bundles = _bundles(config)
+    wider = _wider_than_a_node(bundles, nodes)
+    if wider is not None:
+        return wider
     if _first_fit(bundles, nodes) is None:
         gpus, cpus = (sum(b.get(k, 0.0) for _, b in bundles) for k in ("GPU", "CPU"))
         return (
@@ -402,7 +414,7 @@ def _runner_process(engine: str) -> str:
     """What a CPU runner's ``process`` bytes are (``flashrl.plan.memory.runner_process_bytes``)."""
     if engine == "torch":
         return "its process, an update's buckets mapped from Ray's object store, the model's file"
-    return "its process; vLLM's engine-core process not counted"
+    return "its process and vLLM's engine-core process, an update's copies of the weights in both"
 
 
 def start_memory_warning(config: Any) -> str | None:

@@ -171,3 +171,67 @@ def test_the_hf_export_streams_whole_layers_per_file(tmp_path, layered_model):
     loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def _disk_full_in(actor_function: str):
+    """Run in a learner actor: ``actor_function`` (``module:name``) raises ENOSPC from now on; the original
+    is kept so that ``_disk_back`` restores it."""
+
+    def patch(actor) -> None:
+        import errno
+        import importlib
+
+        module_name, name = actor_function.split(":")
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device", "shard")
+
+        full.original = original
+        setattr(module, name, full)
+
+    return patch
+
+
+def _disk_back(actor_function: str):
+    def restore(actor) -> None:
+        import importlib
+
+        module_name, name = actor_function.split(":")
+        module = importlib.import_module(module_name)
+        setattr(module, name, getattr(module, name).original)
+
+    return restore
+
+
+def test_a_save_the_disk_refuses_on_one_rank_leaves_the_learners_usable_and_a_later_save_works(
+    ray_cluster, make_spec, layered_model, batches, tmp_path
+):
+    """Before, the failing rank's error stopped the group (its actors killed), so the run that logged the
+    failed save and went on to retry at the next interval stopped at the next update instead."""
+    from flashrl.checkpoints.save_failure import CheckpointSaveError
+
+    batch, next_batch = batches
+    spec = replace(make_spec(**OPTIONS), model=layered_model)
+    group = LearnerGroup(spec, num_learners=2, num_cpus_per_learner=0.5, timeout_s=300.0)
+    shard_write = "torch.distributed.checkpoint.filesystem:_write_item"
+    export_write = "safetensors.torch:save_file"
+    try:
+        group.update(batch)
+        # rank 1's shard write fails (DCP gathers it to both ranks); then rank 0's export write fails
+        for rank, function, export in ((1, shard_write, False), (0, export_write, True)):
+            actor = group._actors[rank]
+            ray_cluster.get(actor.__ray_call__.remote(_disk_full_in(function)))
+            path = tmp_path / f"ckpt_{rank}"
+            with pytest.raises(CheckpointSaveError, match=r"No space left on device.*Free space on its disk"):
+                write_checkpoint(path, config={}, learner_group=group, algorithm_state={"iteration": 1},
+                                 export_policy=export)
+            assert group.failure is None, group.failure
+            assert not path.exists() and not Path(f"{path}.tmp").exists()
+            ray_cluster.get(actor.__ray_call__.remote(_disk_back(function)))
+        assert group.update(next_batch)["version"] == 2  # training goes on
+        path = write_checkpoint(tmp_path / "ckpt", config={}, learner_group=group, algorithm_state={"iteration": 2})
+        assert read_checkpoint(path).manifest["learner_layout"] == "dcp"
+    finally:
+        group.shutdown()

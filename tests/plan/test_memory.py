@@ -206,10 +206,11 @@ def test_cpu_runner_and_learner_estimates_against_the_committed_measurement() ->
     """The dry run's per-runner and learner totals within 30% of the processes' measured peak RSS
     (SmolLM2-135M on the CPU, a learner and an env runner as Ray actors, for each engine measured)."""
     from flashrl.plan import plan_run
-    from flashrl.plan.memory import PROCESS_BYTES
+    from flashrl.plan.memory import PROCESS_BYTES, VLLM_PROCESS_BYTES
 
     result = json.loads(PROCESSES.read_text())
     assert PROCESS_BYTES >= result["bare_worker"]["peak_rss_bytes"]  # the baseline every process starts from
+    assert VLLM_PROCESS_BYTES >= result["bare_vllm_worker"]["peak_rss_bytes"]  # ... with vLLM imported
     bench = _process_benchmark()
     checked = []
     for engine, run in result["runs"].items():
@@ -223,9 +224,11 @@ def test_cpu_runner_and_learner_estimates_against_the_committed_measurement() ->
             assert abs(estimate - measured) <= 0.3 * measured, (engine, role, format_bytes(estimate),
                                                                 format_bytes(measured))
             checked.append((engine, role))
-            if engine == "torch":  # the estimates docs/benchmarks.md quotes beside the measurement (MiB)
-                assert round(estimate / 2**20) == {"env_runner": 2184, "learner": 4605}[role], (role, estimate)
-    assert ("torch", "env_runner") in checked and ("torch", "learner") in checked
+            # the estimates docs/benchmarks.md quotes beside the measurement (MiB)
+            quoted = {("torch", "env_runner"): 2184, ("torch", "learner"): 4605,
+                      ("vllm", "env_runner"): 4543, ("vllm", "learner"): 4605}[engine, role]
+            assert round(estimate / 2**20) == quoted, (engine, role, estimate)
+    assert {(e, r) for e in ("torch", "vllm") for r in ("env_runner", "learner")} <= set(checked)
 
 
 def test_lora_counts_a_frozen_base_and_a_float32_adapter_with_its_gradients_and_moments(tiny_llama_path) -> None:

@@ -110,6 +110,19 @@ def test_an_impossible_kv_budget_is_recorded_not_raised() -> None:
     assert plan.runner_memory_error.startswith("kv_cache_memory_bytes gives the KV cache 0.0 MiB (10 bytes)")
 
 
+def test_vllm_s_legacy_cpu_kv_cache_variable_is_what_the_estimate_counts(monkeypatch) -> None:
+    """VLLM_CPU_KVCACHE_SPACE (GiB) wins over the engine's KV budget in vLLM's CPU build, so in the plan too."""
+    default = plan_run(_cpu(engine="vllm")).runner_memory
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    legacy = plan_run(_cpu(engine="vllm")).runner_memory
+    assert default.kv_cache_reserved != 3 * 2**30 and legacy.kv_cache_reserved == 3 * 2**30
+    assert legacy.total - default.total == 3 * 2**30 - default.kv_cache_reserved
+    assert plan_run(_cpu(engine="torch")).runner_memory.kv_cache_reserved is None  # the torch engine ignores it
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0")
+    refused = plan_run(_cpu(engine="vllm"), raise_problems=False)
+    assert refused.runner_memory is None and refused.runner_memory_error.startswith("VLLM_CPU_KVCACHE_SPACE=0 (GiB)")
+
+
 def test_the_plan_is_read_only() -> None:
     plan = plan_run(_cpu())
     assert isinstance(plan, RunPlan)

@@ -119,8 +119,10 @@ def test_an_actor_larger_than_a_node_is_incoherent(capsys: pytest.CaptureFixture
         "--num-nodes",
         "3",
     )
-    assert code == 1
-    assert "one actor asks for 16 but the largest node has 8" in out
+    assert code == 1  # the actor, the plan's GPUs per node and the flag that changes them
+    assert "learner 0 needs 16 GPUs on one node, but the node plan has 8 per node (3 node(s) x [8 GPUs" in out
+    assert "Fix: --gpus-per-node 16 or more, or give that actor fewer." in out
+    assert "VERDICT: INCOHERENT" in out
 
 
 def test_engine_parallelism_must_match_runner_gpus(capsys: pytest.CaptureFixture[str]) -> None:

@@ -95,7 +95,7 @@ class FlashReinforce(Trainable):
 
     def setup(self, config: dict[str, Any]) -> None:
         from flashrl.models import resolve_model
-        from flashrl.ray_utils import check_resources, init_or_join
+        from flashrl.ray_utils import check_cluster_nodes, check_resources, init_or_join
 
         given = self._given_config
         plain = {k: v for k, v in config.items() if not k.startswith("__")}
@@ -116,6 +116,9 @@ class FlashReinforce(Trainable):
         train_size = _check_envs(cfg)
         init_or_join(framework_log_level=cfg.framework_log_level)
         check_resources(self.algo_config)
+        # Every node runs the driver's versions and shares the checkpoint folder (flashrl.ray_utils).
+        check_cluster_nodes([self._checkpoint_folder()] if cfg.checkpoint_dir or cfg.checkpoint_frequency
+                            or cfg.checkpoint_interval_minutes else [])
         # With num_epochs, the horizon follows the training set's real size (kept for learner restarts).
         self.train_size = train_size
         self.total_updates = cfg.learner_spec(model=self.model_path, train_size=train_size).total_updates
@@ -476,7 +479,7 @@ class FlashReinforce(Trainable):
         """Save and record a periodic checkpoint; a save the disk refused is logged and retried at the next
         interval, and stops the run (raises) only after `max_failed_checkpoints` failures in a row."""
         cfg = self.algo_config
-        folder = cfg.checkpoint_dir or os.path.join(self.output_dir, "checkpoints")
+        folder = self._checkpoint_folder()
         # Inside step(): Tune counts this iteration only when step() returns, so it is passed on.
         try:
             path = self._save(os.path.join(folder, f"checkpoint_{iteration:06d}"), iterations_done=iteration,
@@ -510,6 +513,10 @@ class FlashReinforce(Trainable):
         if path is None:
             path = os.path.join(self.output_dir, f"checkpoint_{self.iteration:06d}")
         return self._save(path, iterations_done=self.iteration, export_policy=export_policy)
+
+    def _checkpoint_folder(self) -> str:
+        """Where periodic checkpoints go: ``checkpoint_dir``, else ``<output_dir>/checkpoints``."""
+        return self.algo_config.checkpoint_dir or os.path.join(self.output_dir, "checkpoints")
 
     def _save(self, path: str | os.PathLike[str], *, iterations_done: int, export_policy: bool = True,
               result: dict[str, Any] | None = None) -> str:
