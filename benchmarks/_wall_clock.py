@@ -126,6 +126,10 @@ class _ClockEnd:
     def wait(self) -> None:
         self._timer.join()
 
+    def cancel(self) -> None:
+        """A run that failed before the budget: no reading then (a no-op once the timer fired)."""
+        self._timer.cancel()
+
 
 def train_for(algo: Any, *, budget_s: float, snapshot_times: Sequence[float], label: str
               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -144,24 +148,28 @@ def train_for(algo: Any, *, budget_s: float, snapshot_times: Sequence[float], la
     stat0 = cpu_times()
     t0 = time.perf_counter()
     end.start()
-    while True:
-        result = algo.train()
-        seconds = time.perf_counter() - t0
-        if seconds > budget_s:  # completed after the clock stopped: not counted
-            discarded = {"completed_at_s": seconds, "iteration_s": float(result["timers/iteration_s"])}
-            break
-        rollouts += int(result["num_episodes"])
-        row = _row(result, len(rows) + 1, rollouts, missing)
-        row["t"] = seconds
-        row["generated"] = generated_at(row, mode, zero)
-        rows.append(row)
-        copy_start = time.perf_counter()
-        weights = served_weights(algo)
-        copy_s += time.perf_counter() - copy_start
-        book.completed(seconds, algo.learner_group.version, weights, row["generated"] or 0.0)
-        print(f"  {label} update {len(rows)} at {seconds:.0f}/{budget_s:.0f} s: "
-              f"{result['timers/iteration_s']:.1f} s, return "
-              f"{result.get('env_runners/batch_episode_return_mean', math.nan):.2f}", flush=True)
+    try:
+        while True:
+            result = algo.train()
+            seconds = time.perf_counter() - t0
+            if seconds > budget_s:  # completed after the clock stopped: not counted
+                discarded = {"completed_at_s": seconds, "iteration_s": float(result["timers/iteration_s"])}
+                break
+            rollouts += int(result["num_episodes"])
+            row = _row(result, len(rows) + 1, rollouts, missing)
+            row["t"] = seconds
+            row["generated"] = generated_at(row, mode, zero)
+            rows.append(row)
+            copy_start = time.perf_counter()
+            weights = served_weights(algo)
+            copy_s += time.perf_counter() - copy_start
+            book.completed(seconds, algo.learner_group.version, weights, row["generated"] or 0.0)
+            print(f"  {label} update {len(rows)} at {seconds:.0f}/{budget_s:.0f} s: "
+                  f"{result['timers/iteration_s']:.1f} s, return "
+                  f"{result.get('env_runners/batch_episode_return_mean', math.nan):.2f}", flush=True)
+    except BaseException:
+        end.cancel()
+        raise
     end.wait()
     record = {
         "rollout_mode": mode,

@@ -220,6 +220,7 @@ class WallAnalysis:
     render: Callable[..., str]
     pilot_summary: Callable[..., dict[str, Any]]
     config_record: Callable[..., Any]
+    previous_configs: Callable[[str], dict[str, Any]]
 
 
 def run_wall(args: argparse.Namespace, argv: Sequence[str] | None, analysis: WallAnalysis) -> dict[str, Any]:
@@ -262,10 +263,11 @@ def run_wall(args: argparse.Namespace, argv: Sequence[str] | None, analysis: Wal
                 arm, lr, seed, attempt = todo
                 label = f"{phase} {arm} lr={lr if lr is not None else 'job'} seed {seed} try {attempt}"
                 load = wait_for_idle(args.max_load, args.load_wait_s)
-                config = analysis.make_config(task.job, scale, task, model_path=model_path, arm=arm, lr=lr, seed=seed,
-                                     dtype=settings.get("dtype"))
+                config = analysis.make_config(task.job, scale, task, model_path=model_path, arm=arm, lr=lr,
+                                              seed=seed, dtype=settings.get("dtype"))
                 configs.setdefault(arm, analysis.config_record(config, model=scale.model))
                 print(f"{label}: load {load:.2f}, lr {config.lr:g}, {task.budget_s:.0f} s", flush=True)
+
                 def run(config: Any = config, label: str = label) -> dict[str, Any]:
                     return wall_run(config, budget_s=task.budget_s, snapshot_times=task.snapshot_times,
                                     pinning=pinning, label=label, snapshot_dir=snapshot_dir,
@@ -277,8 +279,8 @@ def run_wall(args: argparse.Namespace, argv: Sequence[str] | None, analysis: Wal
                 if any(cause.startswith("crash:") for cause in line["invalid"]):
                     raise SystemExit(f"{label} crashed (logged with its traceback in {log.path}); fix the cause "
                                      "and start again with --resume (the key runs again from scratch)")
-                if task.tuned and phase == "pilot":
-                    choices = chosen_rates(log.runs(), task)
+    # a report written from the log alone keeps the arms' configs of the report it rewrites
+    configs = {**(analysis.previous_configs(args.output) if args.resume else {}), **configs}
     return write_wall_report(args, argv, task, log.runs(), settings, configs, analysis, phase=phase)
 
 

@@ -405,7 +405,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.task in WALL_TASKS:
         return run_wall(args, argv, WallAnalysis(make_config=make_config, compare=compare, render=render,
-                                                 pilot_summary=pilot_summary, config_record=config_record))
+                                                 pilot_summary=pilot_summary, config_record=config_record,
+                                                 previous_configs=previous_configs))
     task = TASKS[args.task]
     if args.quick:
         task = dataclasses.replace(task, **QUICK_TASK)
