@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from _paired import time_to_reach
@@ -322,3 +323,28 @@ def test_the_wall_flags_refuse_what_the_preregistration_fixes(bench, tmp_path):
                        str(pc.RESULTS / "paired_comparison_sums_wall.json")])
     smoke = pc.parse_args(["--task", "sums_wall", "--smoke-budget-s", "45", "--arms", "flash_async", "--seeds", "0"])
     assert "flashrl-bench-smoke" in smoke.output
+
+
+def test_the_worker_hook_pins_every_thread_of_its_process():
+    """In a child process with a thread already running (as a Ray worker has): the hook pins both threads."""
+    import subprocess
+    import sys
+
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    core = min(os.sched_getaffinity(0))
+    code = (
+        "import json, os, threading, time\n"
+        "from _pinning import pin_worker_from_env, pinning_problems, side_affinity\n"
+        "stop = threading.Event(); t = threading.Thread(target=stop.wait); t.start()\n"
+        f"before = pinning_problems(side_affinity(os.getpid()), [{core}], side='w')\n"
+        "pin_worker_from_env()\n"
+        "reading = side_affinity(os.getpid(), reported=os.sched_getaffinity(0))\n"
+        f"print(json.dumps([len(reading['process']['threads']), bool(before), "
+        f"pinning_problems(reading, [{core}], side='w')]))\n"
+        "stop.set()\n"
+    )
+    env = {**os.environ, "FLASHRL_BENCH_RUNNER_CORES": str(core), "PYTHONPATH": str(benchmarks)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
+    threads, off_before, problems = json.loads(out.stdout)
+    assert threads >= 2 and problems == []
+    assert off_before == (len(os.sched_getaffinity(0)) > 1)  # on more than one core, the check saw it unpinned
