@@ -210,7 +210,9 @@ class SnapshotEvaluator:
     def __init__(self, config: Any, engine_options: dict[str, Any], model_path: str) -> None:
         from flashrl.cli import InProcessRunner
 
-        config.validate()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the sync_group "comparison baseline" notice, once per run is enough
+            config.validate()
         self.spec = config.env_runner_spec(engine_options=engine_options)
         self.num_samples = config.evaluation_num_samples_per_prompt
         self._runner = InProcessRunner(self.spec, model_path)
@@ -311,7 +313,7 @@ def wall_run(config: Any, *, budget_s: float, snapshot_times: Sequence[float], p
 
 @contextlib.contextmanager
 def pinned_ray(pinning: Pinning, *, quick: bool) -> Any:
-    """A local Ray started for this benchmark with the pinning hook (refused when Ray runs already: its
+    """A new local Ray started for this benchmark with the pinning hook (never one that runs already: its
     workers would not have the hook, and no run could count); shut down after."""
     import _pinning
     import ray
@@ -325,7 +327,7 @@ def pinned_ray(pinning: Pinning, *, quick: bool) -> Any:
         raise RuntimeError(f"expected cores {pinning.runner_cores} and {pinning.learner_cores} to be usable, "
                            f"this process may use {sorted(os.sched_getaffinity(0))}")
     ray.cloudpickle.register_pickle_by_value(_pinning)  # the hook and the probe travel by value
-    connect_ray(extra_runtime_env=_pinning.runtime_env(pinning))
+    connect_ray(extra_runtime_env=_pinning.runtime_env(pinning), own_cluster=True)
     try:
         yield
     finally:
