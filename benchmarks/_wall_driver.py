@@ -284,6 +284,17 @@ def run_wall(args: argparse.Namespace, argv: Sequence[str] | None, analysis: Wal
     return write_wall_report(args, argv, task, log.runs(), settings, configs, analysis, phase=phase)
 
 
+def _bfloat16_flags() -> list[str] | None:
+    """The native-bfloat16 flags /proc/cpuinfo lists (None where it cannot be read)."""
+    from flashrl.learners.cpu_bfloat16 import BF16_FLAGS
+
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return sorted({flag for flag in BF16_FLAGS if f" {flag}" in text})
+
+
 def write_wall_report(args: argparse.Namespace, argv: Sequence[str] | None, task: WallTask,
                       runs: list[dict[str, Any]], settings: Mapping[str, Any], configs: Mapping[str, Any],
                       analysis: WallAnalysis, *, phase: str) -> dict[str, Any]:
@@ -317,6 +328,7 @@ def write_wall_report(args: argparse.Namespace, argv: Sequence[str] | None, task
         "seal": {"sealed": sealed, "missing_seeds": missing,
                  "unsealed_early": bool(counted) and not complete and args.final},
         "machine": machine(),
+        "cpu_bfloat16_flags": _bfloat16_flags(),  # part 2's dtype follows them (clarification 9)
     }
     print()
     if report["pilots"]:

@@ -289,6 +289,7 @@ def test_the_report_compares_twelve_paired_seeds_and_stays_sealed_before(bench, 
     assert report["arms"]["flash_async"]["n"] == 12 and report["arms"]["flash_async"]["busy_fraction_mean"] == {
         "0": pytest.approx(0.9), "1": pytest.approx(0.5)}
     assert report["area_over_generated"]["0"]["N"] == 600.0
+    assert set(report["cpu_bfloat16_flags"]) <= {"avx512_bf16", "amx_bf16"}
 
 
 def test_the_report_of_the_pilots_gives_each_arms_grid_and_choice(bench, tmp_path):
