@@ -209,6 +209,22 @@ def render_runs(runs: Sequence[Mapping[str, Any]]) -> str:
     return table(["phase", "arm", "lr", "seed", "try", "valid", "runner cpus", "learner cpus", "area", "invalid"], rows)
 
 
+def _rates(args: argparse.Namespace, task: WallTask, phase: str, runs: Sequence[Mapping[str, Any]]
+           ) -> dict[str, float | None]:
+    """Each arm's learning rate for this phase: the pilots' choice (counted), the job's or --lr (part 2, a
+    smoke, --quick); {} for the pilots (their rates come from the grids)."""
+    if args.smoke_budget_s is not None or not task.tuned or (args.quick and phase == "counted"):
+        return {arm: args.lr for arm in task.arms}
+    if phase != "counted" or args.report_only:
+        return {}
+    choices = chosen_rates(runs, task)
+    missing = [arm for arm in task.arms if choices[arm]["choice"] is None]
+    if missing:
+        raise SystemExit(f"--phase counted: the pilots have not chosen a rate for {missing} yet "
+                         f"({ {a: choices[a] for a in missing} }); run --phase pilot --resume first")
+    return {arm: choices[arm]["choice"]["lr"] for arm in task.arms}
+
+
 @dataclasses.dataclass(frozen=True)
 class WallAnalysis:
     """What the wall tasks reuse of `paired_comparison.py` (it imports this module, so they come as arguments)."""
@@ -243,17 +259,7 @@ def run_wall(args: argparse.Namespace, argv: Sequence[str] | None, analysis: Wal
     log = RunLog(args.output, key_fields=KEY_FIELDS, settings=settings, resume=args.resume,
                  discard=args.discard_log or args.quick or smoke)
     arms = args.arms or list(task.arms)
-    choices = chosen_rates(log.runs(), task) if task.tuned else {}
-    if smoke or not task.tuned or (args.quick and phase == "counted"):
-        lrs: dict[str, float | None] = {arm: args.lr for arm in task.arms}
-    elif phase == "counted" and not args.report_only:
-        missing = [arm for arm in task.arms if choices[arm]["choice"] is None]
-        if missing:
-            raise SystemExit(f"--phase counted: the pilots have not chosen a rate for {missing} yet "
-                             f"({ {a: choices[a] for a in missing} }); run --phase pilot --resume first")
-        lrs = {arm: choices[arm]["choice"]["lr"] for arm in task.arms}
-    else:
-        lrs = {}
+    lrs = _rates(args, task, phase, log.runs())
     configs: dict[str, Any] = {}
     if not args.report_only:
         snapshot_dir = Path(tempfile.gettempdir()) / "flashrl-bench-snapshots"

@@ -349,3 +349,10 @@ def test_the_worker_hook_pins_every_thread_of_its_process():
     threads, off_before, problems = json.loads(out.stdout)
     assert threads >= 2 and problems == []
     assert off_before == (len(os.sched_getaffinity(0)) > 1)  # on more than one core, the check saw it unpinned
+
+
+def test_the_counted_runs_are_refused_before_the_pilots_chose_every_rate(bench, tmp_path):
+    """Refused before Ray or a model starts: nothing runs at a rate the pilots did not choose."""
+    with pytest.raises(SystemExit, match="pilots have not chosen a rate"):
+        bench("paired_comparison").main(["--task", "sums_wall", "--phase", "counted",
+                                         "--output", str(tmp_path / "w.json")])
