@@ -4,6 +4,7 @@
 - `paired_difference`: mean of per-seed differences, its 95% t-interval and the exact sign-flip
   permutation p-value.
 - `holm`: Holm's step-down adjustment of several p-values.
+- `time_to_reach`: when a curve first reaches a target, interpolated (evidence-3's time to 0.6).
 """
 
 from __future__ import annotations
@@ -50,6 +51,20 @@ def accuracy_at(curve: Sequence[Mapping[str, Any]], budget: float, *, x: str = "
 def first_reaching(curve: Sequence[Mapping[str, Any]], target: float, *, x: str = "generated") -> float | None:
     """The x of the first evaluation with accuracy >= target; None if none reached it."""
     return next((float(p[x]) for p in curve if p["accuracy"] >= target), None)
+
+
+def time_to_reach(curve: Sequence[Mapping[str, Any]], target: float, *, x: str = "t") -> float | None:
+    """The x at which accuracy first reaches `target`, linearly interpolated between evaluations; None if never.
+
+    An evaluation at or above the target right at the start gives its own x (the curve starts there).
+    """
+    points = [(float(p[x]), float(p["accuracy"])) for p in curve]
+    if points and points[0][1] >= target:
+        return points[0][0]
+    for (x0, y0), (x1, y1) in pairwise(points):
+        if y0 < target <= y1:
+            return x0 + (x1 - x0) * (target - y0) / (y1 - y0)
+    return None
 
 
 def _betacf(a: float, b: float, x: float) -> float:

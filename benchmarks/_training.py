@@ -60,11 +60,12 @@ def _row(result: Mapping[str, Any], update: int, rollouts: int, missing: set[str
 
 
 def _evaluate(algo: Any, update: int, rollouts: int, generated: float | None) -> dict[str, Any]:
-    metrics = algo.evaluate()
+    return {"update": update, "rollouts": rollouts, "generated": generated, **evaluation_point(algo.evaluate())}
+
+
+def evaluation_point(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """What a benchmark keeps of one held-out evaluation's metrics (`algo.evaluate()` or `run_evaluation`)."""
     return {
-        "update": update,
-        "rollouts": rollouts,
-        "generated": generated,
         "accuracy": float(metrics[ACCURACY]),
         "num_episodes": int(metrics.get("evaluation/num_episodes", 0)),
         "seconds": float(metrics.get("timers/evaluation_s", math.nan)),

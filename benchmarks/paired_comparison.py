@@ -17,6 +17,13 @@ Two tasks:
 * `--task tool` (part 2): the CPU tool job; arms `flash_async` and `grpo`, the job's learning rate,
   seeds 0, 1, 2, 320 generated rollouts; held-out success, tool calls and turns over training.
 
+* `--task sums_wall` / `--task tool_wall` (evidence-3, "Evidence-3: asynchrony over wall time" in the same
+  file): a wall-time budget per run (600 s / 1,500 s), the sampler pinned to CPU 0 and the learner to CPU 1
+  (checked and recorded per run), policy snapshots evaluated after the run; the primary metric is the
+  area under held-out accuracy over wall time. `--phase pilot` tunes each arm's rate on seeds 200 and 201
+  (extending the grid past an edge choice), `--phase counted` runs seeds 0..11. The run itself is
+  `_wall_clock.py`'s, the design `_wall_design.py`'s, the ordering and report `_wall_driver.py`'s.
+
 Each run is appended to the run log the moment it ends (`--resume` continues a stopped benchmark);
 the report (JSON, table, figure) is written from every run in the log. The stopping rule allows no
 look at the differences before every arm has every registered seed, so until then the report is
@@ -30,6 +37,10 @@ are not all in: the rule's "the compute ended first", said so in the report.
     python benchmarks/paired_comparison.py --task sums --phase pilot --quick      # smoke: tiny model
     python benchmarks/paired_comparison.py --task sums --phase pilot --report-only   # the report of the runs logged so far
     python benchmarks/paired_comparison.py --task sums --phase counted --report-only --final   # unseal at fewer seeds
+    python benchmarks/paired_comparison.py --task sums_wall --phase pilot --resume   # evidence-3: on idle cores only
+    python benchmarks/paired_comparison.py --task sums_wall --phase counted --resume
+    python benchmarks/paired_comparison.py --task tool_wall --resume
+    python benchmarks/paired_comparison.py --task sums_wall --smoke-budget-s 45 --arms flash_async --seeds 0   # not counted
 
 Writes `benchmarks/results/paired_comparison_<task>.json` and `docs/figures/paired_comparison_<task>.png`;
 `--quick` writes under the system temp folder.
@@ -57,6 +68,10 @@ from _reports import config_record, fmt, machine, table, write_json
 from _run_log import RunLog
 from _stats import run_summary
 from _training import run_updates
+from _wall_design import WALL_TASKS
+from _wall_driver import WallAnalysis, run_wall
+from _wall_driver import add_arguments as add_wall_arguments
+from _wall_driver import check_arguments as check_wall_arguments
 
 NAME = "paired_comparison"
 LEARNING_RATES = (1e-6, 3e-6, 1e-5)
@@ -130,8 +145,9 @@ def best_learning_rate(pilot_runs: Sequence[Mapping[str, Any]], arm: str) -> dic
     return {"lr": chosen, "pilot_area_mean": {f"{lr:g}": m for lr, m in means.items()}}
 
 
-def pilot_summary(pilot_runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Per arm and rate: the pilot seeds run so far, their primary metric and its mean (a partial pilot shows)."""
+def pilot_summary(pilot_runs: Sequence[Mapping[str, Any]], seeds: Sequence[int] = PILOT_SEEDS) -> dict[str, Any]:
+    """Per arm and rate: the pilot seeds run so far, their primary metric and its mean (a partial pilot shows);
+    `complete` when the rate has every one of `seeds`."""
     out: dict[str, Any] = {}
     for run in sorted(pilot_runs, key=lambda r: (r["arm"], r["lr"], r["seed"])):
         cell = out.setdefault(run["arm"], {}).setdefault(f"{run['lr']:g}", {"seeds": [], "area": []})
@@ -140,7 +156,7 @@ def pilot_summary(pilot_runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for rates in out.values():
         for cell in rates.values():
             cell["area_mean"] = sum(cell["area"]) / len(cell["area"])
-            cell["complete"] = sorted(cell["seeds"]) == sorted(PILOT_SEEDS)
+            cell["complete"] = sorted(cell["seeds"]) == sorted(seeds)
     return out
 
 
@@ -330,7 +346,9 @@ def schedule(task_name: str, phase: str, task: Task, seeds: Sequence[int], lrs: 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    parser.add_argument("--task", choices=tuple(TASKS), required=True)
+    parser.add_argument("--task", choices=(*TASKS, *WALL_TASKS), required=True,
+                        help="sums, tool: evidence-2 (budget in generated rollouts); sums_wall, tool_wall: "
+                             "evidence-3 (a wall-time budget, the sampler and the learner on their own cores)")
     parser.add_argument("--phase", choices=("pilot", "counted"), default="counted",
                         help="sums only: the learning-rate pilots, or the counted seeds (the tool task has no pilot)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
@@ -348,10 +366,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "'the compute ended first'); the report records which seeds are missing")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: write the report (JSON, figure) from the runs logged so far (implies --resume)")
+    add_wall_arguments(parser)
     args = parser.parse_args(argv)
     if args.report_only and (args.quick or args.discard_log):
         parser.error("--report-only reads the run log: it cannot be combined with --quick or --discard-log")
     args.resume = args.resume or args.report_only
+    if args.task in WALL_TASKS:
+        check_wall_arguments(parser, args)
+        return args
+    if args.smoke_budget_s is not None or args.arms or args.lr is not None:
+        parser.error("--smoke-budget-s, --arms and --lr apply to the wall tasks (sums_wall, tool_wall) only")
     if args.dtype is not None and args.task != "tool":
         parser.error(f"--dtype applies to --task tool only (the sums job's learner is float32), got --task {args.task}")
     if args.task == "tool" and args.phase == "pilot":
@@ -379,6 +403,10 @@ def previous_configs(path: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.task in WALL_TASKS:
+        return run_wall(args, argv, WallAnalysis(make_config=make_config, compare=compare, render=render,
+                                                 pilot_summary=pilot_summary, config_record=config_record,
+                                                 previous_configs=previous_configs))
     task = TASKS[args.task]
     if args.quick:
         task = dataclasses.replace(task, **QUICK_TASK)
