@@ -16,7 +16,7 @@ from openai import AsyncOpenAI
 from flashrl.agents import AgentLimits
 from flashrl.tool_calls import function_schema
 
-# LiteLLM fetches a remote model cost map on import and retries for seconds offline; its bundled copy serves.
+# `import litellm` fetches a model cost map from GitHub (blocking up to 5 s offline); use its bundled copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 ADD_TOOL = function_schema("add", "Add two integers.", {"a": {"type": "integer"}, "b": {"type": "integer"}})
 SYSTEM = "Add the numbers."

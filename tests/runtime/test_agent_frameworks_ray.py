@@ -42,7 +42,7 @@ async def langchain_agent(client: Any, task: dict[str, Any]) -> float:
 
 async def litellm_agent(client: Any, task: dict[str, Any]) -> float:
     """Two turns on ``litellm.acompletion`` (its OpenAI provider at the episode's endpoint), with a tool."""
-    # Set before the import: LiteLLM fetches a remote model cost map on import, and retries for seconds offline.
+    # Before the import: `import litellm` fetches a model cost map from GitHub (blocking up to 5 s offline).
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
