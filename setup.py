@@ -12,8 +12,13 @@ from setuptools import find_packages, setup
 # `pip install --no-deps --no-build-isolation -e .` (tests/test_install_beside_torch.py).
 TORCH = "torch>=2.11,<2.15"
 TORCH_CPU = "torch==2.13.0"
-AGENT_FRAMEWORKS = "langchain-openai==1.8.1"
-"""LangChain's ChatOpenAI (tests/runtime/test_agent_frameworks_ray.py trains an agent on it)."""
+# Installing litellm and openai-agents downgrades three packages flashrl's own dependencies pull in newer:
+# litellm 1.110.2 pins importlib-metadata<9 (and, through boto3/botocore, python-dateutil<3), openai-agents
+# 0.24.0 pins websockets<17. Harmless: nothing installed requires the newer versions (pip resolves the
+# extra without a conflict) and flashrl imports none of the three itself.
+AGENT_FRAMEWORKS = ["langchain-openai==1.8.1", "litellm==1.110.2", "openai-agents==0.24.0"]
+"""LangChain's ChatOpenAI, LiteLLM and the OpenAI Agents SDK, pinned to the versions tested
+(tests/agents/test_frameworks.py; tests/runtime/test_agent_frameworks_ray.py trains an agent on each)."""
 
 setup(
     name="flashrl",
@@ -64,12 +69,10 @@ setup(
         "alfworld": ["alfworld==0.4.2", "textworld[pddl]"],
         # Experiment trackers for `loggers=[...]` (flashrl.loggers); CSV, JSON lines and TensorBoard need none.
         "loggers": ["wandb>=0.20", "mlflow-skinny>=2.10"],
-        # Agent frameworks tested against the agent endpoint (docs/agents.md, "Agent frameworks"), pinned to the
-        # versions tested. LiteLLM and openai-agents are left out: they pin importlib-metadata<9 and
-        # python-dateutil<3 (litellm, through boto3) and websockets<17, below the versions installed here.
-        "agents": [AGENT_FRAMEWORKS],
+        # Agent frameworks tested against the agent endpoint (docs/agents.md, "Agent frameworks").
+        "agents": AGENT_FRAMEWORKS,
         # ruff pinned: its default rule set changes between releases, and CI lints with it (.ci/run).
-        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "ruff==0.17.6", AGENT_FRAMEWORKS],
+        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "ruff==0.17.6", *AGENT_FRAMEWORKS],
     },
     entry_points={"console_scripts": ["flashrl=flashrl.cli:main"]},
     classifiers=[
