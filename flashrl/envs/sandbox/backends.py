@@ -267,9 +267,10 @@ def private_namespaces_available(python: str) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def seccomp_program(self_pid: int) -> bytes:
-    """The compiled seccomp filter for a sandboxed process that sees itself as ``self_pid``."""
-    return _seccomp_policy.compile_bpf(self_pid)
+def seccomp_program(self_pid: int, agent: bool = False) -> bytes:
+    """The compiled seccomp filter for a sandboxed process that sees itself as ``self_pid`` (``agent``: the
+    profile of a command agent, `flashrl.envs.sandbox.agent_command`)."""
+    return _seccomp_policy.compile_bpf(self_pid, agent)
 
 
 def find_bwrap() -> str | None:
