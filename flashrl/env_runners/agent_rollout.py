@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
@@ -155,13 +156,23 @@ class AgentRollout(Rollout):
             return self.servers[key]
 
 
+CANCEL_LINE = re.compile(r"Cancel (\d+|%s) running task\(s\)")
+"""uvicorn's line for the calls a stopping server cancels ("Cancel 2 running task(s), timeout graceful shutdown ...")."""
+
+
 class _ExpectedCancellation(logging.Filter):
     """Drops uvicorn's records of the calls a stopping endpoint cancels: its "Cancel N running task(s)"
     line and the "Exception in ASGI application" traceback of each cancelled call (a ``CancelledError``).
     The runner is stopping and cancelled those calls' episodes first: nothing failed."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if str(record.msg).startswith("Cancel %s running task(s)"):
+        # the formatted text, not ``record.msg``: a filter installed before this one may already have merged the
+        # arguments into the message (LiteLLM's secret redaction does so on uvicorn's loggers when imported)
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):  # arguments that do not fit the message: not the line this filter drops
+            text = str(record.msg)
+        if CANCEL_LINE.match(text):
             return False
         error = record.exc_info[1] if record.exc_info else None
         return not isinstance(error, asyncio.CancelledError)

@@ -347,6 +347,30 @@ def test_stop_with_agent_calls_in_flight_is_quiet(tiny_config: Any, caplog: Any)
     assert errors == [], [r.getMessage()[:200] for r in errors]
 
 
+def test_the_cancel_line_is_dropped_after_a_filter_that_merged_its_arguments() -> None:
+    """LiteLLM, once imported, puts a secret-redaction filter on uvicorn's loggers that merges a record's arguments
+    into its message; the cancel line must be dropped all the same (the full suite imports LiteLLM first)."""
+    from flashrl.env_runners.agent_rollout import _ExpectedCancellation
+
+    class MergesArguments(logging.Filter):  # what litellm._logging.SecretRedactionFilter does to a record
+        def filter(self, record: logging.LogRecord) -> bool:
+            record.msg, record.args = record.getMessage(), ()
+            return True
+
+    log = logging.getLogger("flashrl-test.cancel-line")
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    log.addHandler(handler)
+    log.propagate = False
+    log.addFilter(MergesArguments())
+    log.addFilter(_ExpectedCancellation())
+    log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", 2)
+    log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", 2)
+    log.error("another error: %s", "kept")
+    assert [r.getMessage() for r in seen] == ["another error: kept"]
+
+
 def test_a_call_the_engine_aborted_drops_the_episode_as_aborted(tiny_config: Any) -> None:
     from flashrl.engines.types import Completion
 
