@@ -162,7 +162,7 @@ def _describe_offer(offer: Mapping[str, tuple[float, float]]) -> str:
 PROBE_PREFIX = ".flashrl_node_probe_"
 """Probe files' names in a checked folder (removed again by whoever wrote them)."""
 REPORT_TIMEOUT_S = 120.0
-"""How long the driver waits for every node's report (a worker process starts on each node)."""
+"""How long the driver waits for every node's report (a worker process starts on each node); flashrl's own choice."""
 
 
 class NodeCheckError(RuntimeError):

@@ -41,7 +41,7 @@ __all__ = ["LearnerActor", "LearnerGroup", "LearnerGroupError"]
 
 FINISH_GRACE_S = 60.0
 """After one rank's save raised: how long the other ranks may take to end the same call before the group
-counts as out of step (stopped)."""
+counts as out of step (stopped). flashrl's own choice."""
 
 
 class LearnerGroupError(RuntimeError):

@@ -51,7 +51,11 @@ WORKDIR = "/tmp/flashrl-agent-work"
 
 @dataclass(frozen=True)
 class AgentSandbox:
-    """The limits of a command agent run in the sandbox (``env_config["sandbox"]``: ``True`` or a dict of these)."""
+    """The limits of a command agent run in the sandbox (``env_config["sandbox"]``: ``True`` or a dict of these).
+
+    The defaults are flashrl's own choices (no reference defines them): room for a Python agent with an HTTP
+    client and a few helper processes, small enough that a runner with many episodes in flight stays bounded.
+    """
 
     memory_bytes: int = 4 << 30
     """Address-space limit (RLIMIT_AS) of each of its processes: virtual memory, which threads' stacks and
