@@ -14,7 +14,6 @@ still in flight stay on disk; older ones are removed (``KEEP_FOLDERS``).
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -23,7 +22,7 @@ from typing import Any
 
 import torch
 
-from flashrl.models.lora import LoRASettings, is_adapter_name, peft_file_name
+from flashrl.models.lora import LoRASettings, is_adapter_name, write_adapter_folder
 
 __all__ = ["KEEP_FOLDERS", "AdapterSlot", "lora_engine_args"]
 
@@ -54,7 +53,6 @@ class AdapterSlot:
 
     def write(self, tensors: Mapping[str, torch.Tensor], version: int) -> Any:
         """Write version ``version``'s adapter as a PEFT folder; returns its ``LoRARequest`` (not loaded yet)."""
-        from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
         foreign = sorted(n for n in tensors if not is_adapter_name(n))
@@ -65,13 +63,7 @@ class AdapterSlot:
             )
         folder = self.root / f"v{int(version)}"
         folder.mkdir()
-        config = self.settings.peft_config().to_dict()
-        config["base_model_name_or_path"] = self.base_model
-        # the layers the adapter has (what save_pretrained writes for 'all-linear' too): vLLM matches these names
-        config["target_modules"] = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in tensors})
-        (folder / "adapter_config.json").write_text(json.dumps(config, default=str), encoding="utf-8")
-        save_file({peft_file_name(n): t.detach().to("cpu").contiguous() for n, t in tensors.items()},
-                  str(folder / "adapter_model.safetensors"))
+        write_adapter_folder(folder, tensors, self.settings, self.base_model)
         self._folders.append(folder)
         # ids start at 1 (vLLM reserves 0); a version's id is unique for the engine's life
         return LoRARequest(f"v{int(version)}", int(version) + 1, str(folder))

@@ -191,6 +191,7 @@ def load_pretrained_sharded(
     *,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    prepare: Callable[[nn.Module], Any] | None = None,
     **shard_options: Any,
 ) -> nn.Module:
     """A Hugging Face causal LM from ``path``, sharded, without every rank loading the whole model.
@@ -200,13 +201,20 @@ def load_pretrained_sharded(
     through DCP's ``set_model_state_dict(..., broadcast_from_rank0=True)``. Buffers that are not in the
     checkpoint (rotary ``inv_freq``) are broadcast from rank 0's loaded copy as well. ``dtype`` is the
     master dtype (what the optimizer steps); ``shard_options`` go to ``shard_model``.
+
+    ``prepare(model)`` changes the model in place before it is sharded (a LoRA learner injects its
+    adapter, ``flashrl.models.lora.apply_lora``): it runs on every rank's meta model, under a forked
+    random state (so the meta build draws nothing from the seeded generator), and on rank 0's loaded
+    copy, whose values (the adapter's random initialisation included) every rank then receives.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     device = torch.device(device)
     config = AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        if prepare is not None:
+            prepare(model)
     shard_options.setdefault("mesh", init_device_mesh(device.type, (dist.get_world_size(),)))
     shard_model(model, **shard_options)
     # Offloaded shards live in host memory; buffers (rotary tables) are used by compute on ``device``.
@@ -218,6 +226,8 @@ def load_pretrained_sharded(
     buffers: dict[str, torch.Tensor] = {}
     if _rank() == 0:
         loaded = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        if prepare is not None:
+            prepare(loaded)
         full = loaded.state_dict()
         buffers = {clean_name(k): v for k, v in loaded.named_buffers()}
     set_model_state_dict(

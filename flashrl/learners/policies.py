@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from flashrl.checkpoints import DCP_LAYOUT, SINGLE_FILE_LAYOUT
-from flashrl.checkpoints.export import export_hf, save_adapter, save_pretrained
+from flashrl.checkpoints.export import export_hf, replace_folder, save_adapter, save_pretrained
 from flashrl.checkpoints.learner_state import (
     load_sharded_state,
     read_full_state,
@@ -40,7 +40,7 @@ from flashrl.checkpoints.learner_state import (
 from flashrl.learners.freeze import freeze_moe_router
 from flashrl.learners.fsdp import tied_aliases
 from flashrl.learners.spec import OPTIMIZERS, LearnerSpec
-from flashrl.models.lora import apply_lora, is_adapter_name
+from flashrl.models.lora import apply_lora, is_adapter_name, write_adapter_folder
 
 __all__ = ["LocalPolicy", "ShardedPolicy", "attention_implementation"]
 
@@ -225,14 +225,21 @@ class ShardedPolicy:
         self.spec = spec
         self.rank = rank
         master = torch.float64 if spec.torch_dtype == torch.float64 else torch.float32
+        lora = spec.lora
+        # LoRA: the frozen base is stored in the compute dtype (it needs no master) and peft's adapter in
+        # float32 over a 16-bit base, as ``LocalPolicy`` holds them; FSDP2 gathers a unit of mixed dtypes as
+        # they are (it wants one dtype among the trainable parameters only, the adapter's), so nothing is cast.
         self.model = fsdp.load_pretrained_sharded(
             spec.model,
-            dtype=master,
+            dtype=master if lora is None else spec.torch_dtype,
             device=device,
-            param_dtype=None if spec.torch_dtype == master else spec.torch_dtype,
+            prepare=None if lora is None else (lambda model: apply_lora(model, lora)),
+            param_dtype=None if spec.torch_dtype == master or lora is not None else spec.torch_dtype,
             activation_checkpointing=spec.gradient_checkpointing,
             cpu_offload=spec.optimizer_offload,
         )
+        self.names = [fsdp.clean_name(n) for n, p in self.model.named_parameters() if p.requires_grad]
+        """The trainable parameters' names (every weight, or with LoRA the adapter's), the optimizer's order."""
         self.model.config.use_cache = False
         implementation = attention_implementation(device, spec.torch_dtype)
         if implementation is not None and self.model.config._attn_implementation != implementation:
@@ -298,8 +305,12 @@ class ShardedPolicy:
 
         from flashrl.learners import fsdp
 
-        model = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        names = [fsdp.clean_name(n) for n, p in self.model.named_parameters() if p.requires_grad]
+        if self.spec.lora is None:
+            model = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:  # the adapter only (the frozen base is the config's model), gathered tensor by tensor
+            model = {name: fsdp.gather_full(p.detach(), dtype=None, device="cpu")
+                     for name, p in zip(self.names, self._trainable(), strict=True)}
+        names = self.names
         saved = self.optimizer.state_dict()  # keyed by position in the parameter list, shards as DTensors
         state = {
             names[i]: {k: fsdp.gather_full(v, dtype=None, device="cpu") if isinstance(v, torch.Tensor) else v
@@ -311,7 +322,7 @@ class ShardedPolicy:
         groups = [{**group, "params": [names[i] for i in group["params"]]} for group in saved["param_groups"]]
         return model, {"state": state, "param_groups": groups}
 
-    def load_train_state(self, model: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
+    def load_train_state(self, model: dict[str, torch.Tensor], optimizer: dict[str, Any] | None) -> None:
         """Load a full state (every rank holds it): each rank keeps its own shards.
 
         The optimizer state is sharded here, tensor by tensor like its parameter, rather than by
@@ -320,11 +331,18 @@ class ShardedPolicy:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        from flashrl.learners.fsdp import clean_name
-
-        set_model_state_dict(self.model, model, options=StateDictOptions(full_state_dict=True))
-        named = [(clean_name(n), p) for n, p in self.model.named_parameters() if p.requires_grad]
+        named = list(zip(self.names, self._trainable(), strict=True))
         index = {name: i for i, (name, _) in enumerate(named)}
+        if self.spec.lora is None:
+            set_model_state_dict(self.model, model, options=StateDictOptions(full_state_dict=True))
+        else:  # the adapter's tensors into this rank's shards; the base stays the model's own
+            _check_adapter_state(model, self.names)
+            with torch.no_grad():
+                for name, param in named:
+                    _load_shard(param, model[name])
+        if optimizer is None:
+            self.optimizer.state.clear()
+            return
         state: dict[int, dict[str, Any]] = {}
         for name, entry in optimizer["state"].items():
             param = named[index[name]][1]
@@ -342,8 +360,15 @@ class ShardedPolicy:
         """A DCP folder: every rank writes its own shards of the weights and optimizer state; ``extra`` once.
 
         An optimizer that has not stepped yet is not saved (``get_state_dict`` would first give it a
-        zero step, one step ahead of a fresh one); a marker file says so.
+        zero step, one step ahead of a fresh one); a marker file says so. With LoRA the state is the
+        adapter and its optimizer state (megabytes, no base weight): gathered to rank 0, which writes the
+        single learner's one file (the manifest's ``learner_layout`` then says ``single_file``).
         """
+        if self.spec.lora is not None:
+            model, optimizer = self.train_state()
+            if self.rank != 0:
+                return str(Path(path).resolve())
+            return write_state_file(path, model, optimizer, extra)
         return save_sharded_state(path, self.model, self.optimizer, extra, rank=self.rank)
 
     def load_state(self, path: str | os.PathLike[str], layout: str | None = None, *,
@@ -354,7 +379,15 @@ class ShardedPolicy:
         ``check(extra)`` as ``LocalPolicy.load_state``'s (for DCP shards: after they load).
         """
         folder = Path(path).resolve()
-        if state_layout(folder, layout, default=DCP_LAYOUT) == SINGLE_FILE_LAYOUT:
+        default = DCP_LAYOUT if self.spec.lora is None else SINGLE_FILE_LAYOUT
+        found = state_layout(folder, layout, default=default)
+        if self.spec.lora is not None and found == DCP_LAYOUT:
+            raise ValueError(
+                f"Learner state {folder}: expected a LoRA adapter's state (one file, learner_layout "
+                f"'{SINGLE_FILE_LAYOUT}'), got DCP shards, which only a full-training run writes. Fix: resume it "
+                "with lora_rank=None, or resume a checkpoint of a run with this run's lora_* settings."
+            )
+        if found == SINGLE_FILE_LAYOUT:
             model, optimizer, extra = read_state_file(folder)
             if check is not None:
                 check(extra)
@@ -365,15 +398,71 @@ class ShardedPolicy:
             check(extra)
         return extra
 
-    def save_policy(self, path: str | os.PathLike[str]) -> str:
+    def save_policy(self, path: str | os.PathLike[str], *, merged: bool = False) -> str:
+        """The policy as a Hugging Face folder, gathered to rank 0, which writes it (a collective).
+
+        With LoRA: the adapter in PEFT's format, as ``LocalPolicy`` writes it; ``merged``: rank 0 loads the
+        base model (host memory, once), injects the adapter and writes the merged model.
+        """
         from flashrl.learners import fsdp
 
+        if self.spec.lora is not None:
+            adapter = {name: fsdp.gather_full(p.detach(), dtype=None, device="cpu")
+                       for name, p in zip(self.names, self._trainable(), strict=True)}
+            if self.rank != 0:
+                return str(Path(path).resolve())
+            return save_adapter_tensors(adapter, self.spec, path, merged=merged)
+        if merged:
+            raise ValueError("save_policy(merged=True) merges a LoRA adapter; this learner trains every weight.")
         dtype = None if self.spec.torch_dtype == torch.float32 else self.spec.torch_dtype
         return export_hf(self.model, path, tensors=fsdp.unique_state_items(self.model), gather=fsdp.gather_full,
                          tokenizer_source=self.spec.model, dtype=dtype)
 
 
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
 # --------------------------------------------------------------------------------------------------
+def save_adapter_tensors(adapter: dict[str, torch.Tensor], spec: LearnerSpec, path: str | os.PathLike[str], *,
+                         merged: bool = False) -> str:
+    """An adapter's full tensors (state-dict names) as ``LocalPolicy.save_policy`` writes a live one.
+
+    Unmerged: PEFT's two files from the tensors alone (``write_adapter_folder``, no base weight read) and
+    the tokenizer. ``merged``: the base model of ``spec`` is loaded on the CPU, the adapter injected and
+    filled, and peft merges and saves it.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not merged:
+        def write(tmp: Path) -> None:
+            write_adapter_folder(tmp, adapter, spec.lora, spec.model)
+            AutoTokenizer.from_pretrained(spec.model).save_pretrained(tmp)
+
+        return replace_folder(path, write)
+    base = AutoModelForCausalLM.from_pretrained(spec.model, dtype=spec.torch_dtype)
+    with torch.random.fork_rng(devices=[]):  # the adapter's initialisation is overwritten: draw nothing
+        peft_model = apply_lora(base, spec.lora)
+    with torch.no_grad():
+        for name, tensor in base.state_dict(keep_vars=True).items():
+            if is_adapter_name(name):
+                tensor.copy_(adapter[name])
+    return save_adapter(peft_model, path, tokenizer_source=spec.model, merged=True)
+
+
+def _load_shard(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy this rank's shard of the full tensor ``full`` into the (FSDP2-sharded) parameter ``param``."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(param, DTensor):
+        param.copy_(full)
+        return
+    local = param.to_local()
+    mesh = param.device_mesh
+    shard = distribute_tensor(full.to(device=mesh.device_type, dtype=param.dtype), mesh, param.placements)
+    local.copy_(shard.to_local())
+
+
 def _enable_hf_checkpointing(model: torch.nn.Module) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Transformers checkpoints a decoder layer only while that layer is in training mode; flag the

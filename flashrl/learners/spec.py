@@ -278,11 +278,6 @@ def _check_lora(spec: LearnerSpec, check: Checks) -> None:
     check.expect(isinstance(spec.lora_target_modules, str) and spec.lora_target_modules.strip() != "",
                  "lora_target_modules", "'all-linear' or comma-separated layer names", spec.lora_target_modules,
                  "use 'all-linear' or e.g. 'q_proj,k_proj,v_proj,o_proj'")
-    # One learner for now: FSDP2 would shard the frozen base and the adapter in one group, which the
-    # sharded policy's gathers and checkpoints do not handle yet (docs/training.md, LoRA).
-    check.expect(not is_number(spec.num_learners) or spec.num_learners <= 1, "num_learners",
-                 "0 or 1 with lora_rank set (a LoRA learner is not sharded yet)", spec.num_learners,
-                 "use num_learners=1 (an adapter trains on one GPU), or lora_rank=None for full training")
     if isinstance(spec.model, str) and spec.model and isinstance(spec.lora_target_modules, str):
         from flashrl.models.lora import lora_target_problem
 

@@ -38,6 +38,7 @@ __all__ = [
     "linear_layer_names",
     "lora_target_problem",
     "peft_file_name",
+    "write_adapter_folder",
 ]
 
 ALL_LINEAR = "all-linear"
@@ -97,6 +98,26 @@ def peft_file_name(name: str) -> str:
     return "base_model.model." + name.replace(f".{ADAPTER_NAME}.", ".")
 
 
+def write_adapter_folder(folder: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor],
+                         settings: LoRASettings, base_model: str) -> None:
+    """Write an adapter's full tensors (state-dict names) into ``folder`` in PEFT's format, as
+    ``PeftModel.save_pretrained`` does: ``adapter_config.json`` and ``adapter_model.safetensors``, what
+    ``PeftModel.from_pretrained`` and vLLM's ``--lora-modules`` / ``LoRARequest`` load. Nothing but the
+    adapter is read or written (no base weight), so a sharded learner or an engine writes it from tensors."""
+    from safetensors.torch import save_file
+
+    foreign = sorted(n for n in tensors if not is_adapter_name(n))
+    if foreign:
+        raise ValueError(f"an adapter folder holds lora_A / lora_B tensors only; got {foreign[:3]}.")
+    config = settings.peft_config().to_dict()
+    config["base_model_name_or_path"] = base_model
+    # the layers the adapter has (what save_pretrained writes for 'all-linear' too): vLLM matches these names
+    config["target_modules"] = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in tensors})
+    Path(folder, "adapter_config.json").write_text(json.dumps(config, default=str, indent=2), encoding="utf-8")
+    save_file({peft_file_name(n): t.detach().to("cpu").contiguous() for n, t in tensors.items()},
+              str(Path(folder, "adapter_model.safetensors")), metadata={"format": "pt"})
+
+
 def apply_lora(model: torch.nn.Module, settings: LoRASettings) -> Any:
     """Inject the adapter into ``model`` in place (base weights frozen); returns the ``PeftModel``.
 
@@ -109,7 +130,29 @@ def apply_lora(model: torch.nn.Module, settings: LoRASettings) -> Any:
     problem = _target_problem(model, settings.target_modules)
     if problem is not None:
         raise ValueError(problem)
-    return get_peft_model(model, settings.peft_config(), adapter_name=ADAPTER_NAME)
+    peft_model = get_peft_model(model, settings.peft_config(), adapter_name=ADAPTER_NAME)
+    _match_adapter_dtypes(model)
+    return peft_model
+
+
+def _match_adapter_dtypes(model: torch.nn.Module) -> None:
+    """Give every adapter layer the dtype peft gives it over a real base: the base weight's, float32 over a
+    16-bit base (``autocast_adapter_dtype``). peft leaves an adapter built on the meta device (a sharded
+    learner's model before it is filled) in the default dtype; everywhere else this changes nothing."""
+    import torch
+
+    for module in model.modules():
+        lora_a, lora_b = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
+        if not isinstance(lora_a, torch.nn.ModuleDict) or not hasattr(module, "get_base_layer"):
+            continue
+        base = getattr(module.get_base_layer(), "weight", None)
+        if base is None or not base.dtype.is_floating_point:
+            continue
+        want = torch.float32 if base.dtype in (torch.float16, torch.bfloat16) else base.dtype
+        for layers in (lora_a, lora_b):
+            for layer in layers.values():
+                if any(p.dtype != want for p in layer.parameters()):
+                    layer.to(dtype=want)
 
 
 def linear_layer_names(model: torch.nn.Module) -> list[str]:

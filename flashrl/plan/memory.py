@@ -324,9 +324,10 @@ def learner_memory(
     ``flash_attention``: the learner attends with a varlen flash kernel (no 4-D masks);
     ``pack_sequences`` as the learner's (None: packed only with flash attention); ``weight_sync``
     and ``bucket_bytes``: the route and bucket size of the weight push; ``process_bytes``: the
-    process's own memory, counted in ``total`` (``PROCESS_BYTES`` for a learner on the CPU). ``lora_rank``
-    (one learner): the base is frozen in the compute dtype (no gradient, master or optimizer state) and the
-    adapter (``adapter_parameters``) is float32 with its gradients and optimizer state.
+    process's own memory, counted in ``total`` (``PROCESS_BYTES`` for a learner on the CPU). ``lora_rank``:
+    the base is frozen in the compute dtype (no gradient, master or optimizer state) and the adapter
+    (``adapter_parameters``) is float32 with its gradients and optimizer state; sharded, each rank holds
+    1/W of both and gathers a unit of the base (two layers and the root) as full training does.
     """
     p = arch.num_parameters()
     b = DTYPE_BYTES[dtype]
@@ -336,10 +337,20 @@ def learner_memory(
     root = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
     layer = (p - root) // max(1, arch.num_layers)
     adapter = 0
-    if lora_rank is not None:  # a LoRA learner is not sharded (LearnerSpec refuses num_learners > 1)
+    if lora_rank is not None and world == 1:
         adapter = adapter_parameters(arch, int(lora_rank), lora_target_modules)
         weights, gradients, master = p * b + adapter * 4, adapter * 4, 0
         optimizer_bytes = adapter * 4 * moments
+    elif lora_rank is not None:  # sharded: frozen base shards in the compute dtype, float32 adapter shards
+        adapter = adapter_parameters(arch, int(lora_rank), lora_target_modules)
+        base_shard, adapter_shard = math.ceil(p / world) * b, math.ceil(adapter / world) * 4
+        layer_adapter = adapter // max(1, arch.num_layers) * 4  # one layer's unsharded adapter gradients
+        weights, master = base_shard + adapter_shard + (root + 2 * layer) * b, 0
+        gradients, optimizer_bytes = adapter_shard + layer_adapter, adapter_shard * moments
+        reduce_scatter = layer_adapter + math.ceil(layer_adapter / world)
+        if optimizer_offload:  # CPUOffloadPolicy keeps every shard, the frozen base's too, in host memory
+            host = base_shard + adapter_shard * (2 + moments)
+            weights, gradients, optimizer_bytes = (root + 2 * layer) * b, layer_adapter, 0
     elif world == 1:
         weights, gradients = p * b, p * b
         master = p * 4 * 2 if b < 4 else 0
@@ -399,12 +410,20 @@ class CheckpointMemory:
 
 
 def checkpoint_memory(arch: Architecture, *, dtype: str, optimizer: str, num_learners: int,
-                      export_policy: bool = True) -> CheckpointMemory:
-    """The checkpoint formula of the module docstring (``num_learners`` 0: one learner in the driver)."""
+                      export_policy: bool = True, lora_rank: int | None = None,
+                      lora_target_modules: str = "all-linear") -> CheckpointMemory:
+    """The checkpoint formula of the module docstring (``num_learners`` 0: one learner in the driver).
+
+    ``lora_rank``: the state is the float32 adapter and its optimizer moments, gathered to learner 0 and
+    written as one file however many learners there are; the export is the adapter (PEFT's folder).
+    """
     p = arch.num_parameters()
     b = DTYPE_BYTES[dtype]
     world = max(1, num_learners)
     moments = 2 if optimizer == "adamw" else 0
+    if lora_rank is not None:
+        adapter = adapter_parameters(arch, int(lora_rank), lora_target_modules)
+        return CheckpointMemory("single_file", adapter * (4 + 4 * moments), adapter * 4 if export_policy else 0)
     if world == 1:
         export = p * b if export_policy else 0
         return CheckpointMemory("single_file", p * (4 + 4 * moments) + (p * b if b < 4 else 0), export)

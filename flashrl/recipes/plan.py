@@ -590,8 +590,14 @@ def _learner_memory_lines(report: DryRunReport, run_plan: RunPlan) -> tuple[list
         + (f", + the process's own {format_bytes(lm.process)}: Python, torch, transformers, Ray's worker)"
            if lm.process else ")"),
     ]
-    ck = checkpoint_memory(arch, dtype=config.dtype, optimizer=config.optimizer, num_learners=config.num_learners)
-    if ck.layout == "dcp":
+    ck = checkpoint_memory(arch, dtype=config.dtype, optimizer=config.optimizer, num_learners=config.num_learners,
+                           lora_rank=config.lora_rank, lora_target_modules=config.lora_target_modules)
+    if config.lora_rank is not None:
+        lines.append(
+            f"    checkpoint save: one file of the adapter and its optimizer state, gathered to learner 0: host "
+            f"+{format_bytes(ck.per_rank)}, +{format_bytes(ck.export)} for the PEFT adapter export"
+        )
+    elif ck.layout == "dcp":
         lines.append(
             f"    checkpoint save: sharded DCP, every learner writes its own shard (no gather): host "
             f"+{format_bytes(ck.per_rank)} per learner, learner 0 +{format_bytes(ck.export)} for the streamed "

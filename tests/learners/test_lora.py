@@ -211,7 +211,6 @@ def test_torch_engine_serves_the_pushed_adapter_with_the_learners_log_probs(make
         ({"lora_rank": 2.5}, "lora_rank: expected None \\(full training\\) or an integer >= 1, got 2.5"),
         ({"lora_rank": 8, "lora_alpha": 0}, "lora_alpha: expected a finite number > 0, got 0"),
         ({"lora_rank": 8, "lora_dropout": 1.0}, "lora_dropout: expected a number in \\[0, 1\\), got 1.0"),
-        ({"lora_rank": 8, "num_learners": 2}, "num_learners: expected 0 or 1 with lora_rank set"),
         ({"lora_rank": 8, "lora_target_modules": "qkv"},
          ("'qkv' matches no layer. Fix: name some of the model's linear layers \\(down_proj, gate_proj, k_proj, "
           "lm_head, o_proj, q_proj, up_proj, v_proj\\)")),

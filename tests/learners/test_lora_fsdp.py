@@ -1,12 +1,11 @@
-"""FSDP2 over a peft-injected model, on 2 CPU ranks: the groundwork for sharded LoRA learners.
+"""FSDP2 over a peft-injected model, on 2 CPU ranks: the sharding a sharded LoRA learner is built on.
 
-``num_learners`` > 1 with ``lora_rank`` is still refused at ``validate()`` (``docs/training.md``, LoRA,
-says what the sharded policy lacks). What this pins is the part that already works: flashrl's
-``shard_model`` (``fully_shard`` per decoder layer and on the root, frozen base and trainable adapter in
-the same units) over the tiny model with peft's adapter, two gloo ranks with half the batch each, takes
-the same SGD step on the adapter as one unsharded process on the whole batch (float64), and gives the
-frozen base no gradient. Run as a script, this file is one rank (``python test_lora_fsdp.py train OUT MODEL``,
-with RANK, WORLD_SIZE, MASTER_PORT set).
+flashrl's ``shard_model`` (``fully_shard`` per decoder layer and on the root, frozen base and trainable
+adapter in the same units) over the tiny model with peft's adapter, two gloo ranks with half the batch
+each, takes the same SGD step on the adapter as one unsharded process on the whole batch (float64), and
+gives the frozen base no gradient. The sharded learners themselves (``ShardedPolicy`` with ``lora_rank``) are
+tested in ``test_lora_sharded.py``. Run as a script, this file is one rank (``python test_lora_fsdp.py train
+OUT MODEL``, with RANK, WORLD_SIZE, MASTER_PORT set).
 """
 
 from __future__ import annotations

@@ -253,3 +253,15 @@ def test_lora_counts_a_frozen_base_and_a_float32_adapter_with_its_gradients_and_
                           max_episode_tokens=10, gradient_checkpointing=False, logprob_chunk_size=1)
     assert (m.weights, m.gradients, m.master, m.optimizer) == (2 * P + 4 * a, 4 * a, 0, 8 * a)
     assert m.activations == full.activations and m.static < full.static and m.push == 4 * a
+    # two sharded learners: half the frozen base (bf16) and half the adapter each, a unit of the base gathered
+    # (the root 88 + two layers of 656 parameters), one layer's adapter gradients unsharded (a / 2 layers)
+    two = learner_memory(ARCH, dtype="bfloat16", optimizer="adamw", train_batch_size=4, num_learners=2,
+                         max_episode_tokens=10, gradient_checkpointing=False, logprob_chunk_size=1, lora_rank=2)
+    assert two.sharded and (two.weights, two.master) == (700 * 2 + 272 * 4 + (88 + 2 * 656) * 2, 0)
+    assert (two.gradients, two.optimizer, two.reduce_scatter) == (272 * 4 + 272 * 4, 2 * 272 * 4, 272 * 4 + 136 * 4)
+    # a LoRA checkpoint is the adapter and its AdamW moments in float32, one file whatever the learners
+    from flashrl.plan.memory import checkpoint_memory
+
+    for learners in (1, 2):
+        ck = checkpoint_memory(ARCH, dtype="bfloat16", optimizer="adamw", num_learners=learners, lora_rank=2)
+        assert (ck.layout, ck.per_rank, ck.export) == ("single_file", a * 4 * 3, a * 4)

@@ -1,20 +1,25 @@
 """A LoRA run end to end on the torch engine: the plan's lora route carries the adapter to the runners, the
 checkpoint holds the adapter (its policy folder loads in peft), a resume gives the same next update and
-`flashrl eval` scores the checkpoint (its adapter merged into the config's model)."""
+`flashrl eval` scores the checkpoint (its adapter merged into the config's model). With one learner in the
+driver and with two FSDP2-sharded learner actors (gloo)."""
 
 from __future__ import annotations
 
 import json
 import os
 
+import pytest
 import torch
 
 from flashrl.algorithms import FlashReinforce
 
 
+@pytest.mark.parametrize("num_learners", [0, 2])
 def test_a_lora_run_pushes_its_adapter_checkpoints_it_and_resumes_exactly(ray_session, tiny_config,
-                                                                        exact_sync_group, tmp_path, capsys):
-    config = tiny_config(**exact_sync_group, lora_rank=8, lora_alpha=16.0)
+                                                                        exact_sync_group, tmp_path, capsys,
+                                                                        num_learners):
+    config = tiny_config(**exact_sync_group, lora_rank=8, lora_alpha=16.0, num_learners=num_learners,
+                         num_cpus_per_learner=0.5)
     algo = config.build_algo()
     try:
         assert algo.plan.weight_sync == "lora"
