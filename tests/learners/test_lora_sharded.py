@@ -6,7 +6,8 @@ Pinned here, against a single learner given the same adapter (float64):
 - the state, the push and the checkpoint hold the adapter only (the checkpoint one file, ``single_file``);
 - a checkpoint of two sharded learners resumes on one learner and on two, with the same next update;
 - the exported policy is a PEFT adapter that peft loads with the single learner's log-probs;
-- a bfloat16 run keeps its frozen base in bfloat16 and the adapter (and its optimizer) in float32.
+- a bfloat16 run keeps its frozen base in bfloat16 and the adapter (and its optimizer) in float32, with
+  activation checkpointing and offloaded shards.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def _dtypes(actor) -> dict[str, list[str]]:
 def test_a_bfloat16_sharded_lora_learner_keeps_its_base_in_bfloat16_and_its_adapter_in_float32(
     ray_cluster, make_spec, batch
 ):
-    spec = _lora(make_spec, dtype="bfloat16", **OPTIONS)
+    # with activation checkpointing (wrapped layers rename the parameters) and the shards offloaded to the host
+    spec = _lora(make_spec, dtype="bfloat16", gradient_checkpointing=True, optimizer_offload=True, **OPTIONS)
     group = _group(spec)
     try:
         group.set_state({**group.get_state(), "model": _b_nonzero(group.get_state()["model"])})
