@@ -18,6 +18,8 @@ the arms seed by seed, each is saved as it ends (`--resume` skips the finished o
 
     python benchmarks/lora_learning.py --seeds 0 1 2 --resume   # the record: 2 arms x 3 seeds, 60 updates
     python benchmarks/lora_learning.py --quick                  # smoke: tiny random model, 1 update, seed 0
+    python benchmarks/lora_learning.py --figure benchmarks/results/lora_learning.json \
+        benchmarks/results/lora_learning_lr1e-4.json            # the curves of these reports, one PNG
 
 Writes `benchmarks/results/lora_learning.json`; `--quick` writes under the system temp folder unless
 `--output` says otherwise.
@@ -159,6 +161,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--discard-log", action="store_true",
         help="without --resume: delete the finished runs of <output>.runs.tmp and start over (else refused)",
     )
+    parser.add_argument("--figure", nargs="+", metavar="REPORT", default=None,
+                        help="plot held-out accuracy of these reports' runs (per arm and rate) to --figure-path")
+    parser.add_argument("--figure-path", default="docs/figures/lora_learning.png", help="the PNG --figure writes")
     parser.add_argument("--child", nargs=3, metavar=("ARM", "SEED", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     quick_dir = Path(tempfile.gettempdir()) / "flashrl-bench-quick"
@@ -172,6 +177,30 @@ def scale_of(args: argparse.Namespace) -> Scale:
         return dataclasses.replace(QUICK, updates=args.updates or 1, eval_every=args.eval_every or 1)
     return dataclasses.replace(FULL, updates=args.updates or main_job().PRESET.stop_iters,
                                eval_every=args.eval_every or 10)
+
+
+def figure_curves(reports: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per arm and rate (``full 3e-06``, ``lora 0.0001``): held-out accuracy at each evaluated update, the mean
+    over the runs' seeds with its min..max (``plot_curves``' points; x is rollouts trained on)."""
+    grouped: dict[str, dict[int, list[float]]] = {}
+    for report in reports:
+        for arm, spec in report["arms"].items():
+            rate = spec["config"].get("lr") if isinstance(spec.get("config"), dict) else None
+            label = f"{'LoRA r16' if arm == 'lora' else 'full'} lr {rate:g}" if rate is not None else arm
+            for run in (r for r in report["runs"] if r["arm"] == arm):
+                for point in run["curve"]:
+                    grouped.setdefault(label, {}).setdefault(int(point["rollouts"]), []).append(point["accuracy"])
+    return {label: [{"rollouts": x, "mean": sum(v) / len(v), "min": min(v), "max": max(v)}
+                    for x, v in sorted(points.items())] for label, points in grouped.items()}
+
+
+def write_figure(paths: list[str], out: str) -> str:
+    from _figures import plot_curves
+
+    reports = [json.loads(Path(p).read_text(encoding="utf-8")) for p in paths]
+    seeds = sorted({r["seed"] for report in reports for r in report["runs"]})
+    return plot_curves(figure_curves(reports), out,
+                       title=f"SmolLM2-135M sums, CPU: LoRA vs full (seeds {', '.join(map(str, seeds))}; min..max)")
 
 
 def child_argv(argv: list[str], arm: str, seed: int, out: str) -> list[str]:
@@ -196,6 +225,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.child:
         arm, seed, out = args.child
         run_one(args, arm, int(seed), out)
+        return {}
+    if args.figure:
+        print(f"wrote {write_figure(args.figure, args.figure_path)}")
         return {}
     scale = scale_of(args)
     log = RunLog(args.output, key_fields=("arm", "seed"),

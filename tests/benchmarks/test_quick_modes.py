@@ -253,3 +253,20 @@ def test_lora_learning_quick(bench, tmp_path):
         i + o for i, o in [(128, 128), (128, 64), (128, 64), (128, 128), (128, 256), (128, 256), (256, 128)])
     assert set(report["ratios"]) == {f"{k}_lora_over_full" for k in (
         "final_accuracy", "iteration_s", "weight_sync_s", "push_bytes", "process_peak_rss_mib")}
+
+
+def test_lora_learning_figure_averages_each_arm_and_rate_over_its_seeds(bench, tmp_path):
+    module = bench("lora_learning")
+
+    def report(arm: str, lr: float, finals: list[float]) -> dict:
+        runs = [{"arm": arm, "seed": s, "curve": [{"rollouts": 0, "accuracy": 0.25}, {"rollouts": 16, "accuracy": f}]}
+                for s, f in enumerate(finals)]
+        return {"arms": {arm: {"config": {"lr": lr}}}, "runs": runs}
+
+    curves = module.figure_curves([report("full", 3e-6, [0.5, 0.25]), report("lora", 1e-4, [0.75, 0.5, 1.0])])
+    assert curves == {
+        "full lr 3e-06": [{"rollouts": 0, "mean": 0.25, "min": 0.25, "max": 0.25},
+                          {"rollouts": 16, "mean": 0.375, "min": 0.25, "max": 0.5}],
+        "LoRA r16 lr 0.0001": [{"rollouts": 0, "mean": 0.25, "min": 0.25, "max": 0.25},
+                               {"rollouts": 16, "mean": 0.75, "min": 0.5, "max": 1.0}],
+    }
