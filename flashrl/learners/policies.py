@@ -238,17 +238,16 @@ class ShardedPolicy:
             activation_checkpointing=spec.gradient_checkpointing,
             cpu_offload=spec.optimizer_offload,
         )
-        self.names = [fsdp.clean_name(n) for n, p in self.model.named_parameters() if p.requires_grad]
-        """The trainable parameters' names (every weight, or with LoRA the adapter's), the optimizer's order."""
         self.model.config.use_cache = False
         implementation = attention_implementation(device, spec.torch_dtype)
         if implementation is not None and self.model.config._attn_implementation != implementation:
             self.model.set_attn_implementation(implementation)
         if spec.freeze_moe_router:
             freeze_moe_router(self.model)
-        self.optimizer = OPTIMIZERS[spec.optimizer](
-            [p for p in self.model.parameters() if p.requires_grad], spec
-        )
+        # after the router is frozen: these are the optimizer's parameters, in its order
+        self.names = [fsdp.clean_name(n) for n, p in self.model.named_parameters() if p.requires_grad]
+        """The trainable parameters' names (every weight, or with LoRA the adapter's), the optimizer's order."""
+        self.optimizer = OPTIMIZERS[spec.optimizer](self._trainable(), spec)
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` as the root module's forward, so FSDP gathers and reshards the root around it.
