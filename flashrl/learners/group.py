@@ -105,8 +105,8 @@ class LearnerActor:
         self._learner.set_state(state)
         return self._learner.version
 
-    def save_policy(self, path: str) -> str:
-        return self._learner.save_policy(path)
+    def save_policy(self, path: str, merged: bool = False) -> str:
+        return self._learner.save_policy(path, merged=merged)
 
     def save_state(self, path: str) -> str:
         return self._learner.save_state(path)
@@ -347,13 +347,16 @@ class LearnerGroup:
         version, skipped = self._call("load_state", [a.load_state.remote(path, layout) for a in self._actors])[0]
         self._version, self._num_skipped = int(version), int(skipped)
 
-    def save_policy(self, path: str | os.PathLike[str]) -> str:
-        """Write the policy as a Hugging Face folder on rank 0's node (sharded: streamed to rank 0 in buckets)."""
+    def save_policy(self, path: str | os.PathLike[str], *, merged: bool = False) -> str:
+        """Write the policy as a Hugging Face folder on rank 0's node (sharded: streamed to rank 0 in buckets).
+
+        With LoRA: the adapter in PEFT's format; ``merged``: the base model with the adapter merged in
+        (``Learner.save_policy``'s)."""
         self._check_usable()
         if self._local is not None:
-            return self._local.save_policy(path)
+            return self._local.save_policy(path, merged=merged)
         path = os.fspath(path)
-        return self._call("save_policy", [actor.save_policy.remote(path) for actor in self._actors],
+        return self._call("save_policy", [actor.save_policy.remote(path, merged) for actor in self._actors],
                           keeps_state=True)[0]
 
     def shutdown(self) -> None:

@@ -212,7 +212,8 @@ def _placement(report: DryRunReport) -> list[str]:
     lines.append(
         f"  learners: {learner_count} x [{config.num_cpus_per_learner:g} CPU, "
         f"{config.num_gpus_per_learner:g} GPU]"
-        + (" (in the driver process)" if config.num_learners == 0 else " (data parallel, full replica each)")
+        + {0: " (in the driver process)", 1: " (one Ray actor, the whole state)"}.get(
+            config.num_learners, f" (FSDP2 data parallel, each holding 1/{config.num_learners} of the state)")
     )
     lines += _custom_resource_lines(config)
     lines.append(

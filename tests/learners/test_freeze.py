@@ -140,11 +140,14 @@ def test_sharded_learners_keep_a_frozen_router_unchanged(ray_cluster, tmp_path, 
     try:
         metrics = group.update(TrainBatch.from_episodes(episodes, pad_token_id=0))
         after = group.get_weights()
+        state = group.get_state()
     finally:
         group.shutdown()
     assert metrics["applied"] == 1.0
     routers = [n for n in before if n.endswith("mlp.gate.weight")]
     assert len(routers) == 2
+    # the state names the optimizer's parameters: every trainable one, the frozen routers not
+    assert set(state["optimizer"]["state"]) == set(state["model"]) - set(routers)
     for name in routers:  # bit for bit: no gradient, no weight decay
         torch.testing.assert_close(after[name], before[name], rtol=0, atol=0)
     assert any(not torch.equal(after[n], before[n]) for n in before if "experts" in n)

@@ -84,11 +84,17 @@ def test_two_sharded_lora_learners_take_the_single_learners_step_and_checkpoint_
         policy = Path(checkpoint.path) / "policy"
         assert {"policy/adapter_config.json", "policy/adapter_model.safetensors"} <= set(checkpoint.manifest["files"])
         assert not (policy / "config.json").exists() and not (policy / "model.safetensors").exists()
+        # The merged export (rank 0 loads the base once): a plain Hugging Face folder, no adapter files.
+        merged = Path(group.save_policy(tmp_path / "merged", merged=True))
+        assert (merged / "config.json").exists() and not (merged / "adapter_config.json").exists()
         next_expected = group.update(next_batch)
         group.load_state(checkpoint.learner_path, layout=checkpoint.learner_layout)  # 2 -> 2
         assert group.version == 1
         again = group.update(next_batch)
         assert again["loss"] == next_expected["loss"] and again["grad_norm"] == next_expected["grad_norm"]
+        # A full-training run's DCP shards are refused before anything loads (the group stops: last).
+        with pytest.raises(ValueError, match="expected a LoRA adapter's state .* got DCP shards"):
+            group.load_state(tmp_path / "full_training_state", layout="dcp")
     finally:
         group.shutdown()
 
@@ -108,6 +114,10 @@ def test_two_sharded_lora_learners_take_the_single_learners_step_and_checkpoint_
         mine, _ = compute_token_logprobs(single.model, batch.token_ids, batch.attention_mask)
     mask = batch.attention_mask
     torch.testing.assert_close(theirs[mask], mine[mask], rtol=0, atol=1e-9)
+    plain = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float64).eval()  # the merged export
+    with torch.no_grad():
+        merged_logprobs, _ = compute_token_logprobs(plain, batch.token_ids, batch.attention_mask)
+    torch.testing.assert_close(merged_logprobs[mask], mine[mask], rtol=0, atol=1e-9)
 
 
 def _dtypes(actor) -> dict[str, list[str]]:

@@ -77,6 +77,7 @@ def test_memory_plan_of_the_math_preset(capsys: pytest.CaptureFixture[str]) -> N
     # 1,543,714,304 parameters sharded over 4 learners: 385,928,576 x 4 bytes = 1.44 GiB of float32 master
     # shards, twice that for AdamW; 128 / 4 = 32 rows x 6144 tokens per learner in one pass (no budget)
     assert "(bfloat16, adamw, FSDP2 over 4 learners)" in out
+    assert "(FSDP2 data parallel, each holding 1/4 of the state)" in out and "full replica" not in out
     assert "float32 master 1.44 GiB + optimizer 2.88 GiB" in out
     assert "196608 padded tokens in one pass" in out
     assert "(4 sequences x 6144 tokens x" in out  # 16 rollouts in flight (common.json) over 4 env runners
