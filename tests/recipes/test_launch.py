@@ -1,7 +1,7 @@
 """`flashrl launch slurm|kuberay PRESET`: the rendered sbatch script and RayJob manifest of one CPU and one
 GPU preset, against golden files (tests/recipes/data/launch/; regenerate them with the commands in
 GOLDEN when a change is meant), the manifest checked against the fields KubeRay's CRDs require, and a
-plan the preset's actors do not fit refused with the reason."""
+plan the preset's actors do not fit, or actors pinned by Ray custom resources, refused with the reason."""
 
 from __future__ import annotations
 
@@ -91,3 +91,16 @@ def test_a_plan_with_too_few_gpus_per_node_is_refused_with_the_reason(capsys):
 def test_kuberay_without_an_image_is_refused(capsys):
     assert main(["launch", "kuberay", "smollm2_arithmetic_cpu"]) == 2
     assert "expected --image, a container image with flashrl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["slurm", "kuberay"])
+def test_actors_pinned_by_custom_resources_are_refused_as_no_launched_node_offers_them(capsys, target):
+    # The launchers start nodes with CPUs and GPUs only: a runner asking for rollout_node would wait unplaced.
+    flags = ["smollm2_arithmetic_cpu", "--cpus-per-node", "8", "--custom-resources-per-env-runner", "rollout_node=1"]
+    assert main(["launch", target, "--image", IMAGE, *flags]) == 2
+    err = capsys.readouterr().err
+    assert "custom_resources_per_env_runner={'rollout_node': 1.0}" in err
+    assert "1 node(s) x [8 CPUs" in err and "Fix: drop them for a launched job" in err
+    # Nothing asked (amount 0) places nothing: the job renders as without the flag.
+    flags[-1] = "rollout_node=0"
+    assert main(["launch", target, "--image", IMAGE, *flags]) == 0

@@ -3,8 +3,9 @@
 `launch_job` loads the tuned example (its ``PRESET`` and ``make_config``; nothing runs), builds the
 config from the flags the job will pass it (as the script itself would), takes the node plan from
 those flags (`--num-nodes`, `--gpus-per-node`, ...; the preset's plan by default), and refuses a plan
-the config's actors cannot be placed on (`flashrl.recipes.plan.placement_error`) before anything is
-rendered: a cluster job that waits forever for a GPU it was never given is the failure to avoid.
+the config's actors cannot be placed on (`flashrl.recipes.plan.placement_error`; actors pinned by Ray
+custom resources, which no launched node offers) before anything is rendered: a cluster job that waits
+forever for a GPU it was never given is the failure to avoid.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def launch_job(script: Path, script_args: Sequence[str]) -> LaunchJob:
         nodes = node_plan_from_args(args)
     except SystemExit as exit_:  # argparse's or the config's own message went to stderr
         raise LaunchError(f"{script}: the flags {list(script_args)} do not build a config (see above).") from exit_
-    problem = placement_error(config, nodes)
+    problem = placement_error(config, nodes) or _custom_resources_error(config, nodes)
     if problem is not None:
         raise LaunchError(f"{preset.name}: {problem}.")
     relative = script.resolve()
@@ -73,6 +74,25 @@ def launch_job(script: Path, script_args: Sequence[str]) -> LaunchJob:
     except ValueError:
         relative = Path("tuned_examples") / script.name  # a checkout elsewhere: the job ships its working dir
     return LaunchJob(preset=preset, script=relative.as_posix(), script_args=tuple(script_args), nodes=nodes)
+
+
+def _custom_resources_error(config: Any, nodes: NodePlan) -> str | None:
+    """Why a job whose actors ask for Ray custom resources cannot be launched: the launchers start identical
+    nodes with CPUs and GPUs only, so no node would offer them and the run's setup would refuse to start."""
+    actors = {"custom_resources_per_env_runner": config.num_env_runners,
+              "custom_resources_per_learner": config.num_learners}
+    asks = {name: {k: v for k, v in getattr(config, name).items() if v > 0} for name, count in actors.items()
+            if count >= 1}  # as the setup's check: no actor, or nothing asked, places nothing
+    asks = {name: resources for name, resources in asks.items() if resources}
+    if not asks:
+        return None
+    said = ", ".join(f"{name}={value}" for name, value in asks.items())
+    return (
+        f"the config asks for Ray custom resources ({said}), but a launched cluster is {nodes.describe()} started "
+        "with CPUs and GPUs only: no node would offer them and the run's setup refuses actors it cannot place. "
+        "Fix: drop them for a launched job (the node plan places the actors); to pin actors to some nodes, start "
+        "that cluster yourself (ray start --resources on those nodes) and ray job submit the tuned example to it"
+    )
 
 
 def _load(script: Path) -> dict[str, Any]:
