@@ -10,6 +10,8 @@ reserved): the node reports its versions and probes the folder: it reads the pro
 wrote there (the folder is shared), writes and reads back one of its own (it can write). The
 driver's own node is checked in the driver's process (a single-node run starts no task).
 ``NodeCheckError`` names each node, what differs and the fix.
+
+``kill_and_confirm`` is the fault drills' kill: it returns only once the actor is seen dead.
 """
 
 from __future__ import annotations
@@ -352,3 +354,31 @@ def _address(node_id: str) -> str:
         if node["NodeID"] == node_id:
             return _describe(node)
     return f"node {node_id[:12]}"
+
+
+def kill_and_confirm(actor: Any, *, timeout_s: float = 30.0) -> None:
+    """Kill ``actor`` (no restart) and return once a call to it fails (fault drills and tests).
+
+    ``ray.kill`` only asks: a call made just after it can still reach the live process and be
+    answered, so a drill that kills a runner and at once checks for the death could find it alive.
+    Each probe is the actor's built-in ``__ray_ready__`` call; any ``RayActorError`` confirms the death.
+    """
+    import time
+
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=1.0)
+        except RayActorError:
+            return
+        except GetTimeoutError:  # a busy actor queues the probe: the kill ends it, ask again
+            continue
+        time.sleep(0.05)
+    raise TimeoutError(
+        f"ray.kill was sent, but the actor still answered calls after {timeout_s:.0f} s: the Ray "
+        "cluster is not delivering the kill (check `ray status` and the raylet log of its node)."
+    )

@@ -33,6 +33,7 @@ from flashrl.env_runners.env_errors import EnvErrorStreak
 from flashrl.env_runners.env_runner import EnvRunner
 from flashrl.env_runners.spec import EnvRunnerSpec
 from flashrl.env_runners.types import RunnerReport
+from flashrl.ray_utils import kill_and_confirm
 from flashrl.user_code import Shipped
 from flashrl.weight_sync.messages import LoadWeights
 
@@ -574,8 +575,11 @@ class EnvRunnerGroup:
             ) from err
 
     def kill(self, index: int) -> None:
-        """Kill runner `index` (fault-injection for tests and drills); the group restarts it."""
-        ray.kill(self._slots[index].actor, no_restart=True)
+        """Kill runner `index` (fault-injection for tests and drills); the group restarts it.
+
+        Returns once the runner is dead (`kill_and_confirm`): a `check_alive` right after finds it.
+        """
+        kill_and_confirm(self._slots[index].actor)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop every runner (engines closed) and kill the actors."""

@@ -385,9 +385,9 @@ class LearnerGroup:
                 f"got {rank}. Fix: pass a rank below num_learners (an in-process learner, local=True, or a "
                 "stopped group has no actor)."
             )
-        import ray
+        from flashrl.ray_utils import kill_and_confirm
 
-        ray.kill(self._actors[rank], no_restart=True)
+        kill_and_confirm(self._actors[rank])  # returns once the actor is dead: the next call fails
 
     def __enter__(self) -> Self:
         return self
