@@ -104,3 +104,13 @@ def test_actors_pinned_by_custom_resources_are_refused_as_no_launched_node_offer
     # Nothing asked (amount 0) places nothing: the job renders as without the flag.
     flags[-1] = "rollout_node=0"
     assert main(["launch", target, "--image", IMAGE, *flags]) == 0
+
+
+def test_a_learner_side_ask_is_refused_only_when_a_learner_actor_exists(capsys):
+    # The CPU preset trains in the driver (num_learners=0): no learner actor, so the ask places nothing.
+    flags = ["smollm2_arithmetic_cpu", "--cpus-per-node", "8", "--custom-resources-per-learner", "trainer_node=1"]
+    assert main(["launch", "slurm", *flags]) == 0
+    capsys.readouterr()
+    assert main(["launch", "slurm", *flags, "--num-learners", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "custom_resources_per_learner={'trainer_node': 1.0}" in err and "custom_resources_per_env_runner" not in err
