@@ -45,3 +45,24 @@ def test_a_call_right_after_the_kill_fails(ray_session, kind) -> None:
     for ref in (actor.ping.remote(), busy):
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(ref, timeout=10)
+
+
+def test_a_kill_that_is_never_delivered_times_out_naming_the_cause(ray_session, monkeypatch) -> None:
+    """The cluster drops the kill (here: `ray.kill` does nothing): the helper gives up and says why."""
+    ray = ray_session
+
+    @ray.remote(num_cpus=0)
+    class Alive:
+        def ping(self) -> int:
+            return 1
+
+    actor = Alive.remote()
+    assert ray.get(actor.ping.remote(), timeout=60) == 1
+    real_kill = ray.kill
+    monkeypatch.setattr(ray, "kill", lambda *args, **kwargs: None)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"still answered calls after 2 s.*not delivering the kill"):
+        kill_and_confirm(actor, timeout_s=2)
+    assert 2 <= time.monotonic() - start < 10
+    assert ray.get(actor.ping.remote(), timeout=60) == 1  # it was never killed
+    real_kill(actor, no_restart=True)
