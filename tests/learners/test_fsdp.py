@@ -181,6 +181,7 @@ def _resume_worker(out_dir: Path, model_dir: Path) -> None:
     result["step2"] = dict(fsdp.iter_full_tensors(model))
     if rank == 0:
         torch.save(result, out_dir / f"resumed-on-{world}.pt")
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
