@@ -348,7 +348,8 @@ class EnvRunner:
         err = task.exception()
         if err is not None:
             logger.error("EnvRunner %d: episode failed fatally: %r", self.runner_index, err)
-            self._fatal = err
+            if self._fatal is None:  # the first cause stops the run; episodes already in flight may fail too
+                self._fatal = err
             self._arrived.set()
         else:
             episode = self._accounts.book(task.result())
