@@ -1,6 +1,6 @@
 """`--resume`: a tuned example killed with SIGKILL after update 3 continues from its checkpoint with the
 same version numbering, continues its logs from the checkpoint, and (synchronous mode) its update 4 is the uninterrupted
-run's update 4: bit for bit in what the learner computed from the batch, and within sampler rounding in the metrics that
+run's update 4: bit for bit in what the learner computed from the batch, and within bounds in the metrics that
 compare the learner's log-probs with those the sampler recorded (importance ratios, drift)."""
 
 from __future__ import annotations
@@ -45,9 +45,11 @@ if __name__ == "__main__":
 '''
 
 TIMERS = ("timers/", "_time_s", "_per_s", "idle_fraction", "num_in_flight", "num_started", "num_pending")
-# Metrics of the sampler's recorded log-probs against the learner's: the sampler process's float32 rounding moves them.
+# Metrics of the sampler's recorded log-probs against the learner's, compared within bounds, not bit for bit:
 # Once, on CI, the resumed update 4 recorded log-probs up to 2.4e-3 away from the learner's (ratio 0.9984..1.0024,
 # drift 2.9e-10) where the uninterrupted run's were within 7e-6, with the same tokens and learner metrics bit for bit.
+# No update here changes the weights (rewards 0), so the cause is not the weights sent; it was not found (batching
+# prompts of different lengths moves them by 4e-6). The bounds still catch a sampler serving another model.
 SAMPLER_RECORD = ("learners/ratio_", "learners/drift_")
 
 
@@ -114,7 +116,7 @@ def test_killed_run_resumes_with_the_same_versions_and_update(tmp_path, tiny_lla
     resumed_record, whole_record = _sampler_record(after[0]), _sampler_record(uninterrupted)
     assert set(resumed_record) == set(whole_record) == {
         "learners/ratio_mean", "learners/ratio_min", "learners/ratio_max", "learners/drift_mean", "learners/drift_max"}
-    for record in (resumed_record, whole_record):  # the weights the sampler served are the learner's
+    for record in (resumed_record, whole_record):  # the sampler served the learner's model, up to its rounding
         assert all(abs(record[f"learners/ratio_{s}"] - 1.0) < 1e-2 for s in ("mean", "min", "max")), record
         assert 0.0 <= record["learners/drift_mean"] <= record["learners/drift_max"] < 1e-7, record
 
