@@ -82,10 +82,12 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     if not (args.quick or smoke) and not set(args.seeds) <= set(allowed) and task.tuned:
         parser.error(f"--seeds: expected a subset of the pre-registered {list(allowed)}, got {args.seeds}")
     scratch = Path(tempfile.gettempdir()) / ("flashrl-bench-quick" if args.quick else "flashrl-bench-smoke")
-    from _repo import RESULTS
+    from _repo import FIGURES, RESULTS
 
     args.output = args.output or str((scratch if args.quick or smoke else RESULTS)
                                      / f"paired_comparison_{args.task}.json")
+    args.figure = args.figure or str((scratch if args.quick or smoke else FIGURES)
+                                     / f"paired_comparison_{args.task}.png")
     if smoke and Path(args.output).resolve().parent == Path(RESULTS).resolve():
         parser.error("--smoke-budget-s never writes beside the counted results: give an --output elsewhere")
 
@@ -185,6 +187,35 @@ def wall_arm_summary(runs: Sequence[Mapping[str, Any]], task: WallTask, *, seale
         busy = [m["busy_fraction"] for m in metrics if m.get("busy_fraction")]
         out[arm]["busy_fraction_mean"] = {core: sum(b[core] for b in busy) / len(busy) for core in busy[0]} if busy else None
     return out
+
+
+def plot_wall(runs: Sequence[Mapping[str, Any]], task: WallTask, path: str, *, title: str) -> str:
+    """Held-out accuracy and generated rollouts at each snapshot, against training wall time.
+
+    Each run is a thin line, each arm's mean over its runs a thick one (every run has the same snapshot
+    times, so the mean is taken at them).
+    """
+    from _figures import _pyplot, _save
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    colors = dict(zip(task.arms, ("tab:blue", "tab:orange", "tab:green"), strict=False))
+    for ax, key, label in ((axes[0], "accuracy", "held-out accuracy" if task.job == "sums" else "held-out success"),
+                           (axes[1], "generated", "generated rollouts so far")):
+        for arm in task.arms:
+            mine = [r for r in runs if r["arm"] == arm]
+            for run in mine:
+                ax.plot([s["t"] for s in run["snapshots"]], [s[key] for s in run["snapshots"]],
+                        color=colors[arm], alpha=0.25, linewidth=0.8)
+            if mine:
+                times = [s["t"] for s in mine[0]["snapshots"]]
+                means = [sum(r["snapshots"][k][key] for r in mine) / len(mine) for k in range(len(times))]
+                ax.plot(times, means, color=colors[arm], linewidth=2.5, marker="o", markersize=3,
+                        label=f"{arm} (mean of {len(mine)})")
+        ax.set_xlabel("training wall time (s); snapshots evaluated after the run")
+        ax.set_ylabel(label)
+        ax.legend()
+    return _save(plt, fig, path, title)
 
 
 def render_wall_pilots(pilots: Mapping[str, Any], choices: Mapping[str, Any]) -> str:
@@ -314,6 +345,10 @@ def write_wall_report(args: argparse.Namespace, argv: Sequence[str] | None, task
     sealed = bool(counted) and not complete and not args.final
     comparisons = None if sealed else analysis.compare(counted, task)
     summary = wall_arm_summary(counted, task, sealed=sealed)
+    by_generated = None if sealed or not counted else area_over_generated(counted)
+    for arm, cell in ({} if by_generated is None else summary).items():
+        areas = [seed["area"][arm] for seed in by_generated.values() if seed["area"].get(arm) is not None]
+        cell["area_over_generated_mean"] = sum(areas) / len(areas) if areas else None
     choices = chosen_rates(runs, task) if task.tuned else {arm: "the job's own rate (pre-registered)" for arm in arms}
     report = {
         "benchmark": "paired_comparison",
@@ -330,7 +365,7 @@ def write_wall_report(args: argparse.Namespace, argv: Sequence[str] | None, task
         "invalid_runs": sum(not r.get("valid") for r in runs),
         "arms": summary,
         "comparisons": comparisons,
-        "area_over_generated": None if sealed or not counted else area_over_generated(counted),
+        "area_over_generated": by_generated,
         "seal": {"sealed": sealed, "missing_seeds": missing,
                  "unsealed_early": bool(counted) and not complete and args.final},
         "machine": machine(),
@@ -345,4 +380,7 @@ def write_wall_report(args: argparse.Namespace, argv: Sequence[str] | None, task
         print()
     print(analysis.render(summary, comparisons))
     print(f"wrote {write_json(args.output, report)}")
+    if counted and not sealed:
+        title = f"{args.task}: {len({r['seed'] for r in counted})} paired seed(s), {task.budget_s:.0f} s per run"
+        print(f"wrote {plot_wall(counted, task, args.figure, title=title)}")
     return report

@@ -261,7 +261,8 @@ def _synthetic_log(report_path, runs_by_key):
 def test_the_report_compares_twelve_paired_seeds_and_stays_sealed_before(bench, tmp_path):
     pc = bench("paired_comparison")
     out = tmp_path / "sums_wall.json"
-    args = ["--task", "sums_wall", "--phase", "counted", "--report-only", "--output", str(out)]
+    figure = tmp_path / "sums_wall.png"
+    args = ["--task", "sums_wall", "--phase", "counted", "--report-only", "--output", str(out), "--figure", str(figure)]
     pc.main(args)  # an empty report: writes the log's settings line
     effect = {"flash_async": 0.1, "flash_sync": 0.0, "grpo": -0.05}
     runs = []
@@ -276,6 +277,7 @@ def test_the_report_compares_twelve_paired_seeds_and_stays_sealed_before(bench, 
     sealed = pc.main(args)
     assert sealed["seal"]["sealed"] and sealed["seal"]["missing_seeds"]["grpo"] == [11]
     assert sealed["comparisons"] is None and set(sealed["arms"]["grpo"]) == {"n", "wall_s"}
+    assert not figure.exists()  # sealed: no figure
     _synthetic_log(out, runs)
     report = pc.main(args)
     assert not report["seal"]["sealed"] and report["invalid_runs"] == 1
@@ -289,7 +291,10 @@ def test_the_report_compares_twelve_paired_seeds_and_stays_sealed_before(bench, 
     assert report["arms"]["flash_async"]["n"] == 12 and report["arms"]["flash_async"]["busy_fraction_mean"] == {
         "0": pytest.approx(0.9), "1": pytest.approx(0.5)}
     assert report["area_over_generated"]["0"]["N"] == 600.0
+    by_generated = [report["area_over_generated"][str(s)]["area"]["grpo"] for s in range(12)]
+    assert report["arms"]["grpo"]["area_over_generated_mean"] == pytest.approx(sum(by_generated) / 12)
     assert set(report["cpu_bfloat16_flags"]) <= {"avx512_bf16", "amx_bf16"}
+    assert figure.stat().st_size > 0  # unsealed: accuracy and generated rollouts over wall time
 
 
 def test_the_report_of_the_pilots_gives_each_arms_grid_and_choice(bench, tmp_path):
