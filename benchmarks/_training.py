@@ -34,8 +34,14 @@ ROW_METRICS = {
     "turns_mean": "env_runners/episode_turns_mean",
 }
 """Short name in the report -> the `algo.train()` metric (docs/runtime.md, Metrics)."""
-OPTIONAL_ROW_METRICS = {"tool_calls_mean": "env_runners/episode_info/tool_calls_mean"}
-"""Recorded when the env reports them (a tool env), None otherwise; never counted as missing."""
+OPTIONAL_ROW_METRICS = {
+    "tool_calls_mean": "env_runners/episode_info/tool_calls_mean",
+    # the trained episodes' wall time on their runner, reset to last step (flashrl.env_runners.env_runner)
+    "episode_s_mean": "env_runners/episode_info/duration_s_mean",
+    "episode_s_min": "env_runners/episode_info/duration_s_min",
+    "episode_s_max": "env_runners/episode_info/duration_s_max",
+}
+"""Recorded when the runners report them (tool calls: a tool env), None otherwise; never counted as missing."""
 LAG_HIST = "env_runners/policy_lag_hist/"
 SKIPPED = "env_runners/num_skipped_"
 

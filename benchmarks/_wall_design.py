@@ -6,7 +6,8 @@ Nothing here runs a model, so every piece is checked by `tests/benchmarks/test_w
 * `SnapshotBook`: which policy each snapshot time gets (the last update completed at or before it);
 * the learning-rate pilots: `pilot_grid` (the registered grid, extended past an edge the choice picked),
   `pilot_choice` (the best mean primary metric, ties to the lower rate) and `pilot_todo`;
-* `wall_metrics`: the primary metric (area under held-out accuracy over wall time) and the secondaries;
+* `wall_metrics`: the primary metric (area under held-out accuracy over wall time) and the secondaries,
+  `episode_durations` among them (the trained episodes' wall times: the stragglers);
 * `wall_schedule` and `runs_to_do`: the counted runs' order, and what a resumed log still lacks (a run
   whose pinning did not take, or that crashed, is kept in the log marked invalid and run again).
 """
@@ -249,6 +250,27 @@ def wall_metrics(run: Mapping[str, Any], budget_s: float) -> dict[str, Any]:
         "tool_calls_initial": snapshots[0].get("tool_calls_mean"),
         "tool_calls_final": snapshots[-1].get("tool_calls_mean"),
         "turns_final": snapshots[-1].get("turns_mean"),
+        **episode_durations(updates),
+    }
+
+
+def episode_durations(updates: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The trained episodes' wall times (the stragglers), from each batch's min / mean / max.
+
+    ``episode_s_mean``: the mean over batches of the batch's mean; ``episode_s_batch_max_mean``: of the
+    batch's longest episode, the one a barrier waits for; ``episode_s_min`` / ``_max``: the shortest and the
+    longest of the run; ``episode_s_updates``: how many batches recorded them (None everywhere when none did).
+    """
+    rows = [u for u in updates if u.get("episode_s_mean") is not None]
+    if not rows:
+        return {"episode_s_updates": 0, "episode_s_mean": None, "episode_s_batch_max_mean": None,
+                "episode_s_min": None, "episode_s_max": None}
+    return {
+        "episode_s_updates": len(rows),
+        "episode_s_mean": sum(u["episode_s_mean"] for u in rows) / len(rows),
+        "episode_s_batch_max_mean": sum(u["episode_s_max"] for u in rows) / len(rows),
+        "episode_s_min": min(u["episode_s_min"] for u in rows),
+        "episode_s_max": max(u["episode_s_max"] for u in rows),
     }
 
 

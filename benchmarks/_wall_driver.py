@@ -163,7 +163,8 @@ def one_run(run_fn: Callable[[], dict[str, Any]], *, phase: str, arm: str, lr: f
 
 SUMMARY_KEYS = ("area", "accuracy_at_budget", "initial_accuracy", "updates", "generated_per_s", "trained_per_s",
                 "policy_lag_mean", "accepted_fraction_mean", "drift_mean", "tool_calls_initial", "tool_calls_final",
-                "turns_final")
+                "turns_final", "episode_s_mean", "episode_s_batch_max_mean")
+"""Averaged over an arm's runs that have them (`episode_s_runs` counts those with episode durations)."""
 
 
 def wall_arm_summary(runs: Sequence[Mapping[str, Any]], task: WallTask, *, sealed: bool) -> dict[str, Any]:
@@ -181,6 +182,7 @@ def wall_arm_summary(runs: Sequence[Mapping[str, Any]], task: WallTask, *, seale
             out[arm][key] = sum(values) / len(values) if values else None
         drift_max = [m["drift_max"] for m in metrics if m.get("drift_max") is not None]
         out[arm]["drift_max"] = max(drift_max) if drift_max else None
+        out[arm]["episode_s_runs"] = sum(m.get("episode_s_mean") is not None for m in metrics)
         reached = [m["time_to_target"] for m in metrics if m.get("time_to_target") is not None]
         out[arm]["reached_target"] = len(reached)
         out[arm]["time_to_target_mean"] = sum(reached) / len(reached) if reached else None

@@ -18,6 +18,7 @@ from _wall_design import (
     SnapshotBook,
     _half_decade,
     area_over_generated,
+    episode_durations,
     pilot_grid,
     pilot_todo,
     runs_to_do,
@@ -61,6 +62,18 @@ def test_area_over_wall_time_by_hand():
     assert metrics["trained_per_s"] == pytest.approx(480 / 600)
     assert metrics["generated_per_s"] == pytest.approx(600 / 600)
     assert metrics["drift_max"] == pytest.approx(6e-3)
+
+
+def test_episode_durations_by_hand_and_none_when_no_batch_recorded_them():
+    rows = [{"episode_s_mean": 2.0, "episode_s_min": 1.0, "episode_s_max": 4.0},
+            {"episode_s_mean": None, "episode_s_min": None, "episode_s_max": None},  # a batch without them
+            {"episode_s_mean": 4.0, "episode_s_min": 0.5, "episode_s_max": 10.0}]
+    assert episode_durations(rows) == {"episode_s_updates": 2, "episode_s_mean": 3.0,
+                                       "episode_s_batch_max_mean": 7.0, "episode_s_min": 0.5, "episode_s_max": 10.0}
+    assert episode_durations([_update(1)]) == {"episode_s_updates": 0, "episode_s_mean": None,
+                                               "episode_s_batch_max_mean": None, "episode_s_min": None,
+                                               "episode_s_max": None}
+    assert wall_metrics(_run(), 600.0)["episode_s_updates"] == 0  # runs logged before they were recorded
 
 
 def test_time_to_reach_interpolates_and_says_none_when_never():
