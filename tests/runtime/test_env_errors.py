@@ -210,6 +210,28 @@ def test_a_close_that_blocks_does_not_wedge_the_runner(tiny_config):
     RELEASE.clear()
 
 
+def test_a_later_fatal_error_of_an_episode_in_flight_does_not_replace_the_first(tiny_config):
+    # Episodes in flight when the first fatal error stops the stream may fail too (CI once reported the streak's
+    # 21st episode where the 20th had stopped the run): the run stops with the first cause.
+    runner = _runner(tiny_config())
+    first, later = RuntimeError("the first cause"), RuntimeError("an episode in flight failed too")
+
+    async def fail(error: BaseException) -> None:
+        raise error
+
+    async def scenario():
+        runner._changed, runner._arrived = asyncio.Event(), asyncio.Event()
+        tasks = [asyncio.get_running_loop().create_task(fail(error)) for error in (first, later)]
+        runner._tasks.update(tasks)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:  # in the order they finished, as their done callbacks run
+            runner._on_done(task)
+        return runner._arrived.is_set()
+
+    assert asyncio.run(scenario())  # a waiting poll wakes up to raise it
+    assert runner._fatal is first and not runner._tasks
+
+
 def test_the_same_env_error_in_a_row_stops_the_runner_with_the_first_traceback(tiny_config):
     runner = _runner(tiny_config(env="flashrl-test/RaisingReward-v0", episodes_in_flight_per_env_runner=1))
 
