@@ -304,7 +304,7 @@ def run_wall(args: argparse.Namespace, argv: Sequence[str] | None, analysis: Wal
                 load = wait_for_idle(args.max_load, args.load_wait_s)
                 config = analysis.make_config(task.job, scale, task, model_path=model_path, arm=arm, lr=lr,
                                               seed=seed, dtype=settings.get("dtype"))
-                configs.setdefault(arm, analysis.config_record(config, model=scale.model))
+                configs.setdefault(arm, analysis.config_record(config, model=scale.model, job=task.job))
                 print(f"{label}: load {load:.2f}, lr {config.lr:g}, {task.budget_s:.0f} s", flush=True)
 
                 def run(config: Any = config, label: str = label) -> dict[str, Any]:

@@ -401,11 +401,19 @@ def previous_configs(path: str) -> dict[str, Any]:
     return configs if isinstance(configs, dict) else {}
 
 
+def task_config_record(config: Any, *, model: str, job: str) -> dict[str, Any]:
+    """`config_record`, its task lists named after the job they come from (the tool job's products)."""
+    import agentic_learning
+
+    source = f"{agentic_learning.TOOL_JOB.as_posix()}: products()" if job == "tool" else None
+    return config_record(config, model=model, tasks_source=source)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.task in WALL_TASKS:
         return run_wall(args, argv, WallAnalysis(make_config=make_config, compare=compare, render=render,
-                                                 pilot_summary=pilot_summary, config_record=config_record,
+                                                 pilot_summary=pilot_summary, config_record=task_config_record,
                                                  previous_configs=previous_configs))
     task = TASKS[args.task]
     if args.quick:
@@ -446,7 +454,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     continue
                 config = make_config(args.task, scale, task, model_path=model_path, arm=arm, lr=lr, seed=seed,
                                      dtype=args.dtype)
-                configs.setdefault(arm, config_record(config, model=scale.model))
+                configs.setdefault(arm, task_config_record(config, model=scale.model, job=args.task))
                 print(f"{label}: {config.prompts_per_batch} prompts per update, lr {config.lr:g}", flush=True)
                 run = run_updates(config, updates=task.max_updates, eval_every=task.eval_every, label=label,
                                   until_generated=task.budget)
