@@ -78,19 +78,30 @@ def _serve(engine: Engine, scenario: Callable[[Any], Awaitable[Any]], **options:
         server = AgentServer(engine, **{"sampling": SAMPLING, "max_episode_tokens": 512, "model_name": MODEL,
                                         **options})
         await server.start()
+        first = len(_OPEN_CLIENTS)
         try:
             return await scenario(server)
         finally:
+            # the scenario's clients close on this loop: one garbage-collected later schedules its close on
+            # whatever loop runs then (openai's __del__), and a later test's log check sees "Event loop is closed"
+            while len(_OPEN_CLIENTS) > first:
+                await _OPEN_CLIENTS.pop().close()
             await server.stop()
 
     return asyncio.run(main())
+
+
+_OPEN_CLIENTS: list[Any] = []
+"""The clients `_client` made; `_serve` closes those its scenario made before its loop ends."""
 
 
 def _client(session: Any, **options: Any) -> Any:
     """The real ``openai`` client an agent would use (no retries: a refusal is seen once)."""
     import openai
 
-    return openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0, **options)
+    client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0, **options)
+    _OPEN_CLIENTS.append(client)
+    return client
 
 
 @pytest.fixture

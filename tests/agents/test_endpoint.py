@@ -86,9 +86,9 @@ def test_requests_without_the_sessions_key_are_refused(torch_engine, serve, agen
     async def scenario(server):
         session = server.open_session(prompt_id="p", seed=0, limits=AgentLimits())
         for key in (session.api_key + "x", server.api_key):  # the server's own token opens no session
-            wrong = openai.AsyncOpenAI(base_url=session.base_url, api_key=key, max_retries=0)
-            with pytest.raises(openai.AuthenticationError) as caught:
-                await wrong.chat.completions.create(model=server.model_name, messages=USER)
+            async with openai.AsyncOpenAI(base_url=session.base_url, api_key=key, max_retries=0) as wrong:
+                with pytest.raises(openai.AuthenticationError) as caught:
+                    await wrong.chat.completions.create(model=server.model_name, messages=USER)
             assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
         async with httpx.AsyncClient() as http:
             bare = await http.post(f"{session.base_url}/chat/completions", json={"messages": USER})
@@ -122,9 +122,10 @@ def test_a_fresh_token_per_server_and_the_loopback_address(torch_engine) -> None
 def test_unknown_and_closed_sessions_get_404(torch_engine, serve, agent_client) -> None:
     async def scenario(server):
         session = server.open_session(prompt_id="p", seed=0, limits=AgentLimits())
-        unknown = openai.AsyncOpenAI(base_url=f"{server.url}/sessions/nope/v1", api_key=server.api_key, max_retries=0)
-        with pytest.raises(openai.NotFoundError) as caught:
-            await unknown.chat.completions.create(model=server.model_name, messages=USER)
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/sessions/nope/v1", api_key=server.api_key,
+                                      max_retries=0) as unknown:
+            with pytest.raises(openai.NotFoundError) as caught:
+                await unknown.chat.completions.create(model=server.model_name, messages=USER)
         assert caught.value.code == "session_not_found"
         agent = agent_client(session)
         await agent.chat.completions.create(model=server.model_name, messages=USER)
